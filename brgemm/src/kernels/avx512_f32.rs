@@ -1,0 +1,157 @@
+//! AVX-512F fp32 microkernels: the hand-tuned ones.
+//!
+//! ```text
+//!   32 zmm registers, 16 f32 lanes each. Main tile for 64x64: MV=2, NR=14
+//!
+//!            B: 14 broadcasts (folded into vfmadd231ps {1to16})
+//!            b0   b1   ...  b13
+//!   A0 zmm  [c0 ][c2 ] ... [c26]     28 accumulators  zmm0-27
+//!   A1 zmm  [c1 ][c3 ] ... [c27]      2 A vectors     zmm28-29
+//!                                     1 broadcast     (memory operand)
+//!   rows 0..32: A1 is loaded with the row mask (all ones unless m tail;
+//!   a masked load costs the same as a plain one here, so every tile masks).
+//! ```
+//!
+//! Grid (MV: max NR): 1: 16 (load bound beyond), 2: 14, 3: 9, 4: 6.
+//! Per k step a tile issues MV loads, NR broadcast loads and MV*NR FMAs: with
+//! two load and two FMA ports the larger tiles are FMA bound.
+
+use super::{tile_table, IsaKernels};
+use crate::batch::BatchSrc;
+use crate::simd::SimdF32;
+use crate::tile::{tile, TileCall, TileFn};
+use core::arch::x86_64::*;
+
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512;
+
+impl SimdF32 for Avx512 {
+    const LANES: usize = 16;
+    type V = __m512;
+    type M = __mmask16;
+    #[inline(always)]
+    unsafe fn mask(rows: usize) -> __mmask16 {
+        (((1u32 << rows) - 1) & 0xffff) as u16
+    }
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn load_m(p: *const f32, m: __mmask16) -> __m512 {
+        _mm512_maskz_loadu_ps(m, p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn store_m(p: *mut f32, v: __m512, m: __mmask16) {
+        _mm512_mask_storeu_ps(p, m, v)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: __m512, b: __m512) -> __m512 {
+        _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sum(a: __m512) -> f32 {
+        _mm512_reduce_add_ps(a)
+    }
+}
+
+/// # Safety
+/// AVX-512F available; see [`tile`].
+#[target_feature(enable = "avx512f")]
+unsafe fn entry<B: BatchSrc<f32>, const MV: usize, const NR: usize, const MASKED: bool>(
+    t: &TileCall,
+    src: &B,
+    m0: usize,
+    n0: usize,
+    last_rows: usize,
+) {
+    tile::<Avx512, B, MV, NR, MASKED>(t, src, m0, n0, last_rows)
+}
+
+/// 24 independent zmm FMA chains in asm: the compiler cannot reorder,
+/// spill or merge them, so the loop measures the FMA ports and nothing else.
+#[target_feature(enable = "avx512f")]
+unsafe fn probe(iters: u64) -> f32 {
+    let mut out = 0.0f32;
+    core::arch::asm!(
+        "vbroadcastss zmm30, xmm0",
+        "vxorps zmm31, zmm31, zmm31",
+        "vmovaps zmm0, zmm30", "vmovaps zmm1, zmm30", "vmovaps zmm2, zmm30", "vmovaps zmm3, zmm30",
+        "vmovaps zmm4, zmm30", "vmovaps zmm5, zmm30", "vmovaps zmm6, zmm30", "vmovaps zmm7, zmm30",
+        "vmovaps zmm8, zmm30", "vmovaps zmm9, zmm30", "vmovaps zmm10, zmm30", "vmovaps zmm11, zmm30",
+        "vmovaps zmm12, zmm30", "vmovaps zmm13, zmm30", "vmovaps zmm14, zmm30", "vmovaps zmm15, zmm30",
+        "vmovaps zmm16, zmm30", "vmovaps zmm17, zmm30", "vmovaps zmm18, zmm30", "vmovaps zmm19, zmm30",
+        "vmovaps zmm20, zmm30", "vmovaps zmm21, zmm30", "vmovaps zmm22, zmm30", "vmovaps zmm23, zmm30",
+        "2:",
+        "vfmadd231ps zmm0, zmm30, zmm31", "vfmadd231ps zmm1, zmm30, zmm31",
+        "vfmadd231ps zmm2, zmm30, zmm31", "vfmadd231ps zmm3, zmm30, zmm31",
+        "vfmadd231ps zmm4, zmm30, zmm31", "vfmadd231ps zmm5, zmm30, zmm31",
+        "vfmadd231ps zmm6, zmm30, zmm31", "vfmadd231ps zmm7, zmm30, zmm31",
+        "vfmadd231ps zmm8, zmm30, zmm31", "vfmadd231ps zmm9, zmm30, zmm31",
+        "vfmadd231ps zmm10, zmm30, zmm31", "vfmadd231ps zmm11, zmm30, zmm31",
+        "vfmadd231ps zmm12, zmm30, zmm31", "vfmadd231ps zmm13, zmm30, zmm31",
+        "vfmadd231ps zmm14, zmm30, zmm31", "vfmadd231ps zmm15, zmm30, zmm31",
+        "vfmadd231ps zmm16, zmm30, zmm31", "vfmadd231ps zmm17, zmm30, zmm31",
+        "vfmadd231ps zmm18, zmm30, zmm31", "vfmadd231ps zmm19, zmm30, zmm31",
+        "vfmadd231ps zmm20, zmm30, zmm31", "vfmadd231ps zmm21, zmm30, zmm31",
+        "vfmadd231ps zmm22, zmm30, zmm31", "vfmadd231ps zmm23, zmm30, zmm31",
+        "dec {n}",
+        "jnz 2b",
+        "vaddps zmm0, zmm0, zmm23",
+        n = inout(reg) iters.max(1) => _,
+        inout("xmm0") 1.0f32 => out,
+        out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _,
+        out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _,
+        out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+        out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _,
+        out("zmm21") _, out("zmm22") _, out("zmm23") _, out("zmm30") _, out("zmm31") _,
+        options(nostack),
+    );
+    out
+}
+
+pub(crate) struct Kernels;
+
+impl IsaKernels for Kernels {
+    const LANES: usize = 16;
+    const GRID: &'static [usize] = &[16, 14, 9, 6];
+    const ALWAYS_MASK: bool = true;
+    const PROBE_FMAS_PER_ITER: u64 = 24 * 16;
+
+    fn pick<B: BatchSrc<f32>, const MASKED: bool>(mv: usize, nr: usize) -> Option<TileFn<B>> {
+        tile_table!(entry, B, MASKED, mv, nr;
+            1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16],
+            2 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14],
+            3 => [1 2 3 4 5 6 7 8 9],
+            4 => [1 2 3 4 5 6],
+        )
+    }
+
+    fn tile_fn<B: BatchSrc<f32>>(mv: usize, nr: usize, _masked: bool) -> Option<TileFn<B>> {
+        Self::pick::<B, true>(mv, nr)
+    }
+
+    unsafe fn fma_probe(iters: u64) -> f32 {
+        probe(iters)
+    }
+}

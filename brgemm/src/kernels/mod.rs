@@ -1,0 +1,61 @@
+//! Microkernels, one file per ISA and dtype (`<isa>_<dtype>.rs`).
+//!
+//! Each SIMD file implements [`crate::simd::SimdF32`] for its ISA, wraps the
+//! generic [`crate::tile::tile`] in a `#[target_feature]` entry point, and lists
+//! its grid of register tiles: for each `MV` (vectors of rows) the largest `NR`
+//! (columns) whose `MV*NR` accumulators, `MV` A vectors and one broadcast fit in
+//! the register file. Every smaller `NR` is instantiated too, so an n edge runs
+//! a smaller fully unrolled tile rather than masked or scalar code.
+
+use crate::batch::BatchSrc;
+use crate::tile::TileFn;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_f32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_f32;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon_f32;
+pub(crate) mod portable_f32;
+pub(crate) mod reference_f32;
+
+/// What the planner needs to know of one ISA's microkernels.
+pub(crate) trait IsaKernels {
+    /// f32 lanes per vector.
+    const LANES: usize;
+    /// `GRID[mv - 1]` = largest NR instantiated for that MV.
+    const GRID: &'static [usize];
+    /// Whether every tile masks its last vector (free on AVX-512), so no
+    /// unmasked variants exist.
+    const ALWAYS_MASK: bool;
+    /// The `(mv, nr)` tile instance with the given masking (from [`tile_table`]).
+    fn pick<B: BatchSrc<f32>, const MASKED: bool>(mv: usize, nr: usize) -> Option<TileFn<B>>;
+    /// The tile kernel for `(mv, nr)`, masked or not, for batch form `B`.
+    /// ISAs with `ALWAYS_MASK` override it so no unmasked instance is built.
+    fn tile_fn<B: BatchSrc<f32>>(mv: usize, nr: usize, masked: bool) -> Option<TileFn<B>> {
+        if masked {
+            Self::pick::<B, true>(mv, nr)
+        } else {
+            Self::pick::<B, false>(mv, nr)
+        }
+    }
+    /// Runs the peak probe loop for `iters` steps.
+    ///
+    /// # Safety
+    /// The ISA must be available.
+    unsafe fn fma_probe(iters: u64) -> f32;
+    /// FMAs per probe step (accumulators x lanes).
+    const PROBE_FMAS_PER_ITER: u64;
+}
+
+/// Expands to a `match (mv, nr)` over a grid, picking `$entry::<B, MV, NR, MASKED>`.
+macro_rules! tile_table {
+    ($entry:ident, $B:ty, $masked:ident, $mv:expr, $nr:expr;
+     $($m:literal => [$($n:literal)*]),* $(,)?) => {
+        match ($mv, $nr) {
+            $($( ($m, $n) => Some($entry::<$B, $m, $n, $masked> as TileFn<$B>), )*)*
+            _ => None,
+        }
+    };
+}
+pub(crate) use tile_table;

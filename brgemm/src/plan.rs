@@ -1,0 +1,448 @@
+//! Planning: a validated descriptor becomes a [`Kernel`] once; calls are cheap.
+
+use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
+use crate::blocking::{self, RegisterTile};
+use crate::desc::{BatchForm, Beta, Descriptor};
+use crate::error::{Error, Result};
+use crate::kernels::{self, IsaKernels};
+use crate::tile::{TileCall, TileSet};
+use crate::Isa;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// Optional overrides for planning; the defaults suit almost every use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct KernelOptions {
+    /// Force this ISA instead of [`Isa::selected`] (error if unsupported).
+    pub isa: Option<Isa>,
+    /// Force this register tile instead of the model's choice (tuning
+    /// experiments; error if the ISA has no such tile).
+    pub tile: Option<RegisterTile>,
+}
+
+enum Runner<B> {
+    Tiles(TileSet<B>),
+    Reference,
+}
+
+enum Exec {
+    Stride(Runner<StrideSrc<f32>>),
+    Offset(Runner<OffsetSrc<f32>>),
+    Address(Runner<AddrSrc<f32>>),
+}
+
+/// A planned BRGEMM: validated, dispatched to one ISA and register tile.
+///
+/// `Send + Sync`; share it between threads freely (calls take `&self`).
+/// Calls do no planning work: [`Kernel::execute`] checks slice lengths in
+/// O(1) (O(batch) for the address form) and [`Kernel::execute_raw`] nothing.
+pub struct Kernel {
+    desc: Descriptor,
+    isa: Isa,
+    tile: Option<RegisterTile>,
+    exec: Exec,
+}
+
+// SAFETY: a Kernel holds only plain data and function pointers.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("desc", &self.desc)
+            .field("isa", &self.isa)
+            .field("tile", &self.tile)
+            .finish()
+    }
+}
+
+fn build_tiles<K: IsaKernels, B: BatchSrc<f32>>(
+    d: &Descriptor,
+    forced: Option<RegisterTile>,
+) -> Result<(TileSet<B>, RegisterTile)> {
+    let lanes = K::LANES;
+    let t = match forced {
+        Some(t) => {
+            if t.mv == 0 || t.mv > K::GRID.len() || t.nr == 0 || t.nr > K::GRID[t.mv - 1] {
+                return Err(Error::InvalidDescriptor {
+                    field: "tile",
+                    value: format!("{}x{}", t.mv, t.nr),
+                    reason: format!("not in this ISA's grid (max NR per MV: {:?})", K::GRID),
+                });
+            }
+            t
+        }
+        None => blocking::choose(d.m, d.n, d.k, lanes, K::GRID),
+    };
+    let mb = t.mv * lanes;
+    let (m_full, m_rem) = (d.m / mb, d.m % mb);
+    let (n_full, n_rem) = (d.n / t.nr, d.n % t.nr);
+    let mv_t = m_rem.div_ceil(lanes);
+    let tail_masked = m_rem % lanes != 0;
+    let get = |mv: usize, nr: usize, masked: bool| {
+        K::tile_fn::<B>(mv, nr, masked || K::ALWAYS_MASK).expect("grid covers every smaller tile")
+    };
+    let set = TileSet {
+        lanes,
+        mv: t.mv,
+        nr: t.nr,
+        m_full,
+        n_full,
+        m_tail_rows: if tail_masked { m_rem % lanes } else { lanes },
+        main: (m_full > 0 && n_full > 0).then(|| get(t.mv, t.nr, false)),
+        m_tail: (m_rem > 0 && n_full > 0).then(|| get(mv_t, t.nr, tail_masked)),
+        n_tail: (m_full > 0 && n_rem > 0).then(|| get(t.mv, n_rem, false)),
+        mn_tail: (m_rem > 0 && n_rem > 0).then(|| get(mv_t, n_rem, tail_masked)),
+    };
+    Ok((set, t))
+}
+
+fn build_runner<B: BatchSrc<f32>>(
+    d: &Descriptor,
+    isa: Isa,
+    forced: Option<RegisterTile>,
+) -> Result<(Runner<B>, Option<RegisterTile>)> {
+    fn wrap<B>(r: (TileSet<B>, RegisterTile)) -> (Runner<B>, Option<RegisterTile>) {
+        (Runner::Tiles(r.0), Some(r.1))
+    }
+    Ok(match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => wrap(build_tiles::<kernels::avx512_f32::Kernels, B>(d, forced)?),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => wrap(build_tiles::<kernels::avx2_f32::Kernels, B>(d, forced)?),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => wrap(build_tiles::<kernels::neon_f32::Kernels, B>(d, forced)?),
+        Isa::Portable => wrap(build_tiles::<kernels::portable_f32::Kernels, B>(d, forced)?),
+        Isa::Reference => (Runner::Reference, None),
+        #[allow(unreachable_patterns)]
+        _ => return Err(Error::IsaUnsupported { isa }),
+    })
+}
+
+impl Kernel {
+    /// Plans `desc` for the selected ISA (`BRGEMM_ISA` or the best one).
+    pub fn new(desc: &Descriptor) -> Result<Kernel> {
+        Kernel::with_options(desc, KernelOptions::default())
+    }
+
+    /// Plans `desc` with explicit overrides.
+    pub fn with_options(desc: &Descriptor, opts: KernelOptions) -> Result<Kernel> {
+        let d = desc.validate()?;
+        let isa = match opts.isa {
+            Some(i) if !i.is_supported() => return Err(Error::IsaUnsupported { isa: i }),
+            Some(i) => i,
+            None => Isa::selected()?,
+        };
+        let (exec, tile) = match d.batch_form {
+            BatchForm::Stride { .. } => {
+                let (r, t) = build_runner(&d, isa, opts.tile)?;
+                (Exec::Stride(r), t)
+            }
+            BatchForm::Offset => {
+                let (r, t) = build_runner(&d, isa, opts.tile)?;
+                (Exec::Offset(r), t)
+            }
+            BatchForm::Address => {
+                let (r, t) = build_runner(&d, isa, opts.tile)?;
+                (Exec::Address(r), t)
+            }
+            BatchForm::Packed => unreachable!("validate resolves Packed"),
+        };
+        Ok(Kernel {
+            desc: d,
+            isa,
+            tile,
+            exec,
+        })
+    }
+
+    /// The validated descriptor (with `Packed` resolved to strides).
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+    /// The ISA this kernel runs.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+    /// The register tile of the main tiles (`None` for the reference kernel).
+    pub fn register_tile(&self) -> Option<RegisterTile> {
+        self.tile
+    }
+    /// Floating-point operations of one call with `count` batch elements.
+    pub fn flops(&self, count: usize) -> f64 {
+        2.0 * (self.desc.m * self.desc.n * self.desc.k) as f64 * count as f64
+    }
+
+    fn form_name(&self) -> &'static str {
+        match self.exec {
+            Exec::Stride(_) => "stride",
+            Exec::Offset(_) => "offset",
+            Exec::Address(_) => "address",
+        }
+    }
+
+    /// Runs the kernel on checked slices.
+    ///
+    /// `bias` must be `Some` (length >= m) exactly when the descriptor's
+    /// epilogue has a bias. With `Beta::Zero`, `c` is only written.
+    pub fn execute(&self, batch: Batch<'_>, c: &mut [f32], bias: Option<&[f32]>) -> Result<()> {
+        let d = &self.desc;
+        check_len("C", c.len(), d.c_extent())?;
+        let bias_ptr = match (d.epilogue.bias, bias) {
+            (true, Some(b)) => {
+                check_len("bias", b.len(), d.m)?;
+                b.as_ptr()
+            }
+            (false, None) => std::ptr::null(),
+            (want, _) => {
+                return Err(Error::BatchMismatch(format!(
+                    "bias {} but the descriptor's epilogue {} one",
+                    if want { "missing" } else { "given" },
+                    if want { "has" } else { "has no" }
+                )))
+            }
+        };
+        let (a_ext, b_ext) = (d.a_extent(), d.b_extent());
+        let raw = match (batch, d.batch_form) {
+            (Batch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
+                if count > 0 {
+                    check_len("A", a.len(), strided_need(sa, count, a_ext)?)?;
+                    check_len("B", b.len(), strided_need(sb, count, b_ext)?)?;
+                }
+                RawBatch::Stride {
+                    a: a.as_ptr(),
+                    b: b.as_ptr(),
+                    count,
+                }
+            }
+            (Batch::Offset { a, b, offsets }, BatchForm::Offset) => {
+                if !offsets.is_empty() {
+                    check_len("A", a.len(), offset_need(offsets.max_a(), a_ext)?)?;
+                    check_len("B", b.len(), offset_need(offsets.max_b(), b_ext)?)?;
+                }
+                RawBatch::Offset {
+                    a: a.as_ptr(),
+                    b: b.as_ptr(),
+                    a_offs: offsets.a().as_ptr(),
+                    b_offs: offsets.b().as_ptr(),
+                    count: offsets.len(),
+                }
+            }
+            (Batch::Address { a, b }, BatchForm::Address) => {
+                if a.len() != b.len() {
+                    return Err(Error::BatchMismatch(format!(
+                        "address batch has {} A slices but {} B slices",
+                        a.len(),
+                        b.len()
+                    )));
+                }
+                for (i, (ai, bi)) in a.iter().zip(b).enumerate() {
+                    check_len_at("A", i, ai.len(), a_ext)?;
+                    check_len_at("B", i, bi.len(), b_ext)?;
+                }
+                // The kernel reads pointers: gather them once, on the stack
+                // for the batch sizes primitives use.
+                return with_ptrs(a, b, |pa, pb| {
+                    // SAFETY: every slice was checked to cover its matrix.
+                    unsafe {
+                        self.execute_raw(
+                            RawBatch::Address {
+                                a: pa,
+                                b: pb,
+                                count: a.len(),
+                            },
+                            c.as_mut_ptr(),
+                            bias_ptr,
+                        )
+                    }
+                    Ok(())
+                });
+            }
+            (given, _) => {
+                let g = match given {
+                    Batch::Stride { .. } => "stride",
+                    Batch::Offset { .. } => "offset",
+                    Batch::Address { .. } => "address",
+                };
+                return Err(Error::BatchMismatch(format!(
+                    "{g} batch given to a kernel planned for the {} form",
+                    self.form_name()
+                )));
+            }
+        };
+        // SAFETY: lengths checked above against the validated descriptor.
+        unsafe { self.execute_raw(raw, c.as_mut_ptr(), bias_ptr) };
+        Ok(())
+    }
+
+    /// Runs the kernel on raw pointers with no checks: the entry point for
+    /// inner loops of primitives.
+    ///
+    /// # Safety
+    /// - every A_i (B_i) addressed by `batch` is valid for reads of
+    ///   `descriptor().a_extent()` (`b_extent()`) elements;
+    /// - `c` is valid for reads and writes of `c_extent()` elements and does
+    ///   not overlap any A_i or B_i;
+    /// - `bias` is valid for `m` reads when the epilogue has a bias, and is
+    ///   ignored (may be null) otherwise;
+    /// - for the offset and address forms the tables hold `count` entries.
+    ///
+    /// # Panics
+    /// If `batch` is not of the descriptor's batch form (a programming error).
+    #[inline]
+    pub unsafe fn execute_raw(&self, batch: RawBatch, c: *mut f32, bias: *const f32) {
+        let d = &self.desc;
+        let count = match batch {
+            RawBatch::Stride { count, .. }
+            | RawBatch::Offset { count, .. }
+            | RawBatch::Address { count, .. } => count,
+        };
+        let t = TileCall {
+            k: d.k,
+            lda: d.lda,
+            ldb: d.ldb,
+            ldc: d.ldc,
+            count,
+            alpha: d.alpha,
+            beta_one: d.beta == Beta::One,
+            act: d.epilogue.activation,
+            bias: if d.epilogue.bias {
+                bias
+            } else {
+                std::ptr::null()
+            },
+            c,
+        };
+        match (&self.exec, batch, d.batch_form) {
+            (
+                Exec::Stride(r),
+                RawBatch::Stride { a, b, .. },
+                BatchForm::Stride { a: sa, b: sb },
+            ) => run(r, &t, &StrideSrc { a, b, sa, sb }, d),
+            (
+                Exec::Offset(r),
+                RawBatch::Offset {
+                    a,
+                    b,
+                    a_offs,
+                    b_offs,
+                    ..
+                },
+                _,
+            ) => run(
+                r,
+                &t,
+                &OffsetSrc {
+                    a,
+                    b,
+                    ao: a_offs,
+                    bo: b_offs,
+                },
+                d,
+            ),
+            (Exec::Address(r), RawBatch::Address { a, b, .. }, _) => {
+                run(r, &t, &AddrSrc { a, b }, d)
+            }
+            _ => panic!(
+                "RawBatch form does not match the kernel's {} form",
+                self.form_name()
+            ),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn run<B: BatchSrc<f32>>(r: &Runner<B>, t: &TileCall, src: &B, d: &Descriptor) {
+    match r {
+        Runner::Tiles(set) => set.run(t, src),
+        Runner::Reference => kernels::reference_f32::run(t, src, d.m, d.n),
+    }
+}
+
+fn with_ptrs<R>(
+    a: &[&[f32]],
+    b: &[&[f32]],
+    f: impl FnOnce(*const *const f32, *const *const f32) -> R,
+) -> R {
+    const STACK: usize = 64;
+    if a.len() <= STACK {
+        let mut pa = [std::ptr::null::<f32>(); STACK];
+        let mut pb = [std::ptr::null::<f32>(); STACK];
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            pa[i] = x.as_ptr();
+            pb[i] = y.as_ptr();
+        }
+        f(pa.as_ptr(), pb.as_ptr())
+    } else {
+        let pa: Vec<*const f32> = a.iter().map(|x| x.as_ptr()).collect();
+        let pb: Vec<*const f32> = b.iter().map(|x| x.as_ptr()).collect();
+        f(pa.as_ptr(), pb.as_ptr())
+    }
+}
+
+fn check_len(operand: &str, len: usize, needed: usize) -> Result<()> {
+    if len < needed {
+        return Err(Error::ShortSlice {
+            operand: operand.to_string(),
+            needed,
+            len,
+        });
+    }
+    Ok(())
+}
+
+fn check_len_at(operand: &str, i: usize, len: usize, needed: usize) -> Result<()> {
+    if len < needed {
+        return Err(Error::ShortSlice {
+            operand: format!("{operand}[{i}]"),
+            needed,
+            len,
+        });
+    }
+    Ok(())
+}
+
+fn strided_need(stride: usize, count: usize, extent: usize) -> Result<usize> {
+    stride
+        .checked_mul(count - 1)
+        .and_then(|x| x.checked_add(extent))
+        .ok_or(Error::Overflow {
+            what: "batch",
+            value: count,
+        })
+}
+
+fn offset_need(max_off: usize, extent: usize) -> Result<usize> {
+    max_off.checked_add(extent).ok_or(Error::Overflow {
+        what: "offset",
+        value: max_off,
+    })
+}
+
+type CacheKey = (Descriptor, Isa);
+
+/// Plans `desc` for the selected ISA, or returns the kernel already planned
+/// for it. The cache is process-wide and shared by all threads.
+pub fn dispatch(desc: &Descriptor) -> Result<Arc<Kernel>> {
+    dispatch_with(desc, Isa::selected()?)
+}
+
+/// As [`dispatch`], for an explicit ISA.
+pub fn dispatch_with(desc: &Descriptor, isa: Isa) -> Result<Arc<Kernel>> {
+    static CACHE: OnceLock<RwLock<HashMap<CacheKey, Arc<Kernel>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (*desc, isa);
+    if let Some(k) = cache.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(k.clone());
+    }
+    let k = Arc::new(Kernel::with_options(
+        desc,
+        KernelOptions {
+            isa: Some(isa),
+            tile: None,
+        },
+    )?);
+    let mut w = cache.write().unwrap_or_else(|e| e.into_inner());
+    Ok(w.entry(key).or_insert(k).clone())
+}

@@ -1,0 +1,197 @@
+//! Every kernel against the f64 reference: proptest over awkward shapes,
+//! all batch forms, beta 0/1, alpha != 1, padded leading dimensions and every
+//! epilogue, for every ISA this machine supports.
+
+mod common;
+
+use brgemm::{Activation, Beta, Epilogue, Isa, Kernel, KernelOptions, RegisterTile};
+use common::{Case, Form};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use std::collections::BTreeSet;
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(96)
+}
+
+fn shape() -> impl Strategy<Value = (usize, usize, usize, usize)> {
+    // Dimensions biased towards edges: 1, primes, lanes +- 1, up to 96.
+    let dim = prop_oneof![
+        Just(1usize),
+        Just(7),
+        Just(15),
+        Just(16),
+        Just(17),
+        Just(31),
+        Just(33),
+        Just(64),
+        Just(96),
+        1usize..=96
+    ];
+    (dim.clone(), dim.clone(), dim, 0usize..=20)
+}
+
+fn epilogue() -> impl Strategy<Value = Epilogue> {
+    let act = prop_oneof![
+        3 => Just(Activation::Identity),
+        2 => Just(Activation::Relu),
+        1 => Just(Activation::Sigmoid),
+        1 => Just(Activation::Tanh),
+        1 => Just(Activation::Gelu),
+    ];
+    (any::<bool>(), act).prop_map(|(bias, activation)| Epilogue { bias, activation })
+}
+
+fn form() -> impl Strategy<Value = Form> {
+    prop_oneof![Just(Form::Stride), Just(Form::Offset), Just(Form::Address)]
+}
+
+fn run_isa(isa: Isa) {
+    let mut runner = TestRunner::new(Config {
+        cases: cases(),
+        ..Config::default()
+    });
+    let strat = (
+        shape(),
+        form(),
+        prop_oneof![Just(Beta::Zero), Just(Beta::One)],
+        prop_oneof![Just(1.0f32), Just(-0.5), Just(2.5)],
+        (0usize..=5, 0usize..=5, 0usize..=5),
+        epilogue(),
+        any::<u64>(),
+    );
+    runner
+        .run(
+            &strat,
+            |((m, n, k, count), form, beta, alpha, pad, ep, seed)| {
+                let case = Case::new(m, n, k, count, form, beta, alpha, pad, ep, seed);
+                let kern = Kernel::with_options(
+                    &case.desc,
+                    KernelOptions {
+                        isa: Some(isa),
+                        tile: None,
+                    },
+                )
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(kern.isa(), isa);
+                let got = case
+                    .run(&kern)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                case.check(&got).map_err(TestCaseError::fail)?;
+                Ok(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("ISA {isa}: {e}"));
+}
+
+/// Runs the sweep on every supported ISA and fails if any supported ISA was
+/// not exercised, or if an ISA the environment requires is missing
+/// (`BRGEMM_REQUIRE_ISAS`, set by `scripts/test.sh` from /proc/cpuinfo, so a
+/// broken detection cannot silently skip the tuned kernels).
+#[test]
+fn every_supported_isa_matches_f64_reference() {
+    let mut exercised = BTreeSet::new();
+    for isa in Isa::ALL {
+        if !isa.is_supported() {
+            println!("ISA {isa}: not supported on this machine, not run");
+            continue;
+        }
+        run_isa(isa);
+        println!("ISA {isa}: {} cases passed", cases());
+        exercised.insert(isa);
+    }
+    let supported: BTreeSet<Isa> = Isa::supported().into_iter().collect();
+    assert_eq!(exercised, supported, "a supported ISA was never exercised");
+    if let Ok(req) = std::env::var("BRGEMM_REQUIRE_ISAS") {
+        for name in req.split(',').filter(|s| !s.trim().is_empty()) {
+            let isa = Isa::parse(name).expect("BRGEMM_REQUIRE_ISAS names a known ISA");
+            assert!(
+                exercised.contains(&isa),
+                "required ISA {isa} was not exercised"
+            );
+        }
+    }
+}
+
+/// Every register tile of the grid, forced, on shapes that need every edge
+/// tile (m and n tails), so no instantiated microkernel goes untested.
+#[test]
+fn every_register_tile_is_correct() {
+    for isa in Isa::supported() {
+        if isa == Isa::Reference {
+            continue;
+        }
+        let lanes = isa.f32_lanes();
+        let mut tested = 0;
+        for mv in 1..=4 {
+            for nr in 1..=16 {
+                let t = RegisterTile { mv, nr };
+                let (m, n) = (mv * lanes * 2 + 3, nr * 2 + 1);
+                for form in [Form::Stride, Form::Offset, Form::Address] {
+                    let ep = Epilogue {
+                        bias: true,
+                        activation: Activation::Relu,
+                    };
+                    let case = Case::new(
+                        m,
+                        n,
+                        5,
+                        3,
+                        form,
+                        Beta::One,
+                        1.0,
+                        (1, 0, 2),
+                        ep,
+                        (mv * 100 + nr) as u64,
+                    );
+                    let Ok(kern) = Kernel::with_options(
+                        &case.desc,
+                        KernelOptions {
+                            isa: Some(isa),
+                            tile: Some(t),
+                        },
+                    ) else {
+                        continue; // not in this ISA's grid
+                    };
+                    assert_eq!(kern.register_tile(), Some(t));
+                    let got = case.run(&kern).unwrap();
+                    case.check(&got)
+                        .unwrap_or_else(|e| panic!("{isa} tile {mv}x{nr}: {e}"));
+                    tested += 1;
+                }
+            }
+        }
+        // The smallest grid (portable) has 9 tiles, each run in 3 forms.
+        assert!(
+            tested >= 3 * 9,
+            "{isa}: only {tested} tile variants exercised"
+        );
+    }
+}
+
+/// Zero batch: C = beta*C, then the epilogue; with beta = 0 C is never read.
+#[test]
+fn zero_batch_applies_beta_and_epilogue_only() {
+    for isa in Isa::supported() {
+        for beta in [Beta::Zero, Beta::One] {
+            let ep = Epilogue {
+                bias: true,
+                activation: Activation::Identity,
+            };
+            let case = Case::new(19, 5, 3, 0, Form::Stride, beta, 2.0, (0, 0, 1), ep, 7);
+            let kern = Kernel::with_options(
+                &case.desc,
+                KernelOptions {
+                    isa: Some(isa),
+                    tile: None,
+                },
+            )
+            .unwrap();
+            let got = case.run(&kern).unwrap();
+            case.check(&got).unwrap();
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Shared set-up for the benchmarks (`benches/brgemm.rs` and `examples/bench.rs`
+//! include this file by path; it needs the dev-dependency `gemm`).
+//!
+//! A BRGEMM benchmark that calls one kernel on one block measures a hot L1
+//! loop no primitive ever runs. [`BrgemmWorkload`] instead holds several
+//! distinct blocks (each its own batch of A_i, B_i and its own C) sized so the
+//! whole set lives in L2, and one pass calls the kernel once per block, as a
+//! primitive's loop nest does.
+
+use brgemm::{BatchForm, Descriptor, Kernel, RawBatch};
+use std::time::{Duration, Instant};
+
+/// Several independent BRGEMM problems of one shape, together about `l2_bytes`.
+pub struct BrgemmWorkload {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C.
+    pub n: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// Pairs per call.
+    pub batch: usize,
+    /// Distinct C blocks per pass.
+    pub blocks: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+    a_offs: Vec<usize>,
+    b_offs: Vec<usize>,
+    a_ptrs: Vec<*const f32>,
+    b_ptrs: Vec<*const f32>,
+}
+
+impl BrgemmWorkload {
+    /// Builds the blocks, filled with small deterministic values.
+    pub fn new(m: usize, n: usize, k: usize, batch: usize, l2_bytes: usize) -> Self {
+        let per_block = 4 * (batch * (m * k + k * n) + m * n);
+        let blocks = (l2_bytes / per_block).clamp(2, 64);
+        let (sa, sb) = (m * k, k * n);
+        let fill = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) / 8.0)
+                .collect()
+        };
+        let a = fill(blocks * batch * sa, 1);
+        let b = fill(blocks * batch * sb, 5);
+        let c = vec![0.0; blocks * m * n];
+        let a_offs = (0..batch).map(|i| i * sa).collect();
+        let b_offs = (0..batch).map(|i| i * sb).collect();
+        let mut w = BrgemmWorkload {
+            m,
+            n,
+            k,
+            batch,
+            blocks,
+            a,
+            b,
+            c,
+            a_offs,
+            b_offs,
+            a_ptrs: vec![],
+            b_ptrs: vec![],
+        };
+        for j in 0..blocks {
+            for i in 0..batch {
+                w.a_ptrs.push(w.a[(j * batch + i) * sa..].as_ptr());
+                w.b_ptrs.push(w.b[(j * batch + i) * sb..].as_ptr());
+            }
+        }
+        w
+    }
+
+    /// The descriptor of every block for `form` (beta = 0, no epilogue).
+    pub fn descriptor(&self, form: BatchForm) -> Descriptor {
+        Descriptor::new(self.m, self.n, self.k).batch_form(form)
+    }
+
+    /// Floating-point operations of one [`BrgemmWorkload::pass`].
+    pub fn flops_per_pass(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k * self.batch * self.blocks) as f64
+    }
+
+    /// Calls `kernel` once per block. The kernel must have been planned from
+    /// [`BrgemmWorkload::descriptor`] (any form, any ISA).
+    pub fn pass(&mut self, kernel: &Kernel) {
+        let (sa, sb, sc) = (self.m * self.k, self.k * self.n, self.m * self.n);
+        let form = kernel.descriptor().batch_form;
+        for j in 0..self.blocks {
+            let a = self.a[j * self.batch * sa..].as_ptr();
+            let b = self.b[j * self.batch * sb..].as_ptr();
+            let batch = match form {
+                BatchForm::Offset => RawBatch::Offset {
+                    a,
+                    b,
+                    a_offs: self.a_offs.as_ptr(),
+                    b_offs: self.b_offs.as_ptr(),
+                    count: self.batch,
+                },
+                BatchForm::Address => RawBatch::Address {
+                    a: self.a_ptrs[j * self.batch..].as_ptr(),
+                    b: self.b_ptrs[j * self.batch..].as_ptr(),
+                    count: self.batch,
+                },
+                _ => RawBatch::Stride {
+                    a,
+                    b,
+                    count: self.batch,
+                },
+            };
+            // SAFETY: block j owns batch*sa elements of A, batch*sb of B and
+            // sc of C, which is what a descriptor from `descriptor` touches.
+            unsafe { kernel.execute_raw(batch, self.c[j * sc..].as_mut_ptr(), std::ptr::null()) };
+        }
+    }
+
+    /// The same work as a loop of ordinary GEMM calls (the `gemm` crate, one
+    /// thread): per block, C = A_0 B_0, then C += A_i B_i.
+    pub fn pass_gemm_crate(&mut self) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let (sa, sb, sc) = (m * k, k * n, m * n);
+        for j in 0..self.blocks {
+            for i in 0..self.batch {
+                let a = self.a[(j * self.batch + i) * sa..].as_ptr();
+                let b = self.b[(j * self.batch + i) * sb..].as_ptr();
+                let c = self.c[j * sc..].as_mut_ptr();
+                // SAFETY: column-major m x k, k x n and m x n blocks inside the
+                // vectors; gemm's (alpha, beta) = (scale of dst, of product).
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        c,
+                        m as isize,
+                        1,
+                        i > 0,
+                        a,
+                        m as isize,
+                        1,
+                        b,
+                        k as isize,
+                        1,
+                        1.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// A measurement: median seconds per call, and the median FMA peak of the
+/// probe slices interleaved with the samples (same clock, same neighbours).
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// Median seconds per call of the work.
+    pub secs: f64,
+    /// Median GFLOP/s of the peak probe, sampled between the work's samples.
+    pub peak_gflops: f64,
+}
+
+/// Times `f`: calibrates a repetition count so a sample lasts `min_sample`,
+/// then takes `samples` samples, each preceded by one peak-probe slice.
+pub fn measure(
+    mut f: impl FnMut(),
+    probe: &brgemm::peak::Probe,
+    min_sample: Duration,
+    samples: usize,
+) -> Measured {
+    let mut reps = 1usize;
+    loop {
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        if t.elapsed() >= min_sample {
+            break;
+        }
+        reps *= 2;
+    }
+    let mut secs = Vec::with_capacity(samples);
+    let mut peaks = Vec::with_capacity(samples);
+    for _ in 0..samples.max(1) {
+        peaks.push(probe.sample());
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        secs.push(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    Measured {
+        secs: median(&mut secs),
+        peak_gflops: median(&mut peaks),
+    }
+}
+
+/// The median (upper median for even lengths).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

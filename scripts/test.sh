@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian/Ubuntu machine (as root or
+# with sudo) and runs every test of the workspace:
+#   - all crates, all targets, doc tests, on this machine's ISAs;
+#   - the BRGEMM_ISA override, once per ISA;
+#   - the NEON kernels for real: cross-built for aarch64 and run under qemu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
+
+say() { printf '\n== %s\n' "$*"; }
+
+# ---- install -------------------------------------------------------------
+pkgs=()
+command -v aarch64-linux-gnu-gcc >/dev/null || pkgs+=(gcc-aarch64-linux-gnu)
+[ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ] || pkgs+=(libc6-dev-arm64-cross)
+command -v qemu-aarch64 >/dev/null || pkgs+=(qemu-user)
+if [ ${#pkgs[@]} -gt 0 ]; then
+  say "installing ${pkgs[*]}"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+fi
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  say "adding the aarch64 Rust target"
+  rustup target add aarch64-unknown-linux-gnu
+fi
+
+# The ISAs this CPU has, read from /proc/cpuinfo (independently of the
+# crate's own detection): the kernel tests fail if any of them is not run.
+req=portable,reference
+if [ "$(uname -m)" = x86_64 ]; then
+  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  [[ " $flags " == *" avx512f "* ]] && req+=,avx512
+  [[ " $flags " == *" avx2 "* && " $flags " == *" fma "* ]] && req+=,avx2
+elif [ "$(uname -m)" = aarch64 ]; then
+  req+=,neon
+fi
+export BRGEMM_REQUIRE_ISAS=$req
+
+# ---- tests on this machine -------------------------------------------------
+say "cargo fmt --check"
+cargo fmt --all -- --check
+
+say "workspace tests (required ISAs: $req)"
+cargo test --workspace --all-targets
+cargo test --workspace --doc
+
+say "BRGEMM_ISA override, one run per ISA"
+for isa in avx512 avx2 neon portable reference bogus; do
+  BRGEMM_ISA=$isa cargo test -q -p brgemm --test env_isa --test exact
+done
+
+# ---- NEON under qemu -------------------------------------------------------
+if [ "$(uname -m)" != aarch64 ]; then
+  say "brgemm on aarch64 under qemu (NEON kernels)"
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
+  # Emulation is ~50x slower: fewer proptest cases.
+  PROPTEST_CASES=24 BRGEMM_REQUIRE_ISAS=neon,portable,reference \
+    cargo test -p brgemm --target aarch64-unknown-linux-gnu
+fi
+
+say "all tests passed"
