@@ -1,0 +1,67 @@
+//! Errors of the primitives: bad shapes, bad loop specs, kernel errors.
+
+/// Everything a primitive can refuse. Messages name the bad value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A loop-nest spec string or loop definition is invalid.
+    #[error("loop spec {spec:?}: {reason}")]
+    Spec {
+        /// The spec string as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A shape, size or block is invalid.
+    #[error("bad shape: {what} = {value}: {reason}")]
+    Shape {
+        /// The parameter, e.g. `"bn"`.
+        what: String,
+        /// Its value.
+        value: String,
+        /// Why.
+        reason: String,
+    },
+    /// A buffer handed in has the wrong length.
+    #[error("buffer {what}: expected {expected} elements, got {got}")]
+    Buffer {
+        /// Which buffer.
+        what: String,
+        /// Required length.
+        expected: usize,
+        /// Given length.
+        got: usize,
+    },
+    /// Planning a BRGEMM failed.
+    #[error("kernel: {0}")]
+    Kernel(#[from] brgemm::Error),
+    /// Reading or writing a file failed.
+    #[error("io: {0}")]
+    Io(String),
+}
+
+/// Shorthand.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn shape(
+    what: impl Into<String>,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> Error {
+    Error::Shape {
+        what: what.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn check_buf(what: &str, got: usize, expected: usize) -> Result<()> {
+    if got != expected {
+        return Err(Error::Buffer {
+            what: what.to_string(),
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}

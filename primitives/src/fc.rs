@@ -1,0 +1,654 @@
+//! Fully-connected layer: forward, backward-data and backward-weights as
+//! loop nests around BRGEMM.
+//!
+//! Shapes: X `[N][C]`, W `[K][C]`, Y = act(X W^T + b) `[N][K]`, in the blocked
+//! layouts of [`crate::layout`]. Each pass is a three-loop nest; `c` is always
+//! the reduction, done as the BRGEMM batch (`chunk` blocks per call; the
+//! default, 0, means all of them in one call so the output block is stored
+//! once).
+//!
+//! | pass | a | b | c (reduction, BRGEMM batch) | BRGEMM (m x n x k) | A_i | B_i | C |
+//! |---|---|---|---|---|---|---|---|
+//! | fwd | N blocks | K blocks | C blocks | bk x bn x bc | W[kb][cb] | X[nb][cb] | Y[nb][kb] |
+//! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | Wt[cb][kb] | dZ[nb][kb] | dX[nb][cb] |
+//! | upd | K blocks | C blocks | N blocks | bk x bc x bn | dZ[nb][kb] | Xt[nb][cb] | dW[kb][cb] |
+//!
+//! Data reuse: in fwd/bwd the innermost BRGEMM streams one block-row of the
+//! weights and one block-row of the activations; a spec with `b` inside `a`
+//! (`ABc`) keeps the activation block-row `X[nb]` in L2 across the K blocks.
+//! upd reduces over the whole minibatch inside one BRGEMM call, so every
+//! `dW[kb][cb]` is owned by one thread and written once: no races, no
+//! per-thread partial sums.
+//!
+//! Default specs are `ABc` for all three (both output loops parallel, the
+//! reduction innermost) with the blocking of [`FcTuning::heuristic`]. Any
+//! valid spec gives the same result (the tests check every one).
+
+use crate::error::{check_buf, shape, Error, Result};
+use crate::layout::{Blocked, Inner, SyncPtr};
+use crate::loops::{LoopDef, LoopNest};
+use crate::threads::Pool;
+use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
+use std::sync::Arc;
+
+/// Loop order and blocking of one pass.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PassConfig {
+    /// Spec string over loops a, b, c (see the module docs).
+    pub spec: String,
+    /// Reduction blocks per BRGEMM call (0: all).
+    pub chunk: usize,
+    /// Blocking levels of loop a (in blocks).
+    pub blocks_a: Vec<usize>,
+    /// Blocking levels of loop b (in blocks).
+    pub blocks_b: Vec<usize>,
+}
+
+impl PassConfig {
+    /// `spec` with no blocking levels and the whole reduction per call.
+    pub fn spec(spec: &str) -> Self {
+        PassConfig {
+            spec: spec.into(),
+            chunk: 0,
+            blocks_a: vec![],
+            blocks_b: vec![],
+        }
+    }
+}
+
+/// Blocking and loop orders of an FC layer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FcTuning {
+    /// Minibatch block (BRGEMM n in fwd/bwd, k in upd).
+    pub bn: usize,
+    /// Input-feature block.
+    pub bc: usize,
+    /// Output-feature block (BRGEMM m in fwd and upd).
+    pub bk: usize,
+    /// Forward.
+    pub fwd: PassConfig,
+    /// Backward-data.
+    pub bwd: PassConfig,
+    /// Backward-weights.
+    pub upd: PassConfig,
+}
+
+/// The largest candidate that divides `x`, else `x` itself when it is small,
+/// else the first candidate (with zero padding).
+fn pick_block(x: usize, cands: &[usize]) -> usize {
+    if let Some(&b) = cands.iter().find(|&&b| x.is_multiple_of(b)) {
+        return b;
+    }
+    if x <= cands[0] {
+        return x;
+    }
+    cands[0]
+}
+
+impl FcTuning {
+    /// The default: blocks of 64 where they divide the size (else 48, 32, 16;
+    /// a size below 64 is one block; else 64 with zero padding). 64 rows of
+    /// output (bk) are 4 AVX-512 vectors and feed the 2x14 register tile; 64
+    /// columns (bn) keep a block's B panel and C tile in L1; 64-deep blocks
+    /// (bc) make a BRGEMM batch element 16 KiB of weights. All loops `ABc`.
+    pub fn heuristic(n: usize, c: usize, k: usize) -> FcTuning {
+        let cands = [64, 48, 32, 16];
+        FcTuning {
+            bn: pick_block(n, &cands),
+            bc: pick_block(c, &cands),
+            bk: pick_block(k, &cands),
+            fwd: PassConfig::spec("ABc"),
+            bwd: PassConfig::spec("ABc"),
+            upd: PassConfig::spec("ABc"),
+        }
+    }
+}
+
+/// Which passes a stored tuning entry applies to: one FC shape.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TunedFc {
+    /// Minibatch.
+    pub n: usize,
+    /// Input features.
+    pub c: usize,
+    /// Output features.
+    pub k: usize,
+    /// The configuration.
+    pub tuning: FcTuning,
+}
+
+/// Loads the tuning for `(n, c, k)` from a JSON file written by `examples/tune`
+/// (a list of [`TunedFc`]); `Ok(None)` when the file has no entry for it.
+pub fn load_tuning(
+    path: &std::path::Path,
+    n: usize,
+    c: usize,
+    k: usize,
+) -> Result<Option<FcTuning>> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    let all: Vec<TunedFc> =
+        serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    Ok(all
+        .into_iter()
+        .find(|t| (t.n, t.c, t.k) == (n, c, k))
+        .map(|t| t.tuning))
+}
+
+/// Kernels for the positions of a chunk in the reduction.
+struct Chunked {
+    /// The whole reduction in one call (or the last chunk): epilogue on.
+    only: Arc<Kernel>,
+    first: Arc<Kernel>,
+    mid: Arc<Kernel>,
+    last: Arc<Kernel>,
+}
+
+impl Chunked {
+    fn new(base: Descriptor, ep: Epilogue) -> Result<Chunked> {
+        let k = |beta, ep| brgemm::dispatch(&base.beta(beta).epilogue(ep));
+        Ok(Chunked {
+            only: k(Beta::Zero, ep)?,
+            first: k(Beta::Zero, Epilogue::default())?,
+            mid: k(Beta::One, Epilogue::default())?,
+            last: k(Beta::One, ep)?,
+        })
+    }
+    #[inline]
+    fn pick(&self, first: bool, last: bool) -> &Kernel {
+        match (first, last) {
+            (true, true) => &self.only,
+            (true, false) => &self.first,
+            (false, false) => &self.mid,
+            (false, true) => &self.last,
+        }
+    }
+}
+
+struct Pass {
+    nest: LoopNest,
+    kernels: Chunked,
+    chunk: usize,
+    red: usize,
+}
+
+/// A planned FC layer: shapes, blocking, loop nests and kernels. Buffers are
+/// passed to each call (see [`Fc::x_layout`] and friends to allocate them).
+pub struct Fc {
+    /// Minibatch.
+    pub n: usize,
+    /// Input features.
+    pub c: usize,
+    /// Output features.
+    pub k: usize,
+    /// Activation after the bias.
+    pub act: Activation,
+    tuning: FcTuning,
+    fwd: Pass,
+    fwd_pre: Option<Chunked>,
+    bwd: Pass,
+    upd: Pass,
+}
+
+impl std::fmt::Debug for Fc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fc")
+            .field("n", &self.n)
+            .field("c", &self.c)
+            .field("k", &self.k)
+            .field("act", &self.act)
+            .field("tuning", &self.tuning)
+            .finish()
+    }
+}
+
+fn pass(
+    which: &str,
+    cfg: &PassConfig,
+    a: (&'static str, usize),
+    b: (&'static str, usize),
+    red: (&'static str, usize),
+    desc: Descriptor,
+    ep: Epilogue,
+) -> Result<Pass> {
+    let chunk = if cfg.chunk == 0 {
+        red.1
+    } else {
+        cfg.chunk.min(red.1)
+    };
+    let loops = vec![
+        LoopDef::new(a.0, a.1, 1).blocks(cfg.blocks_a.clone()),
+        LoopDef::new(b.0, b.1, 1).blocks(cfg.blocks_b.clone()),
+        LoopDef::new(red.0, red.1, chunk).reduction(),
+    ];
+    let nest = LoopNest::new(loops, &cfg.spec).map_err(|e| match e {
+        Error::Spec { spec, reason } => Error::Spec {
+            spec,
+            reason: format!("{which}: {reason}"),
+        },
+        other => other,
+    })?;
+    Ok(Pass {
+        nest,
+        kernels: Chunked::new(desc, ep)?,
+        chunk,
+        red: red.1,
+    })
+}
+
+impl Fc {
+    /// Plans a layer with the default tuning.
+    pub fn new(n: usize, c: usize, k: usize, act: Activation) -> Result<Fc> {
+        Fc::with_tuning(n, c, k, act, FcTuning::heuristic(n, c, k))
+    }
+
+    /// Plans a layer with the given blocking and loop orders.
+    pub fn with_tuning(n: usize, c: usize, k: usize, act: Activation, t: FcTuning) -> Result<Fc> {
+        for (what, v) in [
+            ("n", n),
+            ("c", c),
+            ("k", k),
+            ("bn", t.bn),
+            ("bc", t.bc),
+            ("bk", t.bk),
+        ] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        let (nb, cb, kb) = (n.div_ceil(t.bn), c.div_ceil(t.bc), k.div_ceil(t.bk));
+        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
+        let ep = Epilogue {
+            bias: true,
+            activation: act,
+        };
+        let stride = |a: usize, b: usize| BatchForm::Stride { a, b };
+        let fdesc = Descriptor::new(bk, bn, bc).batch_form(stride(bk * bc, bn * bc));
+        let fwd = pass(
+            "fwd",
+            &t.fwd,
+            ("N blocks", nb),
+            ("K blocks", kb),
+            ("C blocks", cb),
+            fdesc,
+            ep,
+        )?;
+        // GELU's derivative needs the pre-activation: training writes Z with
+        // a bias-only epilogue and applies GELU on the hot block.
+        let fwd_pre = (act == Activation::Gelu)
+            .then(|| {
+                Chunked::new(
+                    fdesc,
+                    Epilogue {
+                        bias: true,
+                        activation: Activation::Identity,
+                    },
+                )
+            })
+            .transpose()?;
+        let bdesc = Descriptor::new(bc, bn, bk).batch_form(stride(bc * bk, bn * bk));
+        let bwd = pass(
+            "bwd",
+            &t.bwd,
+            ("N blocks", nb),
+            ("C blocks", cb),
+            ("K blocks", kb),
+            bdesc,
+            Epilogue::default(),
+        )?;
+        let udesc = Descriptor::new(bk, bc, bn).batch_form(stride(kb * bn * bk, cb * bn * bc));
+        let upd = pass(
+            "upd",
+            &t.upd,
+            ("K blocks", kb),
+            ("C blocks", cb),
+            ("N blocks", nb),
+            udesc,
+            Epilogue::default(),
+        )?;
+        Ok(Fc {
+            n,
+            c,
+            k,
+            act,
+            tuning: t,
+            fwd,
+            fwd_pre,
+            bwd,
+            upd,
+        })
+    }
+
+    /// The blocking and specs in use.
+    pub fn tuning(&self) -> &FcTuning {
+        &self.tuning
+    }
+    /// K rounded up to whole blocks: the length of the bias buffer.
+    pub fn padded_k(&self) -> usize {
+        self.k.div_ceil(self.tuning.bk) * self.tuning.bk
+    }
+    /// Floating-point operations of one pass (any of the three).
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.n * self.c * self.k) as f64
+    }
+    /// A zero input X (`[N/bn][C/bc][bn][bc]`).
+    pub fn x_layout(&self) -> Blocked {
+        Blocked::zeros(
+            self.n,
+            self.c,
+            self.tuning.bn,
+            self.tuning.bc,
+            Inner::RowMajor,
+        )
+        .unwrap()
+    }
+    /// A zero input in the layout backward-weights reads (`[N/bn][C/bc][bc][bn]`).
+    pub fn xt_layout(&self) -> Blocked {
+        Blocked::zeros(
+            self.n,
+            self.c,
+            self.tuning.bn,
+            self.tuning.bc,
+            Inner::ColMajor,
+        )
+        .unwrap()
+    }
+    /// A zero output Y (also dY, dZ and Z: `[N/bn][K/bk][bn][bk]`).
+    pub fn y_layout(&self) -> Blocked {
+        Blocked::zeros(
+            self.n,
+            self.k,
+            self.tuning.bn,
+            self.tuning.bk,
+            Inner::RowMajor,
+        )
+        .unwrap()
+    }
+    /// Zero weights W (`[K/bk][C/bc][bc][bk]`).
+    pub fn w_layout(&self) -> Blocked {
+        Blocked::zeros(
+            self.k,
+            self.c,
+            self.tuning.bk,
+            self.tuning.bc,
+            Inner::ColMajor,
+        )
+        .unwrap()
+    }
+    /// Zero transposed weights, as backward-data reads them (`[C/bc][K/bk][bk][bc]`).
+    pub fn wt_layout(&self) -> Blocked {
+        Blocked::zeros(
+            self.c,
+            self.k,
+            self.tuning.bc,
+            self.tuning.bk,
+            Inner::ColMajor,
+        )
+        .unwrap()
+    }
+
+    fn check(&self, what: &str, b: &Blocked, want: &Blocked) -> Result<()> {
+        if !b.same_shape(want) {
+            return Err(shape(
+                what,
+                format!(
+                    "{}x{} in {}x{} {:?} blocks",
+                    b.rows, b.cols, b.br, b.bc, b.inner
+                ),
+                format!(
+                    "layer needs {}x{} in {}x{} {:?} blocks",
+                    want.rows, want.cols, want.br, want.bc, want.inner
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Y = act(X W^T + b). With `z`, also keeps Z = X W^T + b when the
+    /// activation's derivative needs it (GELU; ignored otherwise).
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        x: &Blocked,
+        w: &Blocked,
+        bias: &[f32],
+        y: &mut Blocked,
+        z: Option<&mut Blocked>,
+    ) -> Result<()> {
+        self.check("X", x, &self.x_layout())?;
+        self.check("W", w, &self.w_layout())?;
+        self.check("Y", y, &self.y_layout())?;
+        check_buf("bias", bias.len(), self.padded_k())?;
+        let t = &self.tuning;
+        let (xp, wp, bp) = (
+            x.data.as_ptr() as usize,
+            w.data.as_ptr() as usize,
+            bias.as_ptr() as usize,
+        );
+        let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
+        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
+        let yp = SyncPtr(y.data.as_mut_ptr());
+        let zp = match (z, &self.fwd_pre) {
+            (Some(z), Some(_)) => {
+                self.check("Z", z, &self.y_layout())?;
+                Some(SyncPtr(z.data.as_mut_ptr()))
+            }
+            _ => None,
+        };
+        // Sigmoid(0) = 0.5 would fill K padding: keep padding at zero.
+        let k_tail = self.k % bk;
+        let clear_pad = k_tail != 0 && self.act.apply(0.0) != 0.0;
+        let p = &self.fwd;
+        p.nest.run(pool, |i| {
+            let (nb, kb, c0) = (i[0], i[1], i[2]);
+            let cnt = p.chunk.min(p.red - c0);
+            let (first, last) = (c0 == 0, c0 + cnt == p.red);
+            let a = (wp as *const f32).wrapping_add((kb * cbn + c0) * bk * bc);
+            let b = (xp as *const f32).wrapping_add((nb * cbn + c0) * bn * bc);
+            let off = (nb * kbn + kb) * bn * bk;
+            let bias = (bp as *const f32).wrapping_add(kb * bk);
+            let batch = RawBatch::Stride { a, b, count: cnt };
+            // SAFETY: shapes were checked above; blocks (nb, kb) are owned by
+            // one thread (the c loop is a reduction, never parallel).
+            unsafe {
+                match (zp, &self.fwd_pre) {
+                    (Some(zp), Some(pre)) => {
+                        let zc = zp.get().add(off);
+                        pre.pick(first, last).execute_raw(batch, zc, bias);
+                        if last {
+                            let (zs, ys) = (
+                                std::slice::from_raw_parts(zc, bn * bk),
+                                std::slice::from_raw_parts_mut(yp.get().add(off), bn * bk),
+                            );
+                            for (y, z) in ys.iter_mut().zip(zs) {
+                                *y = self.act.apply(*z);
+                            }
+                        }
+                    }
+                    _ => p
+                        .kernels
+                        .pick(first, last)
+                        .execute_raw(batch, yp.get().add(off), bias),
+                }
+                if last && clear_pad && kb + 1 == kbn {
+                    let blk = std::slice::from_raw_parts_mut(yp.get().add(off), bn * bk);
+                    for row in blk.chunks_exact_mut(bk) {
+                        row[k_tail..].fill(0.0);
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// dZ = dY * act'(.), from Y (or from Z for GELU).
+    pub fn activation_backward(
+        &self,
+        pool: &Pool,
+        dy: &Blocked,
+        y: &Blocked,
+        z: Option<&Blocked>,
+        dz: &mut Blocked,
+    ) -> Result<()> {
+        let want = self.y_layout();
+        self.check("dY", dy, &want)?;
+        self.check("Y", y, &want)?;
+        self.check("dZ", dz, &want)?;
+        let z = match (self.act, z) {
+            (Activation::Gelu, Some(z)) => {
+                self.check("Z", z, &want)?;
+                Some(z)
+            }
+            (Activation::Gelu, None) => {
+                return Err(shape(
+                    "Z",
+                    "None",
+                    "GELU backward needs the pre-activation from forward",
+                ))
+            }
+            _ => None,
+        };
+        let act = self.act;
+        let len = dz.data.len();
+        let threads = pool.threads();
+        let dzp = SyncPtr(dz.data.as_mut_ptr());
+        pool.broadcast(|t| {
+            let (lo, hi) = (t * len / threads, (t + 1) * len / threads);
+            // SAFETY: each thread writes its own contiguous range.
+            let out = unsafe { std::slice::from_raw_parts_mut(dzp.get().add(lo), hi - lo) };
+            for (j, o) in out.iter_mut().enumerate() {
+                let i = lo + j;
+                *o = dy.data[i] * act_grad(act, y.data[i], z.map_or(0.0, |z| z.data[i]));
+            }
+        });
+        Ok(())
+    }
+
+    /// dX = dZ W, reading the weights transposed (see [`Fc::transpose_weights`]).
+    pub fn backward_data(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        wt: &Blocked,
+        dx: &mut Blocked,
+    ) -> Result<()> {
+        self.check("dZ", dz, &self.y_layout())?;
+        self.check("Wt", wt, &self.wt_layout())?;
+        self.check("dX", dx, &self.x_layout())?;
+        let t = &self.tuning;
+        let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
+        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
+        let (dzp, wtp) = (dz.data.as_ptr() as usize, wt.data.as_ptr() as usize);
+        let dxp = SyncPtr(dx.data.as_mut_ptr());
+        let p = &self.bwd;
+        p.nest.run(pool, |i| {
+            let (nb, cb, k0) = (i[0], i[1], i[2]);
+            let cnt = p.chunk.min(p.red - k0);
+            let a = (wtp as *const f32).wrapping_add((cb * kbn + k0) * bc * bk);
+            let b = (dzp as *const f32).wrapping_add((nb * kbn + k0) * bn * bk);
+            // SAFETY: as in forward; dX[nb][cb] is owned by one thread.
+            unsafe {
+                p.kernels.pick(k0 == 0, k0 + cnt == p.red).execute_raw(
+                    RawBatch::Stride { a, b, count: cnt },
+                    dxp.get().add((nb * cbn + cb) * bn * bc),
+                    std::ptr::null(),
+                )
+            };
+        });
+        Ok(())
+    }
+
+    /// dW = dZ^T X (reduced over the whole minibatch inside BRGEMM) and
+    /// db = column sums of dZ. `xt` is X in the layout of [`Fc::xt_layout`]
+    /// (see [`Fc::relayout_input`]).
+    pub fn backward_weights(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        xt: &Blocked,
+        dw: &mut Blocked,
+        db: &mut [f32],
+    ) -> Result<()> {
+        self.check("dZ", dz, &self.y_layout())?;
+        self.check("Xt", xt, &self.xt_layout())?;
+        self.check("dW", dw, &self.w_layout())?;
+        check_buf("db", db.len(), self.padded_k())?;
+        let t = &self.tuning;
+        let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
+        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
+        let (dzp, xtp) = (dz.data.as_ptr() as usize, xt.data.as_ptr() as usize);
+        let dwp = SyncPtr(dw.data.as_mut_ptr());
+        let p = &self.upd;
+        p.nest.run(pool, |i| {
+            let (kb, cb, n0) = (i[0], i[1], i[2]);
+            let cnt = p.chunk.min(p.red - n0);
+            let a = (dzp as *const f32).wrapping_add((n0 * kbn + kb) * bn * bk);
+            let b = (xtp as *const f32).wrapping_add((n0 * cbn + cb) * bn * bc);
+            // SAFETY: as in forward; dW[kb][cb] is owned by one thread.
+            unsafe {
+                p.kernels.pick(n0 == 0, n0 + cnt == p.red).execute_raw(
+                    RawBatch::Stride { a, b, count: cnt },
+                    dwp.get().add((kb * cbn + cb) * bk * bc),
+                    std::ptr::null(),
+                )
+            };
+        });
+        // Bias gradient: sums over N, one K block per task.
+        let nbn = self.n.div_ceil(bn);
+        let dbp = SyncPtr(db.as_mut_ptr());
+        let threads = pool.threads();
+        pool.broadcast(|th| {
+            for kb in (th * kbn / threads)..((th + 1) * kbn / threads) {
+                // SAFETY: each K block of db belongs to one thread.
+                let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(kb * bk), bk) };
+                out.fill(0.0);
+                for nb in 0..nbn {
+                    let blk = &dz.data[(nb * kbn + kb) * bn * bk..][..bn * bk];
+                    for row in blk.chunks_exact(bk) {
+                        for (o, v) in out.iter_mut().zip(row) {
+                            *o += v;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Writes W transposed into `wt` for backward-data (O(KC), once per step).
+    pub fn transpose_weights(&self, w: &Blocked, wt: &mut Blocked) -> Result<()> {
+        self.check("W", w, &self.w_layout())?;
+        self.check("Wt", wt, &self.wt_layout())?;
+        w.transpose_into(wt)
+    }
+
+    /// Writes X in the layout backward-weights reads (O(NC), once per step).
+    pub fn relayout_input(&self, x: &Blocked, xt: &mut Blocked) -> Result<()> {
+        self.check("X", x, &self.x_layout())?;
+        self.check("Xt", xt, &self.xt_layout())?;
+        x.relayout_into(xt)
+    }
+}
+
+/// d act / d z, from the output y (or the pre-activation z for GELU).
+#[inline]
+pub fn act_grad(act: Activation, y: f32, z: f32) -> f32 {
+    match act {
+        Activation::Relu => {
+            if y > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Activation::Sigmoid => y * (1.0 - y),
+        Activation::Tanh => 1.0 - y * y,
+        Activation::Gelu => {
+            const C: f32 = 0.797_884_6;
+            let u = C * (z + 0.044715 * z * z * z);
+            let th = u.tanh();
+            0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * C * (1.0 + 3.0 * 0.044715 * z * z)
+        }
+        _ => 1.0,
+    }
+}

@@ -1,0 +1,287 @@
+//! Blocked 2-D layouts and conversions from and to the plain row-major
+//! layouts users hold.
+//!
+//! A [`Blocked`] matrix of `rows x cols` is cut into `br x bc` blocks, stored
+//! block-row by block-row (`[rows/br][cols/bc][..]`); inside a block the
+//! elements are row-major (`[br][bc]`) or column-major (`[bc][br]`). Sizes that
+//! are not multiples of the block are padded with zeros, and every primitive
+//! keeps the padding at zero, so padding never changes a result.
+//!
+//! The FC layouts of the paper, in these terms:
+//!
+//! | tensor | layout | `Blocked` |
+//! |---|---|---|
+//! | activations X | `[N/bn][C/bc][bn][bc]` | rows N, cols C, row-major blocks |
+//! | weights W | `[K/bk][C/bc][bc][bk]` | rows K, cols C, column-major blocks |
+//! | output Y | `[N/bn][K/bk][bn][bk]` | rows N, cols K, row-major blocks |
+//!
+//! A row-major `[bn][bc]` block is a column-major `bc x bn` matrix, which is
+//! what lets BRGEMM (column-major) read every block in place.
+
+use crate::error::{check_buf, shape, Result};
+
+/// Element order inside a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Inner {
+    /// `[br][bc]`: columns contiguous.
+    RowMajor,
+    /// `[bc][br]`: rows contiguous.
+    ColMajor,
+}
+
+/// A blocked, zero-padded matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocked {
+    /// Logical rows.
+    pub rows: usize,
+    /// Logical columns.
+    pub cols: usize,
+    /// Rows per block.
+    pub br: usize,
+    /// Columns per block.
+    pub bc: usize,
+    /// Order inside a block.
+    pub inner: Inner,
+    /// `row_blocks * col_blocks * br * bc` elements.
+    pub data: Vec<f32>,
+}
+
+impl Blocked {
+    /// A zero matrix.
+    pub fn zeros(rows: usize, cols: usize, br: usize, bc: usize, inner: Inner) -> Result<Blocked> {
+        for (what, v) in [
+            ("rows", rows),
+            ("cols", cols),
+            ("block rows", br),
+            ("block cols", bc),
+        ] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        let len = rows
+            .div_ceil(br)
+            .checked_mul(cols.div_ceil(bc))
+            .and_then(|x| x.checked_mul(br * bc))
+            .ok_or_else(|| shape("rows x cols", format!("{rows}x{cols}"), "too large"))?;
+        Ok(Blocked {
+            rows,
+            cols,
+            br,
+            bc,
+            inner,
+            data: vec![0.0; len],
+        })
+    }
+
+    /// Blocks along the rows.
+    pub fn row_blocks(&self) -> usize {
+        self.rows.div_ceil(self.br)
+    }
+    /// Blocks along the columns.
+    pub fn col_blocks(&self) -> usize {
+        self.cols.div_ceil(self.bc)
+    }
+    /// Elements per block.
+    pub fn block_len(&self) -> usize {
+        self.br * self.bc
+    }
+    /// Offset of block `(i, j)`.
+    #[inline]
+    pub fn block(&self, i: usize, j: usize) -> usize {
+        (i * self.col_blocks() + j) * self.block_len()
+    }
+    /// Offset of element `(r, c)`.
+    #[inline]
+    pub fn index(&self, r: usize, c: usize) -> usize {
+        let (i, ri, j, ci) = (r / self.br, r % self.br, c / self.bc, c % self.bc);
+        self.block(i, j)
+            + match self.inner {
+                Inner::RowMajor => ri * self.bc + ci,
+                Inner::ColMajor => ci * self.br + ri,
+            }
+    }
+
+    /// Converts a plain row-major `rows x cols` matrix.
+    pub fn from_plain(
+        plain: &[f32],
+        rows: usize,
+        cols: usize,
+        br: usize,
+        bc: usize,
+        inner: Inner,
+    ) -> Result<Blocked> {
+        let mut b = Blocked::zeros(rows, cols, br, bc, inner)?;
+        b.set_plain(plain)?;
+        Ok(b)
+    }
+
+    /// Overwrites the logical part from a plain row-major matrix.
+    pub fn set_plain(&mut self, plain: &[f32]) -> Result<()> {
+        check_buf("plain matrix", plain.len(), self.rows * self.cols)?;
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                let i = self.index(r, c);
+                self.data[i] = plain[r * self.cols + c];
+            }
+        }
+        Ok(())
+    }
+
+    /// The logical part as a plain row-major matrix.
+    pub fn to_plain(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.rows * self.cols];
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                out[r * self.cols + c] = self.data[self.index(r, c)];
+            }
+        }
+        out
+    }
+
+    /// Writes this matrix's transpose into `t` (`cols x rows`), padding
+    /// included. Blockwise when `t`'s blocks are this one's transposed (a
+    /// copy per block if the inner order flips too, else a transpose per
+    /// block); element by element otherwise.
+    pub fn transpose_into(&self, t: &mut Blocked) -> Result<()> {
+        if t.rows != self.cols || t.cols != self.rows {
+            return Err(shape(
+                "transpose target",
+                format!("{}x{}", t.rows, t.cols),
+                format!("must be {}x{}", self.cols, self.rows),
+            ));
+        }
+        if t.br == self.bc && t.bc == self.br {
+            let n = self.block_len();
+            for i in 0..self.row_blocks() {
+                for j in 0..self.col_blocks() {
+                    let (s, d) = (self.block(i, j), t.block(j, i));
+                    let (src, dst) = (&self.data[s..s + n], &mut t.data[d..d + n]);
+                    if self.inner != t.inner {
+                        dst.copy_from_slice(src);
+                    } else {
+                        let (r, c) = match self.inner {
+                            Inner::RowMajor => (self.br, self.bc),
+                            Inner::ColMajor => (self.bc, self.br),
+                        };
+                        transpose_block(src, dst, r, c);
+                    }
+                }
+            }
+            return Ok(());
+        }
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                let (i, j) = (t.index(c, r), self.index(r, c));
+                t.data[i] = self.data[j];
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the same matrix into `t`, which has the same blocking and the
+    /// other inner order (a transpose inside each block).
+    pub fn relayout_into(&self, t: &mut Blocked) -> Result<()> {
+        if (t.rows, t.cols, t.br, t.bc) != (self.rows, self.cols, self.br, self.bc) {
+            return Err(shape(
+                "relayout target",
+                format!("{}x{} in {}x{} blocks", t.rows, t.cols, t.br, t.bc),
+                "must match the source's shape and blocking",
+            ));
+        }
+        if t.inner == self.inner {
+            t.data.copy_from_slice(&self.data);
+            return Ok(());
+        }
+        let (r, c) = match self.inner {
+            Inner::RowMajor => (self.br, self.bc),
+            Inner::ColMajor => (self.bc, self.br),
+        };
+        for (src, dst) in self
+            .data
+            .chunks_exact(self.block_len())
+            .zip(t.data.chunks_exact_mut(self.block_len()))
+        {
+            transpose_block(src, dst, r, c);
+        }
+        Ok(())
+    }
+
+    /// Same blocking and shape (what a gradient buffer needs).
+    pub fn same_shape(&self, o: &Blocked) -> bool {
+        (self.rows, self.cols, self.br, self.bc, self.inner)
+            == (o.rows, o.cols, o.br, o.bc, o.inner)
+    }
+}
+
+/// `dst` (c x r, row-major) = transpose of `src` (r x c, row-major), in
+/// 8x8 tiles so both sides stay in few cache lines.
+fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
+    const T: usize = 8;
+    for i0 in (0..r).step_by(T) {
+        for j0 in (0..c).step_by(T) {
+            for i in i0..(i0 + T).min(r) {
+                for j in j0..(j0 + T).min(c) {
+                    dst[j * r + i] = src[i * c + j];
+                }
+            }
+        }
+    }
+}
+
+/// A raw pointer that may cross threads: each thread of a loop nest writes
+/// only the blocks its indices own.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr(pub *mut f32);
+// SAFETY: used only to hand disjoint blocks to the threads of one nest.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// The pointer. A method, so closures capture the whole `SyncPtr`
+    /// (edition-2021 closures would capture the bare field, which is not Sync).
+    #[inline(always)]
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_padding_and_transpose() {
+        let (r, c) = (13, 7);
+        let plain: Vec<f32> = (0..r * c).map(|x| x as f32).collect();
+        for inner in [Inner::RowMajor, Inner::ColMajor] {
+            let b = Blocked::from_plain(&plain, r, c, 4, 3, inner).unwrap();
+            assert_eq!(b.data.len(), 4 * 3 * 12);
+            assert_eq!(b.to_plain(), plain);
+            // Element-wise path, then both blockwise paths.
+            for (tbr, tbc, tin) in [
+                (2, 5, Inner::ColMajor),
+                (3, 4, Inner::RowMajor),
+                (3, 4, Inner::ColMajor),
+            ] {
+                let mut t = Blocked::zeros(c, r, tbr, tbc, tin).unwrap();
+                b.transpose_into(&mut t).unwrap();
+                let tp = t.to_plain();
+                for i in 0..r {
+                    for j in 0..c {
+                        assert_eq!(tp[j * r + i], plain[i * c + j]);
+                    }
+                }
+            }
+            let other = if inner == Inner::RowMajor {
+                Inner::ColMajor
+            } else {
+                Inner::RowMajor
+            };
+            let mut o = Blocked::zeros(r, c, 4, 3, other).unwrap();
+            b.relayout_into(&mut o).unwrap();
+            assert_eq!(o.to_plain(), plain);
+        }
+        assert!(Blocked::from_plain(&plain[1..], r, c, 4, 3, Inner::RowMajor).is_err());
+    }
+}

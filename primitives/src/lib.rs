@@ -1,0 +1,36 @@
+//! # brgemm-primitives
+//!
+//! Deep-learning primitives as thin loop nests around the one BRGEMM kernel
+//! (crate `brgemm`), after Georganas et al. (arXiv 1906.06440).
+//!
+//! - [`loops`]: PARLOOPER-style loop nests ([`LoopNest`], [`LoopDef`]): a spec
+//!   string gives nesting order, blocking levels and parallel loops; tuning a
+//!   primitive's loop order needs no code change.
+//! - [`threads`]: the pinned rayon [`Pool`] the nests run on (`BRGEMM_NUM_THREADS`).
+//! - [`layout`]: [`Blocked`] layouts and conversions from and to plain ones.
+//! - [`fc`]: the fully-connected layer [`Fc`] (forward with fused bias and
+//!   activation, backward-data, backward-weights) and its [`FcTuning`].
+//! - [`loss`], [`optim`], [`init`]: softmax cross-entropy, SGD with momentum,
+//!   Adam, Kaiming/Xavier initialisation from a seeded RNG.
+//! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
+//!   gradients and optimizer state, with save and load.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod fc;
+pub mod init;
+pub mod layout;
+pub mod loops;
+pub mod loss;
+pub mod model;
+pub mod optim;
+pub mod threads;
+
+pub use brgemm::Activation;
+pub use error::{Error, Result};
+pub use fc::{Fc, FcTuning, PassConfig};
+pub use layout::{Blocked, Inner};
+pub use loops::{LoopDef, LoopNest};
+pub use model::{LayerSpec, Mlp};
+pub use optim::Optimizer;
+pub use threads::Pool;

@@ -1,0 +1,356 @@
+//! A multi-layer perceptron: a sequence of [`Fc`] layers owning their blocked
+//! weights, gradients, activations and optimizer state.
+//!
+//! The minibatch size is fixed when the model is planned (the layouts and
+//! loop nests depend on it); a shorter last batch uses the first rows only.
+
+use crate::error::{shape, Error, Result};
+use crate::fc::{Fc, FcTuning};
+use crate::init::{self, Init, Rng};
+use crate::layout::Blocked;
+use crate::loss;
+use crate::optim::{OptState, Optimizer};
+use crate::threads::Pool;
+use brgemm::Activation;
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// One layer of an [`Mlp`]: output features and activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerSpec {
+    /// Output features.
+    pub out: usize,
+    /// Activation.
+    pub act: Activation,
+}
+
+struct Layer {
+    fc: Fc,
+    w: Blocked,
+    wt: Blocked,
+    b: Vec<f32>,
+    dw: Blocked,
+    db: Vec<f32>,
+    y: Blocked,
+    z: Option<Blocked>,
+    dz: Blocked,
+    /// Gradient w.r.t. this layer's input (the previous layer's dY).
+    dx: Blocked,
+    xt: Blocked,
+    ow: OptState,
+    ob: OptState,
+}
+
+/// A multi-layer perceptron on blocked layouts.
+pub struct Mlp {
+    inputs: usize,
+    batch: usize,
+    layers: Vec<Layer>,
+    dlogits: Blocked,
+}
+
+fn act_code(a: Activation) -> u8 {
+    match a {
+        Activation::Identity => 0,
+        Activation::Relu => 1,
+        Activation::Sigmoid => 2,
+        Activation::Tanh => 3,
+        Activation::Gelu => 4,
+        _ => 255,
+    }
+}
+
+fn act_from(c: u8) -> Result<Activation> {
+    Ok(match c {
+        0 => Activation::Identity,
+        1 => Activation::Relu,
+        2 => Activation::Sigmoid,
+        3 => Activation::Tanh,
+        4 => Activation::Gelu,
+        _ => return Err(Error::Io(format!("unknown activation code {c}"))),
+    })
+}
+
+impl Mlp {
+    /// Plans the layers for `inputs` features and minibatch `batch`, with
+    /// weights drawn from `seed` (Kaiming for ReLU/GELU layers, Xavier for
+    /// the others) and zero biases.
+    pub fn new(inputs: usize, batch: usize, specs: &[LayerSpec], seed: u64) -> Result<Mlp> {
+        Mlp::with_tunings(inputs, batch, specs, seed, &[])
+    }
+
+    /// As [`Mlp::new`], with an explicit tuning per layer (missing entries
+    /// use the heuristic). Adjacent layers must agree on the block of the
+    /// features between them.
+    pub fn with_tunings(
+        inputs: usize,
+        batch: usize,
+        specs: &[LayerSpec],
+        seed: u64,
+        tunings: &[FcTuning],
+    ) -> Result<Mlp> {
+        if specs.is_empty() {
+            return Err(shape("layers", 0, "an MLP needs at least one layer"));
+        }
+        let mut rng = Rng::new(seed);
+        let mut layers: Vec<Layer> = Vec::new();
+        let mut c = inputs;
+        for (i, s) in specs.iter().enumerate() {
+            let t = tunings
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| FcTuning::heuristic(batch, c, s.out));
+            let fc = Fc::with_tuning(batch, c, s.out, s.act, t)?;
+            if let Some(prev) = layers.last() {
+                if prev.y.bc != fc.x_layout().bc || prev.y.br != fc.x_layout().br {
+                    return Err(shape(
+                        format!("layer {i} blocking"),
+                        format!("bn={} bc={}", fc.tuning().bn, fc.tuning().bc),
+                        format!(
+                            "must match layer {} output blocks bn={} bk={}",
+                            i - 1,
+                            prev.y.br,
+                            prev.y.bc
+                        ),
+                    ));
+                }
+            }
+            let kind = if matches!(s.act, Activation::Relu | Activation::Gelu) {
+                Init::Kaiming
+            } else {
+                Init::Xavier
+            };
+            let mut w = fc.w_layout();
+            w.set_plain(&init::weights(kind, s.out, c, &mut rng))?;
+            layers.push(Layer {
+                wt: fc.wt_layout(),
+                b: vec![0.0; fc.padded_k()],
+                dw: fc.w_layout(),
+                db: vec![0.0; fc.padded_k()],
+                y: fc.y_layout(),
+                z: (s.act == Activation::Gelu).then(|| fc.y_layout()),
+                dz: fc.y_layout(),
+                dx: fc.x_layout(),
+                xt: fc.xt_layout(),
+                ow: OptState::default(),
+                ob: OptState::default(),
+                w,
+                fc,
+            });
+            c = s.out;
+        }
+        let dlogits = layers.last().unwrap().fc.y_layout();
+        Ok(Mlp {
+            inputs,
+            batch,
+            layers,
+            dlogits,
+        })
+    }
+
+    /// Input features.
+    pub fn inputs(&self) -> usize {
+        self.inputs
+    }
+    /// Minibatch size the model was planned for.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    /// Output classes.
+    pub fn outputs(&self) -> usize {
+        self.layers.last().unwrap().fc.k
+    }
+    /// The planned layers.
+    pub fn layers(&self) -> impl Iterator<Item = &Fc> {
+        self.layers.iter().map(|l| &l.fc)
+    }
+    /// A zero input minibatch in the layout [`Mlp::forward`] reads.
+    pub fn input_layout(&self) -> Blocked {
+        self.layers[0].fc.x_layout()
+    }
+    /// Floating-point operations of one training step (3 passes per layer).
+    pub fn train_flops(&self) -> f64 {
+        self.layers.iter().map(|l| 3.0 * l.fc.flops()).sum()
+    }
+
+    /// Forward pass; returns the logits (N x classes, blocked).
+    pub fn forward(&mut self, pool: &Pool, x: &Blocked) -> Result<&Blocked> {
+        for i in 0..self.layers.len() {
+            let (done, rest) = self.layers.split_at_mut(i);
+            let l = &mut rest[0];
+            let input = if i == 0 { x } else { &done[i - 1].y };
+            l.fc.forward(pool, input, &l.w, &l.b, &mut l.y, l.z.as_mut())?;
+        }
+        Ok(&self.layers.last().unwrap().y)
+    }
+
+    /// Gradients of all weights and biases for the current forward state,
+    /// given dL/dlogits (in `self.dlogits`).
+    fn backward(&mut self, pool: &Pool, x: &Blocked) -> Result<()> {
+        for i in (0..self.layers.len()).rev() {
+            let (done, rest) = self.layers.split_at_mut(i);
+            let (l, above) = rest.split_first_mut().unwrap();
+            let dy = if let Some(a) = above.first() {
+                &a.dx
+            } else {
+                &self.dlogits
+            };
+            l.fc.activation_backward(pool, dy, &l.y, l.z.as_ref(), &mut l.dz)?;
+            let input = if i == 0 { x } else { &done[i - 1].y };
+            l.fc.relayout_input(input, &mut l.xt)?;
+            l.fc.backward_weights(pool, &l.dz, &l.xt, &mut l.dw, &mut l.db)?;
+            if i > 0 {
+                l.fc.transpose_weights(&l.w, &mut l.wt)?;
+                l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward, loss and backward on the first `labels.len()` rows of `x`;
+    /// leaves the gradients in the model and returns the mean loss.
+    pub fn compute_gradients(&mut self, pool: &Pool, x: &Blocked, labels: &[usize]) -> Result<f32> {
+        self.forward(pool, x)?;
+        let logits = &self.layers.last().unwrap().y;
+        let loss = loss::softmax_cross_entropy(logits, labels, &mut self.dlogits)?;
+        self.backward(pool, x)?;
+        Ok(loss)
+    }
+
+    /// Applies the optimizer to every parameter with the stored gradients.
+    pub fn apply_gradients(&mut self, opt: &Optimizer) {
+        for l in &mut self.layers {
+            l.ow.step(opt, &mut l.w.data, &l.dw.data);
+            l.ob.step(opt, &mut l.b, &l.db);
+        }
+    }
+
+    /// One training step: gradients, then the optimizer. Returns the loss.
+    pub fn train_step(
+        &mut self,
+        pool: &Pool,
+        x: &Blocked,
+        labels: &[usize],
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        let loss = self.compute_gradients(pool, x, labels)?;
+        self.apply_gradients(opt);
+        Ok(loss)
+    }
+
+    /// Predicted classes of the first `rows` rows of `x`.
+    pub fn predict(&mut self, pool: &Pool, x: &Blocked, rows: usize) -> Result<Vec<usize>> {
+        let logits = self.forward(pool, x)?;
+        loss::argmax_rows(logits, rows)
+    }
+
+    /// Weights (plain row-major `[K][C]`) and biases (length K) of layer `i`.
+    pub fn parameters(&self, i: usize) -> (Vec<f32>, Vec<f32>) {
+        let l = &self.layers[i];
+        (l.w.to_plain(), l.b[..l.fc.k].to_vec())
+    }
+    /// Gradients of layer `i`, plain, as [`Mlp::parameters`].
+    pub fn gradients(&self, i: usize) -> (Vec<f32>, Vec<f32>) {
+        let l = &self.layers[i];
+        (l.dw.to_plain(), l.db[..l.fc.k].to_vec())
+    }
+    /// Sets layer `i`'s weights and biases from plain buffers.
+    pub fn set_parameters(&mut self, i: usize, w: &[f32], b: &[f32]) -> Result<()> {
+        let l = self
+            .layers
+            .get_mut(i)
+            .ok_or_else(|| shape("layer", i, "no such layer"))?;
+        if b.len() != l.fc.k {
+            return Err(shape(
+                "bias length",
+                b.len(),
+                format!("layer has {} outputs", l.fc.k),
+            ));
+        }
+        l.w.set_plain(w)?;
+        l.b[..b.len()].copy_from_slice(b);
+        Ok(())
+    }
+    /// Number of layers.
+    pub fn depth(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Saves the architecture and parameters (little-endian binary).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let io = |e: std::io::Error| Error::Io(format!("{}: {e}", path.display()));
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        let mut out = Vec::new();
+        out.extend_from_slice(b"BRGDLMLP");
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&(self.inputs as u64).to_le_bytes());
+        out.extend_from_slice(&(self.layers.len() as u64).to_le_bytes());
+        for l in &self.layers {
+            out.extend_from_slice(&(l.fc.k as u64).to_le_bytes());
+            out.push(act_code(l.fc.act));
+        }
+        for i in 0..self.layers.len() {
+            let (w, b) = self.parameters(i);
+            for x in w.iter().chain(&b) {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        f.write_all(&out).map_err(io)?;
+        f.flush().map_err(io)
+    }
+
+    /// Loads a model saved by [`Mlp::save`], planned for minibatch `batch`.
+    pub fn load(path: &Path, batch: usize) -> Result<Mlp> {
+        let io = |e: std::io::Error| Error::Io(format!("{}: {e}", path.display()));
+        let mut buf = Vec::new();
+        std::fs::File::open(path)
+            .map_err(io)?
+            .read_to_end(&mut buf)
+            .map_err(io)?;
+        let bad = |what: &str| {
+            Error::Io(format!(
+                "{}: not a brgemm-dl MLP file ({what})",
+                path.display()
+            ))
+        };
+        let mut pos = 0usize;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let s = buf.get(pos..pos + n).ok_or_else(|| bad("truncated"))?;
+            pos += n;
+            Ok(s)
+        };
+        if take(8)? != b"BRGDLMLP" {
+            return Err(bad("magic"));
+        }
+        if take(4)? != 1u32.to_le_bytes() {
+            return Err(bad("version"));
+        }
+        let u64_at = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap()) as usize;
+        let inputs = u64_at(take(8)?);
+        let depth = u64_at(take(8)?);
+        if depth == 0 || depth > 1024 || inputs == 0 {
+            return Err(bad("header"));
+        }
+        let mut specs = Vec::with_capacity(depth);
+        for _ in 0..depth {
+            let out = u64_at(take(8)?);
+            let act = act_from(take(1)?[0])?;
+            specs.push(LayerSpec { out, act });
+        }
+        let mut m = Mlp::new(inputs, batch, &specs, 0)?;
+        let mut c = inputs;
+        for (i, s) in specs.iter().enumerate() {
+            let mut vals = |n: usize| -> Result<Vec<f32>> {
+                Ok(take(4 * n)?
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect())
+            };
+            let w = vals(s.out * c)?;
+            let b = vals(s.out)?;
+            m.set_parameters(i, &w, &b)?;
+            c = s.out;
+        }
+        Ok(m)
+    }
+}

@@ -1,0 +1,327 @@
+//! FC passes against a naive f64 reference in plain layout; every valid spec
+//! gives the same result; bad input gives errors that name the value.
+
+use brgemm_primitives::fc::{act_grad, PassConfig};
+use brgemm_primitives::init::Rng;
+use brgemm_primitives::{Activation, Blocked, Fc, FcTuning, Inner, Pool};
+use proptest::prelude::*;
+
+fn rand_vec(r: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| 2.0 * r.uniform() - 1.0).collect()
+}
+
+fn act64(a: Activation, x: f64) -> f64 {
+    a.apply(x as f32) as f64 // the definition; f32 rounding is within tolerance
+}
+
+struct Problem {
+    n: usize,
+    c: usize,
+    k: usize,
+    act: Activation,
+    x: Vec<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+    dy: Vec<f32>,
+}
+
+impl Problem {
+    fn new(n: usize, c: usize, k: usize, act: Activation, seed: u64) -> Problem {
+        let mut r = Rng::new(seed);
+        Problem {
+            n,
+            c,
+            k,
+            act,
+            x: rand_vec(&mut r, n * c),
+            w: rand_vec(&mut r, k * c),
+            b: rand_vec(&mut r, k),
+            dy: rand_vec(&mut r, n * k),
+        }
+    }
+
+    /// (y, dx, dw, db) in f64, plain row-major.
+    fn reference(&self) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (n, c, k) = (self.n, self.c, self.k);
+        let mut z = vec![0.0f64; n * k];
+        let mut y = vec![0.0f64; n * k];
+        for i in 0..n {
+            for j in 0..k {
+                let mut s = self.b[j] as f64;
+                for p in 0..c {
+                    s += self.x[i * c + p] as f64 * self.w[j * c + p] as f64;
+                }
+                z[i * k + j] = s;
+                y[i * k + j] = act64(self.act, s);
+            }
+        }
+        let dz: Vec<f64> = (0..n * k)
+            .map(|i| self.dy[i] as f64 * act_grad(self.act, y[i] as f32, z[i] as f32) as f64)
+            .collect();
+        let mut dx = vec![0.0f64; n * c];
+        let mut dw = vec![0.0f64; k * c];
+        let mut db = vec![0.0f64; k];
+        for i in 0..n {
+            for j in 0..k {
+                db[j] += dz[i * k + j];
+                for p in 0..c {
+                    dx[i * c + p] += dz[i * k + j] * self.w[j * c + p] as f64;
+                    dw[j * c + p] += dz[i * k + j] * self.x[i * c + p] as f64;
+                }
+            }
+        }
+        (y, dx, dw, db)
+    }
+
+    /// Runs the three passes through the blocked primitive.
+    fn run(&self, fc: &Fc, pool: &Pool) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let t = fc.tuning();
+        let x = Blocked::from_plain(&self.x, self.n, self.c, t.bn, t.bc, Inner::RowMajor).unwrap();
+        let mut w = fc.w_layout();
+        w.set_plain(&self.w).unwrap();
+        let mut b = vec![0.0; fc.padded_k()];
+        b[..self.k].copy_from_slice(&self.b);
+        let mut y = fc.y_layout();
+        let mut z = fc.y_layout();
+        fc.forward(pool, &x, &w, &b, &mut y, Some(&mut z)).unwrap();
+        let mut dy = fc.y_layout();
+        dy.set_plain(&self.dy).unwrap();
+        let mut dz = fc.y_layout();
+        fc.activation_backward(pool, &dy, &y, Some(&z), &mut dz)
+            .unwrap();
+        let mut wt = fc.wt_layout();
+        fc.transpose_weights(&w, &mut wt).unwrap();
+        let mut dx = fc.x_layout();
+        fc.backward_data(pool, &dz, &wt, &mut dx).unwrap();
+        let mut xt = fc.xt_layout();
+        fc.relayout_input(&x, &mut xt).unwrap();
+        let mut dw = fc.w_layout();
+        let mut db = vec![0.0; fc.padded_k()];
+        fc.backward_weights(pool, &dz, &xt, &mut dw, &mut db)
+            .unwrap();
+        // Padding must stay zero (the next layer and the optimizer rely on it).
+        let pad_ok = |b: &Blocked| {
+            let mut live = vec![false; b.data.len()];
+            for r in 0..b.rows {
+                for c in 0..b.cols {
+                    live[b.index(r, c)] = true;
+                }
+            }
+            b.data.iter().zip(&live).all(|(v, l)| *l || *v == 0.0)
+        };
+        assert!(pad_ok(&dx) && pad_ok(&dw), "gradient padding written");
+        assert!(
+            db[self.k..].iter().all(|&v| v == 0.0),
+            "bias-gradient padding written"
+        );
+        (
+            y.to_plain(),
+            dx.to_plain(),
+            dw.to_plain(),
+            db[..self.k].to_vec(),
+        )
+    }
+}
+
+fn close(what: &str, got: &[f32], want: &[f64], terms: usize) -> Result<(), String> {
+    let tol = 1e-5 * (terms as f64).sqrt().max(1.0) * 4.0;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if !((*g as f64 - w).abs() <= tol * (1.0 + w.abs())) {
+            return Err(format!("{what}[{i}] = {g}, want {w} (tol {tol:e})"));
+        }
+    }
+    Ok(())
+}
+
+fn check(p: &Problem, fc: &Fc, pool: &Pool) -> Result<(), String> {
+    let (y, dx, dw, db) = p.run(fc, pool);
+    let (ry, rdx, rdw, rdb) = p.reference();
+    close("Y", &y, &ry, p.c)?;
+    close("dX", &dx, &rdx, p.k)?;
+    close("dW", &dw, &rdw, p.n)?;
+    close("db", &db, &rdb, p.n)
+}
+
+fn act_strategy() -> impl Strategy<Value = Activation> {
+    prop_oneof![
+        Just(Activation::Identity),
+        Just(Activation::Relu),
+        Just(Activation::Sigmoid),
+        Just(Activation::Tanh),
+        Just(Activation::Gelu)
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(48)))]
+
+    /// Shapes that are not multiples of the blocks, random blockings, both
+    /// thread counts, chunked and whole reductions.
+    #[test]
+    fn fc_passes_match_f64_reference(
+        n in 1usize..=70, c in 1usize..=70, k in 1usize..=70,
+        bn in prop_oneof![Just(8usize), Just(16), Just(13), Just(64)],
+        bc in prop_oneof![Just(8usize), Just(16), Just(7), Just(64)],
+        bk in prop_oneof![Just(16usize), Just(32), Just(10), Just(64)],
+        chunk in 0usize..=3,
+        threads in 1usize..=2,
+        act in act_strategy(),
+        seed in any::<u64>(),
+    ) {
+        let pass = PassConfig { chunk, ..PassConfig::spec("ABc") };
+        let t = FcTuning { bn, bc, bk, fwd: pass.clone(), bwd: pass.clone(), upd: pass };
+        let fc = Fc::with_tuning(n, c, k, act, t).unwrap();
+        let pool = Pool::new(threads).unwrap();
+        let p = Problem::new(n, c, k, act, seed);
+        check(&p, &fc, &pool).map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+fn default_tuning_matches_reference_on_typical_shapes() {
+    let pool = Pool::new(2).unwrap();
+    for (n, c, k) in [(64, 64, 10), (100, 64, 128), (32, 200, 96), (1, 1, 1)] {
+        for act in [Activation::Relu, Activation::Gelu] {
+            let fc = Fc::new(n, c, k, act).unwrap();
+            check(&Problem::new(n, c, k, act, 9), &fc, &pool)
+                .unwrap_or_else(|e| panic!("{n}x{c}x{k}: {e}"));
+        }
+    }
+}
+
+/// Every valid spec (orders, parallel choices, blocking levels, chunks) of
+/// every pass gives the default spec's result.
+#[test]
+fn every_valid_spec_gives_the_same_result() {
+    let pool = Pool::new(2).unwrap();
+    // 6 N blocks, 4 C blocks, 4 K blocks: blocking levels of 2 divide every loop.
+    let (n, c, k) = (48, 32, 48);
+    let base = FcTuning {
+        bn: 8,
+        bc: 8,
+        bk: 12,
+        ..FcTuning::heuristic(n, c, k)
+    };
+    let p = Problem::new(n, c, k, Activation::Tanh, 3);
+    let want = p.run(
+        &Fc::with_tuning(n, c, k, Activation::Tanh, base.clone()).unwrap(),
+        &pool,
+    );
+    let mut specs = Vec::new();
+    for order in ["abc", "acb", "bac", "bca", "cab", "cba"] {
+        for mask in 0..4u8 {
+            // Upper-case a and/or b (c is the reduction and stays serial).
+            let s: String = order
+                .chars()
+                .map(|ch| match ch {
+                    'a' if mask & 1 != 0 => 'A',
+                    'b' if mask & 2 != 0 => 'B',
+                    x => x,
+                })
+                .collect();
+            specs.push((s, 0usize, vec![], vec![]));
+        }
+    }
+    specs.push(("aABc".into(), 0, vec![2], vec![]));
+    specs.push(("AbBc".into(), 2, vec![], vec![2]));
+    specs.push(("bAcB".into(), 1, vec![], vec![2]));
+    specs.push(("cAB".into(), 3, vec![], vec![]));
+    let mut ran = 0;
+    for (spec, chunk, ba, bb) in specs {
+        let pc = PassConfig {
+            spec: spec.clone(),
+            chunk,
+            blocks_a: ba,
+            blocks_b: bb,
+        };
+        let t = FcTuning {
+            fwd: pc.clone(),
+            bwd: pc.clone(),
+            upd: pc,
+            ..base.clone()
+        };
+        let fc = match Fc::with_tuning(n, c, k, Activation::Tanh, t) {
+            Ok(f) => f,
+            Err(e) => {
+                // Non-adjacent parallel loops are refused, by design.
+                assert!(e.to_string().contains("adjacent"), "{spec}: {e}");
+                continue;
+            }
+        };
+        let got = p.run(&fc, &pool);
+        let same = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .all(|(x, y)| (x - y).abs() <= 1e-5 * (1.0 + y.abs()))
+        };
+        assert!(
+            same(&got.0, &want.0)
+                && same(&got.1, &want.1)
+                && same(&got.2, &want.2)
+                && same(&got.3, &want.3),
+            "spec {spec} chunk {chunk} differs"
+        );
+        ran += 1;
+    }
+    assert!(ran >= 20, "only {ran} specs ran");
+}
+
+#[test]
+fn bad_specs_shapes_and_buffers_name_the_value() {
+    let t = |spec: &str| FcTuning {
+        upd: PassConfig::spec(spec),
+        ..FcTuning::heuristic(64, 64, 64)
+    };
+    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("ABC"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("upd") && e.contains("cannot run in parallel"),
+        "{e}"
+    );
+    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("ABz"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown loop letter 'z'"), "{e}");
+    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("AB"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("loop 'c' (N blocks) is missing"), "{e}");
+    let blk = FcTuning {
+        fwd: PassConfig {
+            blocks_a: vec![3],
+            ..PassConfig::spec("aABc")
+        },
+        ..FcTuning::heuristic(64, 64, 64)
+    };
+    let blk = FcTuning { bn: 16, ..blk };
+    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, blk)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("block 3 does not divide the range 4"), "{e}");
+    let e = Fc::new(0, 64, 64, Activation::Relu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("n = 0"), "{e}");
+
+    let fc = Fc::new(8, 8, 8, Activation::Relu).unwrap();
+    let pool = Pool::new(1).unwrap();
+    let (x, w) = (fc.x_layout(), fc.w_layout());
+    let mut y = fc.y_layout();
+    let e = fc
+        .forward(&pool, &x, &w, &[0.0; 3], &mut y, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("bias") && e.contains("expected 8") && e.contains("got 3"),
+        "{e}"
+    );
+    let wrong = Blocked::zeros(8, 9, 8, 8, Inner::RowMajor).unwrap();
+    let e = fc
+        .forward(&pool, &wrong, &w, &[0.0; 8], &mut y, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("X") && e.contains("8x9"), "{e}");
+    assert!(Pool::new(0).is_err());
+}
