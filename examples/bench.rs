@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- brgemm [--quick]
+//! cargo run --release --example bench -- fc [--quick]
+//! cargo run --release --example bench -- loops
 //! ```
 //!
 //! Every line carries GFLOP/s and `pct_peak`, the share of the FMA peak of
@@ -14,6 +16,7 @@ mod workload;
 
 use brgemm::peak::Probe;
 use brgemm::{peak, BatchForm, Isa, Kernel, KernelOptions, RegisterTile};
+use brgemm_primitives::Pool;
 use std::collections::HashMap;
 use std::time::Duration;
 use workload::{measure, BrgemmWorkload};
@@ -56,8 +59,10 @@ fn main() {
     for w in what {
         match w {
             "brgemm" => bench_brgemm(&opts),
+            "fc" => bench_fc(&opts),
+            "loops" => bench_loops(),
             other => {
-                eprintln!("unknown bench {other:?}; known: brgemm");
+                eprintln!("unknown bench {other:?}; known: brgemm, fc, loops");
                 std::process::exit(2);
             }
         }
@@ -134,6 +139,161 @@ fn bench_brgemm(o: &Opts) {
             w.blocks,
             r.peak_gflops,
             100.0 * gf / r.peak_gflops
+        );
+    }
+}
+
+/// Peak of `pool`'s threads together: one probe slice on every thread at
+/// once, summed (the FMA units of two cores add up; a shared one would not).
+fn pool_peak(pool: &Pool, probe: &Probe) -> f64 {
+    let got = std::sync::Mutex::new(0.0f64);
+    pool.broadcast(|_| {
+        let g = probe.sample();
+        *got.lock().unwrap() += g;
+    });
+    got.into_inner().unwrap()
+}
+
+/// Median seconds of `f` and the median pool peak sampled between samples.
+fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probe, samples: usize) -> (f64, f64) {
+    f(); // warm-up: first touch of buffers, kernel cache
+    let (mut secs, mut peaks) = (vec![], vec![]);
+    for _ in 0..samples {
+        peaks.push(pool_peak(pool, probe));
+        let t = std::time::Instant::now();
+        f();
+        secs.push(t.elapsed().as_secs_f64());
+    }
+    (workload::median(&mut secs), workload::median(&mut peaks))
+}
+
+fn bench_fc(o: &Opts) {
+    use brgemm_primitives::{Activation, Fc};
+    let isa = Isa::selected().expect("ISA");
+    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let samples = if o.quick { 3 } else { 7 };
+    for (n, c, k) in [
+        (256usize, 1024usize, 1024usize),
+        (512, 2048, 2048),
+        (64, 4096, 4096),
+    ] {
+        let fc = Fc::new(n, c, k, Activation::Relu).expect("plan");
+        let t = fc.tuning().clone();
+        let mut x = fc.x_layout();
+        let mut w = fc.w_layout();
+        for (i, v) in x.data.iter_mut().enumerate() {
+            *v = ((i % 7) as f32 - 3.0) / 8.0;
+        }
+        for (i, v) in w.data.iter_mut().enumerate() {
+            *v = ((i % 5) as f32 - 2.0) / 64.0;
+        }
+        let bias = vec![0.1f32; fc.padded_k()];
+        let (mut y, mut dz, mut dx, mut wt, mut xt, mut dw) = (
+            fc.y_layout(),
+            fc.y_layout(),
+            fc.x_layout(),
+            fc.wt_layout(),
+            fc.xt_layout(),
+            fc.w_layout(),
+        );
+        dz.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        let mut db = vec![0.0f32; fc.padded_k()];
+        for threads in [1usize, 2] {
+            let pool = Pool::new(threads).expect("pool");
+            let flops = fc.flops();
+            let line = |pass: &str, spec: &str, s: f64, s_layout: f64, peak: f64| {
+                let gf = flops / s / 1e9;
+                println!(
+                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},"peak_gflops":{peak:.1},"pct_peak":{:.1}}}"#,
+                    t.bn,
+                    t.bc,
+                    t.bk,
+                    flops / s_layout / 1e9,
+                    100.0 * gf / peak
+                );
+            };
+            let (s, p) = measure_pool(
+                || fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
+                &pool,
+                &probe,
+                samples,
+            );
+            line("fwd", &t.fwd.spec, s, s, p);
+            let (s, p) = measure_pool(
+                || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                &pool,
+                &probe,
+                samples,
+            );
+            let (s2, _) = measure_pool(
+                || {
+                    fc.transpose_weights(&w, &mut wt).unwrap();
+                    fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap()
+                },
+                &pool,
+                &probe,
+                samples,
+            );
+            line("bwd", &t.bwd.spec, s, s2, p);
+            let (s, p) = measure_pool(
+                || {
+                    fc.backward_weights(&pool, &dz, &xt, &mut dw, &mut db)
+                        .unwrap()
+                },
+                &pool,
+                &probe,
+                samples,
+            );
+            let (s2, _) = measure_pool(
+                || {
+                    fc.relayout_input(&x, &mut xt).unwrap();
+                    fc.backward_weights(&pool, &dz, &xt, &mut dw, &mut db)
+                        .unwrap()
+                },
+                &pool,
+                &probe,
+                samples,
+            );
+            line("upd", &t.upd.spec, s, s2, p);
+        }
+        x.data.clear();
+    }
+}
+
+/// Cost of the loop-nest interpreter per body call (empty body), serial and
+/// parallel, for a 3-loop nest with one blocking level.
+fn bench_loops() {
+    use brgemm_primitives::{LoopDef, LoopNest};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for (spec, threads) in [("abc", 1usize), ("aABc", 1), ("aABc", 2), ("cAB", 2)] {
+        let loops = vec![
+            LoopDef::new("a", 64, 1).blocks(vec![8]),
+            LoopDef::new("b", 64, 1),
+            LoopDef::new("c", 64, 1).reduction(),
+        ];
+        let nest = LoopNest::new(loops, spec).expect("spec");
+        let pool = Pool::new(threads).expect("pool");
+        let hits = AtomicUsize::new(0);
+        let body = |i: &[usize]| {
+            std::hint::black_box(i);
+        };
+        let mut secs = vec![];
+        for _ in 0..7 {
+            let t = std::time::Instant::now();
+            nest.run(&pool, body);
+            secs.push(t.elapsed().as_secs_f64());
+        }
+        nest.run(&pool, |_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        let calls = hits.load(Ordering::Relaxed);
+        let s = workload::median(&mut secs);
+        println!(
+            r#"{{"bench":"loops","spec":"{spec}","threads":{threads},"body_calls":{calls},"ns_per_call":{:.2}}}"#,
+            s * 1e9 * threads as f64 / calls as f64
         );
     }
 }

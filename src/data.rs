@@ -1,0 +1,140 @@
+//! Data sets for the examples and tests.
+//!
+//! [`digits`] is embedded in the crate: the UCI "Optical Recognition of
+//! Handwritten Digits" data (1797 images of 8x8 pixels, 0..16), by E. Alpaydin
+//! and C. Kaynak (1998), UCI Machine Learning Repository, CC BY 4.0.
+
+use brgemm_primitives::init::Rng;
+use brgemm_primitives::Blocked;
+use std::io::Read;
+
+static DIGITS_CSV_GZ: &[u8] = include_bytes!("../data/digits.csv.gz");
+
+/// Images as rows of features in [0, 1], with class labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    /// Features per image.
+    pub features: usize,
+    /// Number of classes.
+    pub classes: usize,
+    /// `len * features` values, image-major.
+    pub x: Vec<f32>,
+    /// One label per image.
+    pub y: Vec<usize>,
+}
+
+impl Dataset {
+    /// Images.
+    pub fn len(&self) -> usize {
+        self.y.len()
+    }
+    /// Whether there are no images.
+    pub fn is_empty(&self) -> bool {
+        self.y.is_empty()
+    }
+    /// The images at `idx`, in that order.
+    pub fn subset(&self, idx: &[usize]) -> Dataset {
+        let f = self.features;
+        Dataset {
+            features: f,
+            classes: self.classes,
+            x: idx
+                .iter()
+                .flat_map(|&i| self.x[i * f..(i + 1) * f].iter().copied())
+                .collect(),
+            y: idx.iter().map(|&i| self.y[i]).collect(),
+        }
+    }
+    /// A seeded shuffle split: (train, test) with `test_frac` of the images in test.
+    pub fn split(&self, test_frac: f64, seed: u64) -> (Dataset, Dataset) {
+        let mut idx: Vec<usize> = (0..self.len()).collect();
+        Rng::new(seed).shuffle(&mut idx);
+        let n_test = (self.len() as f64 * test_frac).round() as usize;
+        (self.subset(&idx[n_test..]), self.subset(&idx[..n_test]))
+    }
+    /// Writes images `idx` into the first rows of the blocked minibatch `x`
+    /// (rows beyond `idx.len()` are zeroed) and returns their labels.
+    pub fn fill_batch(&self, idx: &[usize], x: &mut Blocked) -> Vec<usize> {
+        let f = self.features;
+        x.data.fill(0.0);
+        for (r, &i) in idx.iter().enumerate() {
+            for c in 0..f {
+                let at = x.index(r, c);
+                x.data[at] = self.x[i * f + c];
+            }
+        }
+        idx.iter().map(|&i| self.y[i]).collect()
+    }
+}
+
+/// Errors of the data loaders.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A line of a CSV file is malformed.
+    #[error("{source_name} line {line}: {reason}")]
+    Parse {
+        /// The file.
+        source_name: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reading failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The embedded UCI digits: 1797 images, 64 features scaled to [0, 1], 10 classes.
+pub fn digits() -> Result<Dataset, DataError> {
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(DIGITS_CSV_GZ).read_to_string(&mut text)?;
+    parse_csv(&text, "digits.csv", 64, 16.0, 10)
+}
+
+/// Parses lines of `features` numbers then a label, dividing pixels by `scale`.
+pub fn parse_csv(
+    text: &str,
+    name: &str,
+    features: usize,
+    scale: f32,
+    classes: usize,
+) -> Result<Dataset, DataError> {
+    let mut d = Dataset {
+        features,
+        classes,
+        x: vec![],
+        y: vec![],
+    };
+    for (ln, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let err = |reason: String| DataError::Parse {
+            source_name: name.into(),
+            line: ln + 1,
+            reason,
+        };
+        let vals: Vec<&str> = line.split(',').map(str::trim).collect();
+        if vals.len() != features + 1 {
+            return Err(err(format!(
+                "expected {} fields, got {}",
+                features + 1,
+                vals.len()
+            )));
+        }
+        for v in &vals[..features] {
+            let p: f32 = v.parse().map_err(|_| err(format!("bad pixel {v:?}")))?;
+            d.x.push(p / scale);
+        }
+        let label: usize = vals[features]
+            .parse()
+            .map_err(|_| err(format!("bad label {:?}", vals[features])))?;
+        if label >= classes {
+            return Err(err(format!("label {label} not below {classes}")));
+        }
+        d.y.push(label);
+    }
+    Ok(d)
+}
