@@ -118,6 +118,7 @@ pub struct TunedFc {
 }
 
 /// Loads the tuning for `(n, c, k)` from a JSON file written by `examples/tune`
+/// (what [`Fc::new`] does when `BRGEMM_TUNING` names the file)
 /// (a list of [`TunedFc`]); `Ok(None)` when the file has no entry for it.
 pub fn load_tuning(
     path: &std::path::Path,
@@ -237,9 +238,21 @@ fn pass(
 }
 
 impl Fc {
-    /// Plans a layer with the default tuning.
+    /// Plans a layer with the tuning stored for its shape in the file named
+    /// by `BRGEMM_TUNING` (written by `examples/tune --save`), else the
+    /// heuristic default. An unreadable file is an error, not a silent default.
     pub fn new(n: usize, c: usize, k: usize, act: Activation) -> Result<Fc> {
-        Fc::with_tuning(n, c, k, act, FcTuning::heuristic(n, c, k))
+        let t = match std::env::var_os("BRGEMM_TUNING") {
+            Some(path) => load_tuning(std::path::Path::new(&path), n, c, k)?,
+            None => None,
+        };
+        Fc::with_tuning(
+            n,
+            c,
+            k,
+            act,
+            t.unwrap_or_else(|| FcTuning::heuristic(n, c, k)),
+        )
     }
 
     /// Plans a layer with the given blocking and loop orders.
