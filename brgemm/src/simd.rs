@@ -52,6 +52,12 @@ pub(crate) trait SimdF32: Copy {
     /// # Safety
     /// See [`SimdF32::zero`].
     unsafe fn sum(a: Self::V) -> f32;
+    /// Prefetch the cache line at `p`; a no-op where unsupported.
+    ///
+    /// # Safety
+    /// Never faults; `p` need not be valid.
+    #[inline(always)]
+    unsafe fn prefetch(_p: *const f32) {}
 }
 
 /// ACC independent FMA chains, `iters` steps each: the peak probe's loop.

@@ -86,7 +86,23 @@ pub(crate) unsafe fn tile<S, B, const MV: usize, const NR: usize, const MASKED: 
     for i in 0..t.count {
         let mut a = src.a(i).add(m0);
         let mut b = src.b(i).add(boff);
-        for _ in 0..t.k {
+        // Prefetch the next pair while this one computes: per k step one
+        // line of A_{i+1} per vector at the same column, and one 16-float
+        // line of B_{i+1}, cycling through its NR columns. When A and B sit
+        // in L2 the hardware prefetchers cope without it; when they stream
+        // from L3 (FC weights larger than L2) it is worth 10-30%.
+        let nxt = if i + 1 < t.count { i + 1 } else { i };
+        let mut pa = src.a(nxt).add(m0);
+        let pb = src.b(nxt).add(boff);
+        for p in 0..t.k {
+            for v in 0..MV {
+                S::prefetch(pa.wrapping_add(v * l));
+            }
+            pa = pa.wrapping_add(lda);
+            let (j, row) = (p % NR, (p / NR) * 16);
+            if row < t.k {
+                S::prefetch(pb.wrapping_add(j * ldb + row));
+            }
             let mut av = [S::zero(); MV];
             for v in 0..MV {
                 av[v] = if MASKED && v + 1 == MV {

@@ -35,7 +35,7 @@ impl BrgemmWorkload {
     /// Builds the blocks, filled with small deterministic values.
     pub fn new(m: usize, n: usize, k: usize, batch: usize, l2_bytes: usize) -> Self {
         let per_block = 4 * (batch * (m * k + k * n) + m * n);
-        let blocks = (l2_bytes / per_block).clamp(2, 64);
+        let blocks = (l2_bytes / per_block).clamp(2, 512);
         let (sa, sb) = (m * k, k * n);
         let fill = |len: usize, seed: usize| -> Vec<f32> {
             (0..len)

