@@ -230,7 +230,7 @@ fn bench_fc(o: &Opts) {
             );
             let (s2, _) = measure_pool(
                 || {
-                    fc.transpose_weights(&w, &mut wt).unwrap();
+                    fc.transpose_weights(&pool, &w, &mut wt).unwrap();
                     fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap()
                 },
                 &pool,
@@ -249,7 +249,7 @@ fn bench_fc(o: &Opts) {
             );
             let (s2, _) = measure_pool(
                 || {
-                    fc.relayout_input(&x, &mut xt).unwrap();
+                    fc.relayout_input(&pool, &x, &mut xt).unwrap();
                     fc.backward_weights(&pool, &dz, &xt, &mut dw, &mut db)
                         .unwrap()
                 },

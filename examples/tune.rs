@@ -137,8 +137,8 @@ fn tune_fc(args: &[String]) {
             .enumerate()
             .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
         let (mut wt, mut xt) = (fc0.wt_layout(), fc0.xt_layout());
-        fc0.transpose_weights(&w, &mut wt).unwrap();
-        fc0.relayout_input(&x, &mut xt).unwrap();
+        fc0.transpose_weights(&pool, &w, &mut wt).unwrap();
+        fc0.relayout_input(&pool, &x, &mut xt).unwrap();
         let mut db = vec![0.0f32; fc0.padded_k()];
         for pass in ["fwd", "bwd", "upd"] {
             for spec in specs {

@@ -631,18 +631,20 @@ impl Fc {
         Ok(())
     }
 
-    /// Writes W transposed into `wt` for backward-data (O(KC), once per step).
-    pub fn transpose_weights(&self, w: &Blocked, wt: &mut Blocked) -> Result<()> {
+    /// Writes W transposed into `wt` for backward-data (O(KC), once per
+    /// step; a block copy per block, parallel over `pool`).
+    pub fn transpose_weights(&self, pool: &Pool, w: &Blocked, wt: &mut Blocked) -> Result<()> {
         self.check("W", w, &self.w_layout())?;
         self.check("Wt", wt, &self.wt_layout())?;
-        w.transpose_into(wt)
+        w.transpose_into_par(wt, pool)
     }
 
-    /// Writes X in the layout backward-weights reads (O(NC), once per step).
-    pub fn relayout_input(&self, x: &Blocked, xt: &mut Blocked) -> Result<()> {
+    /// Writes X in the layout backward-weights reads (O(NC), once per step;
+    /// a transpose inside each block, parallel over `pool`).
+    pub fn relayout_input(&self, pool: &Pool, x: &Blocked, xt: &mut Blocked) -> Result<()> {
         self.check("X", x, &self.x_layout())?;
         self.check("Xt", xt, &self.xt_layout())?;
-        x.relayout_into(xt)
+        x.relayout_into_par(xt, pool)
     }
 }
 

@@ -19,6 +19,7 @@
 //! what lets BRGEMM (column-major) read every block in place.
 
 use crate::error::{check_buf, shape, Result};
+use crate::threads::Pool;
 
 /// Element order inside a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -207,6 +208,78 @@ impl Blocked {
         Ok(())
     }
 
+    /// [`Blocked::transpose_into`] with the blockwise paths split over `pool`'s
+    /// threads by block rows (each destination block is written by one thread).
+    pub fn transpose_into_par(&self, t: &mut Blocked, pool: &Pool) -> Result<()> {
+        if t.rows != self.cols
+            || t.cols != self.rows
+            || t.br != self.bc
+            || t.bc != self.br
+            || pool.threads() == 1
+        {
+            return self.transpose_into(t);
+        }
+        let n = self.block_len();
+        let (rb, cb) = (self.row_blocks(), self.col_blocks());
+        let flip = self.inner != t.inner;
+        let (r, c) = match self.inner {
+            Inner::RowMajor => (self.br, self.bc),
+            Inner::ColMajor => (self.bc, self.br),
+        };
+        let dst = SyncPtr(t.data.as_mut_ptr());
+        let threads = pool.threads();
+        let t_ref = &*t;
+        let t_blocks: Vec<usize> = (0..cb)
+            .flat_map(|j| (0..rb).map(move |i| (j, i)))
+            .map(|(j, i)| t_ref.block(j, i))
+            .collect();
+        pool.broadcast(|th| {
+            for i in (th * rb / threads)..((th + 1) * rb / threads) {
+                for j in 0..cb {
+                    let s = self.block(i, j);
+                    let src = &self.data[s..s + n];
+                    // SAFETY: block (j, i) of `t` is written by the thread
+                    // that owns source block row i only.
+                    let d = unsafe {
+                        std::slice::from_raw_parts_mut(dst.get().add(t_blocks[j * rb + i]), n)
+                    };
+                    if flip {
+                        d.copy_from_slice(src);
+                    } else {
+                        transpose_block(src, d, r, c);
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// [`Blocked::relayout_into`] split over `pool`'s threads by blocks.
+    pub fn relayout_into_par(&self, t: &mut Blocked, pool: &Pool) -> Result<()> {
+        if (t.rows, t.cols, t.br, t.bc) != (self.rows, self.cols, self.br, self.bc)
+            || t.inner == self.inner
+            || pool.threads() == 1
+        {
+            return self.relayout_into(t);
+        }
+        let n = self.block_len();
+        let blocks = self.data.len() / n;
+        let (r, c) = match self.inner {
+            Inner::RowMajor => (self.br, self.bc),
+            Inner::ColMajor => (self.bc, self.br),
+        };
+        let dst = SyncPtr(t.data.as_mut_ptr());
+        let threads = pool.threads();
+        pool.broadcast(|th| {
+            for b in (th * blocks / threads)..((th + 1) * blocks / threads) {
+                // SAFETY: each block is written by one thread.
+                let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(b * n), n) };
+                transpose_block(&self.data[b * n..(b + 1) * n], d, r, c);
+            }
+        });
+        Ok(())
+    }
+
     /// Same blocking and shape (what a gradient buffer needs).
     pub fn same_shape(&self, o: &Blocked) -> bool {
         (self.rows, self.cols, self.br, self.bc, self.inner)
@@ -281,6 +354,20 @@ mod tests {
             let mut o = Blocked::zeros(r, c, 4, 3, other).unwrap();
             b.relayout_into(&mut o).unwrap();
             assert_eq!(o.to_plain(), plain);
+            // The parallel paths give the same bytes.
+            let pool = Pool::new(3).unwrap();
+            let mut o2 = Blocked::zeros(r, c, 4, 3, other).unwrap();
+            b.relayout_into_par(&mut o2, &pool).unwrap();
+            assert_eq!(o2, o);
+            for tin in [Inner::RowMajor, Inner::ColMajor] {
+                let (mut t1, mut t2) = (
+                    Blocked::zeros(c, r, 3, 4, tin).unwrap(),
+                    Blocked::zeros(c, r, 3, 4, tin).unwrap(),
+                );
+                b.transpose_into(&mut t1).unwrap();
+                b.transpose_into_par(&mut t2, &pool).unwrap();
+                assert_eq!(t1, t2);
+            }
         }
         assert!(Blocked::from_plain(&plain[1..], r, c, 4, 3, Inner::RowMajor).is_err());
     }

@@ -197,10 +197,10 @@ impl Mlp {
             };
             l.fc.activation_backward(pool, dy, &l.y, l.z.as_ref(), &mut l.dz)?;
             let input = if i == 0 { x } else { &done[i - 1].y };
-            l.fc.relayout_input(input, &mut l.xt)?;
+            l.fc.relayout_input(pool, input, &mut l.xt)?;
             l.fc.backward_weights(pool, &l.dz, &l.xt, &mut l.dw, &mut l.db)?;
             if i > 0 {
-                l.fc.transpose_weights(&l.w, &mut l.wt)?;
+                l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
                 l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
             }
         }

@@ -90,11 +90,11 @@ impl Problem {
         fc.activation_backward(pool, &dy, &y, Some(&z), &mut dz)
             .unwrap();
         let mut wt = fc.wt_layout();
-        fc.transpose_weights(&w, &mut wt).unwrap();
+        fc.transpose_weights(&pool, &w, &mut wt).unwrap();
         let mut dx = fc.x_layout();
         fc.backward_data(pool, &dz, &wt, &mut dx).unwrap();
         let mut xt = fc.xt_layout();
-        fc.relayout_input(&x, &mut xt).unwrap();
+        fc.relayout_input(&pool, &x, &mut xt).unwrap();
         let mut dw = fc.w_layout();
         let mut db = vec![0.0; fc.padded_k()];
         fc.backward_weights(pool, &dz, &xt, &mut dw, &mut db)
