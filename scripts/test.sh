@@ -17,6 +17,12 @@ pkgs=()
 command -v aarch64-linux-gnu-gcc >/dev/null || pkgs+=(gcc-aarch64-linux-gnu)
 [ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ] || pkgs+=(libc6-dev-arm64-cross)
 command -v qemu-aarch64 >/dev/null || pkgs+=(qemu-user)
+# MPI (brgemm-distributed): OpenMPI, and libclang for rsmpi's bindgen.
+command -v mpirun >/dev/null || pkgs+=(openmpi-bin)
+[ -e /usr/include/x86_64-linux-gnu/openmpi/mpi.h ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
+  || [ -n "$(find /usr/lib /usr/include -name mpi.h -path '*openmpi*' 2>/dev/null | head -1)" ] || pkgs+=(libopenmpi-dev)
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 && [ -n "$(find /usr/lib/llvm-* -name stddef.h 2>/dev/null | head -1)" ] \
+  || pkgs+=(libclang-dev)
 if [ ${#pkgs[@]} -gt 0 ]; then
   say "installing ${pkgs[*]}"
   $SUDO apt-get update -qq
@@ -43,9 +49,14 @@ export BRGEMM_REQUIRE_ISAS=$req
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
-say "workspace tests (required ISAs: $req)"
-cargo test --workspace --all-targets
-cargo test --workspace --doc
+say "workspace tests, MPI included (required ISAs: $req)"
+cargo test --workspace --all-targets --features mpi
+cargo test --workspace --doc --features mpi
+
+say "train_mpi under mpirun, 2 ranks"
+out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 target/debug/examples/train_mpi --epochs 3)
+echo "$out" | tail -4
+echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi printed no test_accuracy line"; exit 1; }
 
 say "BRGEMM_ISA override, one run per ISA"
 for isa in avx512 avx2 neon portable reference bogus; do

@@ -10,11 +10,14 @@
 //! - [`data`]: the embedded UCI digits and the data-set type.
 //! - [`train`]: the MLP training loop the examples use.
 //!
-//! Cargo features `mpi` (multi-node data parallelism) and `cuda` (run-time
-//! generated GPU kernels) arrive with their crates.
+//! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
+//! data-parallel training over MPI (needs OpenMPI). The `cuda` feature
+//! arrives with its crate.
 #![deny(missing_docs)]
 
 pub use brgemm as kernel;
+#[cfg(feature = "mpi")]
+pub use brgemm_distributed as distributed;
 pub use brgemm_primitives as primitives;
 
 pub mod data;

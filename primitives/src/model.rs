@@ -185,8 +185,15 @@ impl Mlp {
     }
 
     /// Gradients of all weights and biases for the current forward state,
-    /// given dL/dlogits (in `self.dlogits`).
-    fn backward(&mut self, pool: &Pool, x: &Blocked) -> Result<()> {
+    /// given dL/dlogits (in `self.dlogits`). `ready(i, dw, db)` runs as soon
+    /// as layer `i`'s gradients are complete (last layer first), while the
+    /// earlier layers are still to come: the place to start communication.
+    fn backward(
+        &mut self,
+        pool: &Pool,
+        x: &Blocked,
+        ready: &mut dyn FnMut(usize, &mut Blocked, &mut [f32]),
+    ) -> Result<()> {
         for i in (0..self.layers.len()).rev() {
             let (done, rest) = self.layers.split_at_mut(i);
             let (l, above) = rest.split_first_mut().unwrap();
@@ -199,6 +206,7 @@ impl Mlp {
             let input = if i == 0 { x } else { &done[i - 1].y };
             l.fc.relayout_input(pool, input, &mut l.xt)?;
             l.fc.backward_weights(pool, &l.dz, &l.xt, &mut l.dw, &mut l.db)?;
+            ready(i, &mut l.dw, &mut l.db);
             if i > 0 {
                 l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
                 l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
@@ -210,11 +218,41 @@ impl Mlp {
     /// Forward, loss and backward on the first `labels.len()` rows of `x`;
     /// leaves the gradients in the model and returns the mean loss.
     pub fn compute_gradients(&mut self, pool: &Pool, x: &Blocked, labels: &[usize]) -> Result<f32> {
+        self.compute_gradients_with(pool, x, labels, |_, _, _| {})
+    }
+
+    /// As [`Mlp::compute_gradients`], calling `ready(layer, dw, db)` as soon
+    /// as each layer's weight and bias gradients are complete, last layer
+    /// first, while backward goes on for the layers below. `dw` is the
+    /// blocked gradient buffer (zero padding included) and `db` the padded
+    /// bias gradient; the hook may rewrite them (e.g. scale, or replace with
+    /// an all-reduced sum before [`Mlp::apply_gradients`]).
+    pub fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &Blocked,
+        labels: &[usize],
+        mut ready: impl FnMut(usize, &mut Blocked, &mut [f32]),
+    ) -> Result<f32> {
         self.forward(pool, x)?;
         let logits = &self.layers.last().unwrap().y;
         let loss = loss::softmax_cross_entropy(logits, labels, &mut self.dlogits)?;
-        self.backward(pool, x)?;
+        self.backward(pool, x, &mut ready)?;
         Ok(loss)
+    }
+
+    /// Mutable gradient buffers of layer `i` (blocked weights, padded bias),
+    /// e.g. to write back all-reduced gradients.
+    pub fn gradients_mut(&mut self, i: usize) -> (&mut Blocked, &mut [f32]) {
+        let l = &mut self.layers[i];
+        (&mut l.dw, &mut l.db)
+    }
+
+    /// Mutable parameter buffers of layer `i` (blocked weights, padded bias),
+    /// e.g. to broadcast them.
+    pub fn parameters_mut(&mut self, i: usize) -> (&mut Blocked, &mut [f32]) {
+        let l = &mut self.layers[i];
+        (&mut l.w, &mut l.b)
     }
 
     /// Applies the optimizer to every parameter with the stored gradients.

@@ -90,11 +90,11 @@ impl Problem {
         fc.activation_backward(pool, &dy, &y, Some(&z), &mut dz)
             .unwrap();
         let mut wt = fc.wt_layout();
-        fc.transpose_weights(&pool, &w, &mut wt).unwrap();
+        fc.transpose_weights(pool, &w, &mut wt).unwrap();
         let mut dx = fc.x_layout();
         fc.backward_data(pool, &dz, &wt, &mut dx).unwrap();
         let mut xt = fc.xt_layout();
-        fc.relayout_input(&pool, &x, &mut xt).unwrap();
+        fc.relayout_input(pool, &x, &mut xt).unwrap();
         let mut dw = fc.w_layout();
         let mut db = vec![0.0; fc.padded_k()];
         fc.backward_weights(pool, &dz, &xt, &mut dw, &mut db)
@@ -126,7 +126,9 @@ impl Problem {
 fn close(what: &str, got: &[f32], want: &[f64], terms: usize) -> Result<(), String> {
     let tol = 1e-5 * (terms as f64).sqrt().max(1.0) * 4.0;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        if !((*g as f64 - w).abs() <= tol * (1.0 + w.abs())) {
+        let d = (*g as f64 - w).abs();
+        // NaN must fail too.
+        if d.is_nan() || d > tol * (1.0 + w.abs()) {
             return Err(format!("{what}[{i}] = {g}, want {w} (tol {tol:e})"));
         }
     }

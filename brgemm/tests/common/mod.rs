@@ -230,7 +230,9 @@ impl Case {
                 let terms = (d.k * self.count + 2) as f64;
                 let tol = 4.0 * f32::EPSILON as f64 * terms.sqrt().max(4.0) * mag[idx] + 1e-6;
                 let g = got[idx] as f64;
-                if !((g - want[idx]).abs() <= tol) {
+                let d = (g - want[idx]).abs();
+                // NaN (e.g. a read of the NaN-filled C under beta = 0) must fail.
+                if d.is_nan() || d > tol {
                     return Err(format!(
                         "C[{r},{j}] = {g}, want {} (tol {tol:e}) for {:?}, form {:?}, count {}",
                         want[idx], d, self.form, self.count

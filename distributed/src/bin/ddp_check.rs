@@ -1,0 +1,148 @@
+//! Driver for the MPI tests (run under `mpirun`): trains a small MLP on
+//! seeded synthetic data for a few data-parallel steps and writes rank 0's
+//! final parameters, so runs on different rank counts can be compared.
+//!
+//! ```text
+//! ddp_check train --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R]
+//! ddp_check allreduce            (bucketed all-reduce vs the local sum)
+//! ```
+
+use brgemm_distributed::{install_abort_on_panic, DataParallel};
+use brgemm_primitives::init::Rng;
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::{Activation, LayerSpec, Mlp, Pool};
+use mpi::traits::*;
+
+fn arg(args: &[String], name: &str, default: usize) -> usize {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} {v:?}: not a number"))
+        })
+        .unwrap_or(default)
+}
+
+fn main() {
+    let universe = mpi::initialize().expect("MPI initialises once");
+    install_abort_on_panic();
+    let world = universe.world();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(|s| s.as_str()) {
+        Some("allreduce") => check_allreduce(world),
+        Some("train") => train(world, &args),
+        _ => panic!("usage: ddp_check train|allreduce ..."),
+    }
+}
+
+fn check_allreduce(world: mpi::topology::SimpleCommunicator) {
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let value = |r: usize, i: usize| ((r * 31 + i * 7) % 17) as f32 - 8.0;
+    let n = 10_007;
+    let mut buf: Vec<f32> = (0..n).map(|i| value(rank, i)).collect();
+    let mut m = Mlp::new(
+        3,
+        2,
+        &[LayerSpec {
+            out: 2,
+            act: Activation::Identity,
+        }],
+        1,
+    )
+    .unwrap();
+    let dp = DataParallel::new(world, &mut m, 1 << 12);
+    dp.allreduce_sum(&mut buf, 1000);
+    for (i, v) in buf.iter().enumerate() {
+        let want: f32 = (0..size).map(|r| value(r, i)).sum();
+        assert_eq!(*v, want, "element {i} on rank {rank}");
+    }
+    if rank == 0 {
+        println!("allreduce ok: {n} elements, {size} ranks, buckets of 1000");
+    }
+}
+
+fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
+    let steps = arg(args, "--steps", 5);
+    let global = arg(args, "--global-batch", 24);
+    let bucket = arg(args, "--bucket-kb", 4) << 10;
+    let panic_rank = arg(args, "--panic-rank", usize::MAX);
+    let out = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    let size = world.size() as usize;
+
+    // Seeded synthetic data: 97 rows, 20 features, 5 classes.
+    let (rows, feats, classes) = (97usize, 20usize, 5usize);
+    let mut r = Rng::new(7);
+    let data: Vec<f32> = (0..rows * feats).map(|_| 2.0 * r.uniform() - 1.0).collect();
+    let labels: Vec<usize> = (0..rows).map(|_| r.below(classes)).collect();
+
+    let specs = [
+        LayerSpec {
+            out: 48,
+            act: Activation::Tanh,
+        },
+        LayerSpec {
+            out: 40,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: classes,
+            act: Activation::Identity,
+        },
+    ];
+    // Every rank plans for the largest shard; different seeds per rank prove
+    // the broadcast replaces them with rank 0's weights.
+    let local_max = global.div_ceil(size);
+    let mut model = Mlp::new(feats, local_max, &specs, 100 + world.rank() as u64).unwrap();
+    let mut dp = DataParallel::new(world, &mut model, bucket);
+    dp.broadcast_parameters(&mut model);
+    let pool = Pool::new(1).unwrap();
+    let opt = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+    };
+    let mut x = model.input_layout();
+    for step in 0..steps {
+        if step == 1 && dp.rank() == panic_rank {
+            panic!("deliberate panic on rank {panic_rank} (fault test)");
+        }
+        let shard = dp.shard(global);
+        x.data.fill(0.0);
+        let mut lab = Vec::new();
+        for (row, g) in shard.clone().enumerate() {
+            let i = (step * global + g) % rows;
+            for c in 0..feats {
+                let at = x.index(row, c);
+                x.data[at] = data[i * feats + c];
+            }
+            lab.push(labels[i]);
+        }
+        let loss = dp
+            .train_step(&mut model, &pool, &x, &lab, global, &opt)
+            .unwrap();
+        if dp.rank() == 0 {
+            println!("step {step} loss {loss:.6}");
+        }
+    }
+    if dp.rank() == 0 {
+        if let Some(path) = out {
+            let mut text = String::new();
+            for i in 0..model.depth() {
+                let (w, b) = model.parameters(i);
+                for v in w.iter().chain(&b) {
+                    text.push_str(&format!("{v:e}\n"));
+                }
+            }
+            std::fs::write(&path, text).unwrap();
+        }
+        println!(
+            "ranks {size} buckets {} hidden {:.2}",
+            dp.buckets(),
+            dp.stats.hidden_fraction()
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! # brgemm-distributed: data-parallel training over MPI
+//!
+//! Each rank holds a full replica of an [`Mlp`]; every global minibatch is
+//! split across the ranks ([`DataParallel::shard`], uneven splits allowed).
+//! [`DataParallel::train_step`] runs forward and backward on the local shard
+//! and, as soon as a layer's weight gradient is complete (the model's
+//! `compute_gradients_with` hook, last layer first), copies it into a bucket;
+//! a full bucket starts a non-blocking all-reduce (`MPI_Iallreduce` through
+//! rsmpi's `immediate_all_reduce_into`) while backward goes on for the
+//! earlier layers. The optimizer step waits for all buckets.
+//!
+//! Each rank scales its local mean gradient by `local_rows / global_rows`
+//! before the sum, so the result is the gradient of the mean loss over the
+//! whole global batch, exactly what one rank computes on the whole batch:
+//! N ranks end with the same weights as one (to rounding).
+//!
+//! [`install_abort_on_panic`] makes a panic on any rank abort the whole job
+//! (`MPI_Abort`) instead of leaving the other ranks in a collective forever.
+//!
+//! Run with `mpirun -np N` (as root add `--allow-run-as-root`; more ranks
+//! than cores need `--oversubscribe`).
+
+/// The rsmpi crate this one is built on (initialise with `mpi::initialize()`).
+pub use mpi;
+
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::{Blocked, Error, Mlp, Pool, Result};
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use std::ops::Range;
+use std::time::Instant;
+
+/// Makes any panic abort every rank of the job: the default hook prints the
+/// message, then `MPI_Abort(MPI_COMM_WORLD, 1)` ends all processes.
+pub fn install_abort_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("brgemm-distributed: panic on this rank, aborting the MPI job");
+        // SAFETY: MPI is initialised before any rank-level work can panic;
+        // MPI_Abort does not return.
+        unsafe {
+            mpi::ffi::MPI_Abort(mpi::ffi::RSMPI_COMM_WORLD, 1);
+        }
+    }));
+}
+
+/// Communication figures of the steps so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommStats {
+    /// Steps measured.
+    pub steps: usize,
+    /// Seconds from the first bucket's start to the last bucket's completion.
+    pub allreduce_s: f64,
+    /// Of that, seconds during which backward was still computing.
+    pub hidden_s: f64,
+}
+
+impl CommStats {
+    /// Share of the all-reduce window that overlapped with backward.
+    pub fn hidden_fraction(&self) -> f64 {
+        if self.allreduce_s > 0.0 {
+            self.hidden_s / self.allreduce_s
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Where one layer's gradients sit in the flat communication buffer.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    layer: usize,
+    offset: usize,
+    w_len: usize,
+    b_len: usize,
+    bucket: usize,
+}
+
+/// A data-parallel trainer bound to a communicator and a model's shape.
+pub struct DataParallel {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    /// Slots in backward order (last layer first).
+    slots: Vec<Slot>,
+    /// Element range of each bucket in the flat buffer.
+    buckets: Vec<Range<usize>>,
+    send: Vec<f32>,
+    recv: Vec<f32>,
+    /// Statistics of the steps so far.
+    pub stats: CommStats,
+}
+
+impl DataParallel {
+    /// Plans the buckets for `model` (at least `bucket_bytes` per bucket, cut
+    /// at layer boundaries, in the order backward produces the gradients).
+    pub fn new(world: SimpleCommunicator, model: &mut Mlp, bucket_bytes: usize) -> DataParallel {
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        let mut slots = Vec::new();
+        let mut buckets = Vec::new();
+        let (mut offset, mut start) = (0usize, 0usize);
+        for layer in (0..model.depth()).rev() {
+            let (dw, db) = model.gradients_mut(layer);
+            let (w_len, b_len) = (dw.data.len(), db.len());
+            slots.push(Slot {
+                layer,
+                offset,
+                w_len,
+                b_len,
+                bucket: buckets.len(),
+            });
+            offset += w_len + b_len;
+            if (offset - start) * 4 >= bucket_bytes || layer == 0 {
+                buckets.push(start..offset);
+                start = offset;
+            }
+        }
+        DataParallel {
+            world,
+            rank,
+            size,
+            slots,
+            buckets,
+            send: vec![0.0; offset],
+            recv: vec![0.0; offset],
+            stats: CommStats::default(),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// Number of all-reduce buckets per step.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+    /// The communicator.
+    pub fn world(&self) -> &SimpleCommunicator {
+        &self.world
+    }
+
+    /// This rank's contiguous share of `global` rows (sizes differ by at most one).
+    pub fn shard(&self, global: usize) -> Range<usize> {
+        (self.rank * global / self.size)..((self.rank + 1) * global / self.size)
+    }
+
+    /// Copies rank 0's parameters to every rank.
+    pub fn broadcast_parameters(&self, model: &mut Mlp) {
+        let root = self.world.process_at_rank(0);
+        for i in 0..model.depth() {
+            let (w, b) = model.parameters_mut(i);
+            root.broadcast_into(&mut w.data[..]);
+            root.broadcast_into(b);
+        }
+    }
+
+    /// Sums `buf` over all ranks in place, bucket by bucket with non-blocking
+    /// all-reduces of at most `bucket_elems` elements (the path the gradient
+    /// buckets take, exposed for tests and measurements).
+    pub fn allreduce_sum(&self, buf: &mut [f32], bucket_elems: usize) {
+        let send = buf.to_vec();
+        mpi::request::scope(|scope| {
+            let reqs: Vec<_> = send
+                .chunks(bucket_elems.max(1))
+                .zip(buf.chunks_mut(bucket_elems.max(1)))
+                .map(|(s, r)| {
+                    self.world
+                        .immediate_all_reduce_into(scope, s, r, SystemOperation::sum())
+                })
+                .collect();
+            for r in reqs {
+                r.wait();
+            }
+        });
+    }
+
+    /// One data-parallel step on this rank's rows: `x` holds them in its
+    /// first `labels.len()` rows, `global_rows` is the size of the global
+    /// minibatch. Returns the mean loss over the global minibatch.
+    pub fn train_step(
+        &mut self,
+        model: &mut Mlp,
+        pool: &Pool,
+        x: &Blocked,
+        labels: &[usize],
+        global_rows: usize,
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        if labels.is_empty() || global_rows < labels.len() {
+            return Err(Error::Shape {
+                what: "rows on this rank".into(),
+                value: labels.len().to_string(),
+                reason: format!(
+                    "need 1..={global_rows}: use fewer ranks than rows per global batch"
+                ),
+            });
+        }
+        let scale = labels.len() as f32 / global_rows as f32;
+        let (slots, buckets) = (&self.slots, &self.buckets);
+        let world = &self.world;
+        let (send, recv) = (&mut self.send, &mut self.recv);
+        let mut first_start: Option<Instant> = None;
+        let (mut backward_end, mut wait_end) = (Instant::now(), Instant::now());
+        let loss = mpi::request::scope(|scope| -> Result<f32> {
+            // Per bucket, its send and receive slices, taken when it starts.
+            let mut sends: Vec<Option<&mut [f32]>> = Vec::new();
+            let mut recvs: Vec<Option<&mut [f32]>> = Vec::new();
+            let (mut s_rest, mut r_rest) = (&mut send[..], &mut recv[..]);
+            for b in buckets {
+                let (s, sr) = s_rest.split_at_mut(b.len());
+                let (r, rr) = r_rest.split_at_mut(b.len());
+                sends.push(Some(s));
+                recvs.push(Some(r));
+                (s_rest, r_rest) = (sr, rr);
+            }
+            let mut pending = Vec::new();
+            let mut filled = vec![0usize; buckets.len()];
+            let loss = model.compute_gradients_with(pool, x, labels, |layer, dw, db| {
+                let slot = slots
+                    .iter()
+                    .find(|s| s.layer == layer)
+                    .expect("every layer has a slot");
+                let b = slot.bucket;
+                let base = slot.offset - buckets[b].start;
+                let dst = sends[b]
+                    .as_mut()
+                    .expect("bucket not started before its layers are in");
+                for (d, v) in dst[base..base + slot.w_len].iter_mut().zip(&dw.data) {
+                    *d = v * scale;
+                }
+                for (d, v) in dst[base + slot.w_len..base + slot.w_len + slot.b_len]
+                    .iter_mut()
+                    .zip(db.iter())
+                {
+                    *d = v * scale;
+                }
+                filled[b] += slot.w_len + slot.b_len;
+                if filled[b] == buckets[b].len() {
+                    let s: &[f32] = sends[b].take().unwrap();
+                    let r = recvs[b].take().unwrap();
+                    first_start.get_or_insert_with(Instant::now);
+                    pending.push(world.immediate_all_reduce_into(
+                        scope,
+                        s,
+                        r,
+                        SystemOperation::sum(),
+                    ));
+                }
+                // Drive progress of the buckets already in flight.
+                pending = std::mem::take(&mut pending)
+                    .into_iter()
+                    .filter_map(|r| r.test().err())
+                    .collect();
+            })?;
+            backward_end = Instant::now();
+            for r in pending {
+                r.wait();
+            }
+            wait_end = Instant::now();
+            Ok(loss)
+        })?;
+        if let Some(t0) = first_start {
+            self.stats.steps += 1;
+            self.stats.allreduce_s += (wait_end - t0).as_secs_f64();
+            self.stats.hidden_s += (backward_end.max(t0) - t0).as_secs_f64();
+        }
+        // The summed (already scaled) gradients replace the local ones.
+        for slot in &self.slots {
+            let (dw, db) = model.gradients_mut(slot.layer);
+            dw.data
+                .copy_from_slice(&self.recv[slot.offset..slot.offset + slot.w_len]);
+            db.copy_from_slice(
+                &self.recv[slot.offset + slot.w_len..slot.offset + slot.w_len + slot.b_len],
+            );
+        }
+        model.apply_gradients(opt);
+        let mut global_loss = 0.0f32;
+        self.world
+            .all_reduce_into(&(loss * scale), &mut global_loss, SystemOperation::sum());
+        Ok(global_loss)
+    }
+}

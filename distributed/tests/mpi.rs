@@ -1,0 +1,88 @@
+//! Launched from `cargo test` through `mpirun` (OpenMPI): rank counts agree,
+//! uneven splits work, a panicking rank ends the job, buckets sum right.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn mpirun(np: usize, args: &[&str]) -> (bool, String, Duration) {
+    let t = Instant::now();
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--timeout",
+            "60",
+            "-np",
+        ])
+        .arg(np.to_string())
+        .arg(env!("CARGO_BIN_EXE_ddp_check"))
+        .args(args)
+        .env("OMPI_MCA_btl", "self,vader")
+        .output()
+        .expect("mpirun is on PATH (apt-get install openmpi-bin)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text, t.elapsed())
+}
+
+fn params(np: usize, global: usize, tag: &str) -> Vec<f64> {
+    let path: PathBuf =
+        std::env::temp_dir().join(format!("ddp-{tag}-{np}-{}.txt", std::process::id()));
+    let p = path.to_str().unwrap();
+    let g = global.to_string();
+    let (ok, text, _) = mpirun(
+        np,
+        &["train", "--steps", "6", "--global-batch", &g, "--out", p],
+    );
+    assert!(ok, "mpirun -np {np} failed:\n{text}");
+    let v = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    std::fs::remove_file(&path).ok();
+    v
+}
+
+fn assert_close(a: &[f64], b: &[f64], what: &str) {
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0, f64::max);
+    assert!(worst < 1e-4, "{what}: worst relative difference {worst:e}");
+    assert!(a.iter().zip(b).any(|(x, y)| x != y) || a == b);
+}
+
+#[test]
+fn two_ranks_end_with_the_weights_of_one() {
+    let one = params(1, 24, "even");
+    let two = params(2, 24, "even");
+    assert_close(&two, &one, "2 ranks vs 1");
+}
+
+#[test]
+fn three_ranks_with_an_uneven_split() {
+    let one = params(1, 25, "uneven");
+    let three = params(3, 25, "uneven");
+    assert_close(&three, &one, "3 ranks (9+8+8 rows) vs 1");
+}
+
+#[test]
+fn a_panicking_rank_ends_the_job_quickly() {
+    let (ok, text, took) = mpirun(2, &["train", "--steps", "50", "--panic-rank", "1"]);
+    assert!(!ok, "job should fail:\n{text}");
+    assert!(text.contains("deliberate panic"), "{text}");
+    assert!(took < Duration::from_secs(20), "took {took:?}:\n{text}");
+}
+
+#[test]
+fn bucketed_allreduce_equals_the_local_sum() {
+    let (ok, text, _) = mpirun(3, &["allreduce"]);
+    assert!(ok && text.contains("allreduce ok"), "{text}");
+}
