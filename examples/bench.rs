@@ -4,6 +4,8 @@
 //! cargo run --release --example bench -- brgemm [--quick]
 //! cargo run --release --example bench -- fc [--quick]
 //! cargo run --release --example bench -- loops
+//! cargo build --release --features mpi --example bench
+//! mpirun -np R target/release/examples/bench mpi
 //! ```
 //!
 //! Every line carries GFLOP/s and `pct_peak`, the share of the FMA peak of
@@ -61,8 +63,9 @@ fn main() {
             "brgemm" => bench_brgemm(&opts),
             "fc" => bench_fc(&opts),
             "loops" => bench_loops(),
+            "mpi" => bench_mpi(),
             other => {
-                eprintln!("unknown bench {other:?}; known: brgemm, fc, loops");
+                eprintln!("unknown bench {other:?}; known: brgemm, fc, loops, mpi");
                 std::process::exit(2);
             }
         }
@@ -294,6 +297,87 @@ fn bench_loops() {
         println!(
             r#"{{"bench":"loops","spec":"{spec}","threads":{threads},"body_calls":{calls},"ns_per_call":{:.2}}}"#,
             s * 1e9 * threads as f64 / calls as f64
+        );
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+fn bench_mpi() {
+    eprintln!(
+        "bench mpi needs the mpi feature: cargo build --release --features mpi --example bench"
+    );
+    std::process::exit(2);
+}
+
+/// Weak scaling of data-parallel MLP training: a fixed batch per rank, one
+/// thread per rank; rank 0 prints the global samples/s, the all-reduce time of
+/// one step run alone, and the share of it hidden under backward.
+#[cfg(feature = "mpi")]
+fn bench_mpi() {
+    use brgemm_distributed::{install_abort_on_panic, mpi, DataParallel};
+    use brgemm_primitives::optim::Optimizer;
+    use brgemm_primitives::{Activation, LayerSpec, Mlp};
+    use mpi::traits::*;
+    let universe = mpi::initialize().expect("MPI");
+    install_abort_on_panic();
+    let world = universe.world();
+    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let (per_rank, feats, hidden, classes) = (64usize, 1024usize, 1024usize, 10usize);
+    let specs = [
+        LayerSpec {
+            out: hidden,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: hidden,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: hidden,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: classes,
+            act: Activation::Identity,
+        },
+    ];
+    let pool = Pool::new(1).expect("pool");
+    let mut model = Mlp::new(feats, per_rank, &specs, 1).expect("model");
+    let mut dp = DataParallel::new(world, &mut model, 1 << 20);
+    dp.broadcast_parameters(&mut model);
+    let mut x = model.input_layout();
+    x.data
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);
+    let labels: Vec<usize> = (0..per_rank).map(|i| (i + rank) % classes).collect();
+    let opt = Optimizer::Sgd {
+        lr: 1e-3,
+        momentum: 0.9,
+    };
+    let global = per_rank * size;
+    for _ in 0..3 {
+        dp.train_step(&mut model, &pool, &x, &labels, global, &opt)
+            .expect("step");
+    }
+    dp.calibrate(7);
+    let steps = 20;
+    dp.world().barrier();
+    let t = std::time::Instant::now();
+    for _ in 0..steps {
+        dp.train_step(&mut model, &pool, &x, &labels, global, &opt)
+            .expect("step");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    if rank == 0 {
+        let s = dp.stats;
+        println!(
+            r#"{{"bench":"mpi","model":"mlp","layers":"{feats}-{hidden}x3-{classes}","batch_per_rank":{per_rank},"ranks":{size},"threads":1,"buckets":{},"samples_per_s":{:.1},"allreduce_ms":{:.3},"exposed_ms":{:.3},"hidden":{:.2}}}"#,
+            dp.buckets(),
+            (global * steps) as f64 / secs,
+            1e3 * s.standalone_s,
+            1e3 * s.exposed_s / s.steps.max(1) as f64,
+            s.hidden_fraction()
         );
     }
 }

@@ -48,6 +48,7 @@ fn main() {
     let mut model = train::build(&cfg, &tr).expect("model");
     let mut dp = DataParallel::new(world, &mut model, 64 << 10);
     dp.broadcast_parameters(&mut model);
+    dp.calibrate(5);
     let pool = Pool::global();
     if rank == 0 {
         println!(
@@ -93,7 +94,7 @@ fn main() {
     println!(
         "rank {rank}: {:.0} samples/s, all-reduce {:.3} ms/step, hidden under backward {:.2}",
         samples as f64 / secs,
-        1e3 * s.allreduce_s / s.steps.max(1) as f64,
+        1e3 * s.standalone_s,
         s.hidden_fraction()
     );
     dp.world().barrier();

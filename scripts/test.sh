@@ -54,6 +54,7 @@ cargo test --workspace --all-targets --features mpi
 cargo test --workspace --doc --features mpi
 
 say "train_mpi under mpirun, 2 ranks"
+cargo build -q --features mpi --example train_mpi
 out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 target/debug/examples/train_mpi --epochs 3)
 echo "$out" | tail -4
 echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi printed no test_accuracy line"; exit 1; }

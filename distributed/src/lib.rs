@@ -47,23 +47,30 @@ pub fn install_abort_on_panic() {
 }
 
 /// Communication figures of the steps so far.
+///
+/// "Hidden" is measured, not inferred from when requests started: the
+/// gradient all-reduce of one step is timed on its own, blocking
+/// ([`DataParallel::calibrate`]); what a step waits after its backward has
+/// finished is the part that was not hidden.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CommStats {
     /// Steps measured.
     pub steps: usize,
-    /// Seconds from the first bucket's start to the last bucket's completion.
-    pub allreduce_s: f64,
-    /// Of that, seconds during which backward was still computing.
-    pub hidden_s: f64,
+    /// Seconds of one step's gradient all-reduce run alone (calibrated).
+    pub standalone_s: f64,
+    /// Seconds the steps waited for communication after backward ended.
+    pub exposed_s: f64,
 }
 
 impl CommStats {
-    /// Share of the all-reduce window that overlapped with backward.
+    /// Share of the all-reduce cost that did not show up as waiting:
+    /// `1 - exposed / (steps * standalone)`, in [0, 1].
     pub fn hidden_fraction(&self) -> f64 {
-        if self.allreduce_s > 0.0 {
-            self.hidden_s / self.allreduce_s
+        let total = self.steps as f64 * self.standalone_s;
+        if total > 0.0 {
+            (1.0 - self.exposed_s / total).clamp(0.0, 1.0)
         } else {
-            1.0
+            0.0
         }
     }
 }
@@ -181,6 +188,30 @@ impl DataParallel {
         });
     }
 
+    /// Times the gradient all-reduce of one step run alone (the same buckets,
+    /// blocking on each), median of `reps`; stored in `stats.standalone_s`,
+    /// and the step counters reset.
+    pub fn calibrate(&mut self, reps: usize) -> f64 {
+        let mut t = Vec::with_capacity(reps.max(1));
+        let mut buf = self.send.clone();
+        for _ in 0..reps.max(1) {
+            self.world.barrier();
+            let s = Instant::now();
+            for b in &self.buckets {
+                let send = buf[b.clone()].to_vec();
+                self.world
+                    .all_reduce_into(&send[..], &mut buf[b.clone()], SystemOperation::sum());
+            }
+            t.push(s.elapsed().as_secs_f64());
+        }
+        t.sort_by(f64::total_cmp);
+        self.stats = CommStats {
+            standalone_s: t[t.len() / 2],
+            ..CommStats::default()
+        };
+        self.stats.standalone_s
+    }
+
     /// One data-parallel step on this rank's rows: `x` holds them in its
     /// first `labels.len()` rows, `global_rows` is the size of the global
     /// minibatch. Returns the mean loss over the global minibatch.
@@ -266,10 +297,9 @@ impl DataParallel {
             wait_end = Instant::now();
             Ok(loss)
         })?;
-        if let Some(t0) = first_start {
+        if first_start.is_some() {
             self.stats.steps += 1;
-            self.stats.allreduce_s += (wait_end - t0).as_secs_f64();
-            self.stats.hidden_s += (backward_end.max(t0) - t0).as_secs_f64();
+            self.stats.exposed_s += (wait_end - backward_end).as_secs_f64();
         }
         // The summed (already scaled) gradients replace the local ones.
         for slot in &self.slots {

@@ -100,6 +100,7 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
     let mut model = Mlp::new(feats, local_max, &specs, 100 + world.rank() as u64).unwrap();
     let mut dp = DataParallel::new(world, &mut model, bucket);
     dp.broadcast_parameters(&mut model);
+    dp.calibrate(3);
     let pool = Pool::new(1).unwrap();
     let opt = Optimizer::Sgd {
         lr: 0.1,

@@ -1,0 +1,235 @@
+//! Projects data-parallel scaling beyond one box from measured per-layer
+//! compute times and a ring all-reduce cost model.
+//!
+//! ```text
+//! cargo run --release --example scaling_model -- [--bandwidth-gbps 100] [--latency-us 5]
+//!     [--batch 64] [--threads T] [--max-nodes 256]
+//! ```
+//!
+//! Cost model (ring all-reduce of B bytes over p nodes, one message in flight):
+//!
+//! ```text
+//!   t(B, p) = 2 (p - 1) * latency + 2 (p - 1) / p * B / bandwidth
+//! ```
+//!
+//! Timeline of one step (weak scaling, `--batch` samples per node): forward,
+//! then backward from the last layer down. Layer l's gradient is ready after
+//! its backward-weights pass; its all-reduce starts then, or when the network
+//! is free, whichever is later. The step ends when backward and the last
+//! all-reduce have both finished, plus the optimizer. Layer 0's all-reduce
+//! can never hide (nothing of backward is left after it); the table reports,
+//! for every other layer, the node count from which its all-reduce no longer
+//! finishes under backward. Defaults model a 100 Gb/s fabric.
+//!
+//! The models: the MLP of `bench mpi` (1024-1024x3-10). The CNN joins when the
+//! convolution primitives land.
+
+use brgemm_primitives::optim::{OptState, Optimizer};
+use brgemm_primitives::{Activation, Fc, Pool};
+use std::time::Instant;
+
+fn arg(args: &[String], name: &str, default: f64) -> f64 {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse().unwrap_or_else(|_| {
+                eprintln!("{name} {v:?}: expected a number");
+                std::process::exit(2)
+            })
+        })
+        .unwrap_or(default)
+}
+
+struct LayerCost {
+    name: String,
+    fwd: f64,
+    bwd: f64,
+    upd: f64,
+    grad_bytes: f64,
+}
+
+fn median(mut f: impl FnMut()) -> f64 {
+    f();
+    let mut v: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[3]
+}
+
+fn measure(pool: &Pool, batch: usize, dims: &[usize]) -> (Vec<LayerCost>, f64) {
+    let mut layers = vec![];
+    let mut opt_s = 0.0;
+    for (l, w) in dims.windows(2).enumerate() {
+        let (c, k) = (w[0], w[1]);
+        let act = if l + 2 == dims.len() {
+            Activation::Identity
+        } else {
+            Activation::Relu
+        };
+        let fc = Fc::new(batch, c, k, act).expect("plan");
+        let mut x = fc.x_layout();
+        x.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 7) as f32 / 8.0);
+        let mut wt = fc.w_layout();
+        wt.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 5) as f32 / 64.0);
+        let b = vec![0.0; fc.padded_k()];
+        let (mut y, mut dy, mut dz, mut dx) =
+            (fc.y_layout(), fc.y_layout(), fc.y_layout(), fc.x_layout());
+        dy.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 3) as f32 - 1.0);
+        let (mut wtr, mut xt, mut dw) = (fc.wt_layout(), fc.xt_layout(), fc.w_layout());
+        let mut db = vec![0.0; fc.padded_k()];
+        let fwd = median(|| fc.forward(pool, &x, &wt, &b, &mut y, None).unwrap());
+        let upd = median(|| {
+            fc.activation_backward(pool, &dy, &y, None, &mut dz)
+                .unwrap();
+            fc.relayout_input(pool, &x, &mut xt).unwrap();
+            fc.backward_weights(pool, &dz, &xt, &mut dw, &mut db)
+                .unwrap();
+        });
+        // Layer 0 needs no gradient for its input.
+        let bwd = if l == 0 {
+            0.0
+        } else {
+            median(|| {
+                fc.transpose_weights(pool, &wt, &mut wtr).unwrap();
+                fc.backward_data(pool, &dz, &wtr, &mut dx).unwrap();
+            })
+        };
+        let mut st = OptState::default();
+        let mut p = wt.data.clone();
+        opt_s += median(|| st.step(&Optimizer::adam(1e-3), &mut p, &dw.data));
+        layers.push(LayerCost {
+            name: format!("fc{l} {c}->{k}"),
+            fwd,
+            bwd,
+            upd,
+            grad_bytes: 4.0 * (dw.data.len() + db.len()) as f64,
+        });
+    }
+    (layers, opt_s)
+}
+
+struct Projection {
+    step: f64,
+    /// Per layer: whether its all-reduce ends after backward does.
+    exposed: Vec<bool>,
+    comm_exposed: f64,
+}
+
+fn project(layers: &[LayerCost], opt_s: f64, p: usize, lat: f64, bw: f64) -> Projection {
+    let ring = |bytes: f64| {
+        if p == 1 {
+            0.0
+        } else {
+            let pf = p as f64;
+            2.0 * (pf - 1.0) * lat + 2.0 * (pf - 1.0) / pf * bytes / bw
+        }
+    };
+    let fwd: f64 = layers.iter().map(|l| l.fwd).sum();
+    let mut t = fwd;
+    let mut net_free = 0.0f64;
+    let mut ends = vec![0.0; layers.len()];
+    for (i, l) in layers.iter().enumerate().rev() {
+        t += l.upd;
+        let start = t.max(net_free);
+        net_free = start + ring(l.grad_bytes);
+        ends[i] = net_free;
+        t += l.bwd;
+    }
+    let backward_end = t;
+    let comm_end = net_free;
+    Projection {
+        step: backward_end.max(comm_end) + opt_s,
+        exposed: ends.iter().map(|&e| e > backward_end + 1e-12).collect(),
+        comm_exposed: (comm_end - backward_end).max(0.0),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let bw = arg(&args, "--bandwidth-gbps", 100.0) * 1e9 / 8.0;
+    let lat = arg(&args, "--latency-us", 5.0) * 1e-6;
+    let batch = arg(&args, "--batch", 64.0) as usize;
+    let max_nodes = arg(&args, "--max-nodes", 256.0) as usize;
+    let threads = arg(&args, "--threads", Pool::global().threads() as f64) as usize;
+    let pool = Pool::new(threads.max(1)).expect("pool");
+    let dims = [1024usize, 1024, 1024, 1024, 10];
+    println!(
+        "model mlp {dims:?}, batch {batch} per node, {threads} thread(s) per node; ring all-reduce at {:.1} GB/s, {:.1} us latency",
+        bw / 1e9,
+        lat * 1e6
+    );
+    let (layers, opt_s) = measure(&pool, batch, &dims);
+    println!("\nmeasured per step on this machine (ms):");
+    println!("  layer              fwd     bwd-data  bwd-weights  gradient MB");
+    for l in &layers {
+        println!(
+            "  {:16} {:7.3}  {:8.3}  {:11.3}  {:10.2}",
+            l.name,
+            l.fwd * 1e3,
+            l.bwd * 1e3,
+            l.upd * 1e3,
+            l.grad_bytes / 1e6
+        );
+    }
+    println!("  optimizer        {:7.3}", opt_s * 1e3);
+    let base = project(&layers, opt_s, 1, lat, bw);
+    println!("\nnodes  step ms  samples/s    efficiency  exposed comm ms  layers whose all-reduce is not hidden");
+    let mut first_unhidden: Vec<Option<usize>> = vec![None; layers.len()];
+    let mut p = 1;
+    while p <= max_nodes {
+        let pr = project(&layers, opt_s, p, lat, bw);
+        let names: Vec<&str> = layers
+            .iter()
+            .zip(&pr.exposed)
+            .filter(|(_, &e)| e)
+            .map(|(l, _)| l.name.as_str())
+            .collect();
+        for (i, &e) in pr.exposed.iter().enumerate() {
+            if e && first_unhidden[i].is_none() {
+                first_unhidden[i] = Some(p);
+            }
+        }
+        println!(
+            "{p:5}  {:7.3}  {:10.0}  {:9.1}%  {:15.3}  {}",
+            pr.step * 1e3,
+            (p * batch) as f64 / pr.step,
+            100.0 * base.step / pr.step,
+            pr.comm_exposed * 1e3,
+            if names.is_empty() {
+                "-".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
+        p *= 2;
+    }
+    // Layer 0's all-reduce starts when backward is over: never hidden.
+    let first = (1..layers.len())
+        .filter_map(|i| first_unhidden[i].map(|p| (p, i)))
+        .min();
+    match first {
+        Some((p, i)) => println!(
+            "\nfirst all-reduce to stop hiding (besides {}, which never can): {} at {p} nodes",
+            layers[0].name, layers[i].name
+        ),
+        None => println!(
+            "\nevery all-reduce but {}'s (which never can) stays hidden up to {max_nodes} nodes",
+            layers[0].name
+        ),
+    }
+}
