@@ -3,6 +3,9 @@
 //! One rayon pool per process, one thread per core of the process's affinity
 //! mask (so ranks bound by `mpirun` keep to their cores), each thread pinned
 //! to its core with `core_affinity`. `BRGEMM_NUM_THREADS` sets the count.
+//! Ranks of one node that share a mask (`mpirun --bind-to none`) split it by
+//! their local rank (`OMPI_COMM_WORLD_LOCAL_RANK`/`_SIZE`), so two ranks never
+//! pin threads to the same core while there are enough cores.
 //! Other pools (say, with fewer threads for a scaling test) can be built with
 //! [`Pool::new`].
 
@@ -23,6 +26,33 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+/// The cores this process may use: its affinity mask, or this local rank's
+/// share of it when several MPI ranks of the node share one mask.
+pub fn process_cores() -> Vec<core_affinity::CoreId> {
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    split_for_local_rank(
+        cores,
+        env_usize("OMPI_COMM_WORLD_LOCAL_RANK"),
+        env_usize("OMPI_COMM_WORLD_LOCAL_SIZE"),
+    )
+}
+
+fn split_for_local_rank<T>(cores: Vec<T>, rank: Option<usize>, size: Option<usize>) -> Vec<T> {
+    match (rank, size) {
+        // A bound rank sees fewer cores than there are local ranks (usually
+        // one): its mask is already its own.
+        (Some(r), Some(n)) if n > 1 && r < n && cores.len() >= n => {
+            let (lo, hi) = (r * cores.len() / n, (r + 1) * cores.len() / n);
+            cores.into_iter().skip(lo).take(hi - lo).collect()
+        }
+        _ => cores,
+    }
+}
+
 impl Pool {
     /// A pool of `threads` workers pinned round-robin to the cores this
     /// process may run on.
@@ -30,8 +60,7 @@ impl Pool {
         if threads == 0 {
             return Err(shape("threads", 0, "need at least one thread"));
         }
-        // get_core_ids reads the affinity mask (sched_getaffinity on Linux).
-        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let cores = process_cores();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("brgemm-{i}"))
@@ -62,10 +91,7 @@ impl Pool {
                     .unwrap_or_else(|| {
                         panic!("BRGEMM_NUM_THREADS={s:?}: expected a positive integer")
                     }),
-                Err(_) => core_affinity::get_core_ids()
-                    .map(|c| c.len())
-                    .unwrap_or(1)
-                    .max(1),
+                Err(_) => process_cores().len().max(1),
             };
             Pool::new(n).expect("thread pool")
         })
@@ -83,5 +109,30 @@ impl Pool {
             return f(0);
         }
         self.pool.broadcast(|ctx| f(ctx.index()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_for_local_rank;
+
+    #[test]
+    fn shared_masks_are_split_by_local_rank_and_bound_ones_kept() {
+        let all: Vec<usize> = (0..8).collect();
+        assert_eq!(
+            split_for_local_rank(all.clone(), Some(1), Some(2)),
+            vec![4, 5, 6, 7]
+        );
+        assert_eq!(
+            split_for_local_rank(all.clone(), Some(2), Some(3)),
+            vec![5, 6, 7]
+        );
+        assert_eq!(split_for_local_rank(vec![3], Some(1), Some(2)), vec![3]);
+        assert_eq!(split_for_local_rank(all.clone(), None, None), all);
+        // More ranks than cores: nothing to split fairly, keep the mask.
+        assert_eq!(
+            split_for_local_rank(vec![0, 1], Some(2), Some(3)),
+            vec![0, 1]
+        );
     }
 }
