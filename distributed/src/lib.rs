@@ -63,8 +63,13 @@ pub struct CommStats {
 }
 
 impl CommStats {
-    /// Share of the all-reduce cost that did not show up as waiting:
-    /// `1 - exposed / (steps * standalone)`, in [0, 1].
+    /// Share of the standalone all-reduce time that was not spent waiting
+    /// after backward: `1 - exposed / (steps * standalone)`, in [0, 1].
+    ///
+    /// An upper bound on what was really hidden: where the reduction is CPU
+    /// work on the cores that also compute (shared memory, no offloading
+    /// NIC), it slows backward without being waited for. `bench mpi` reports
+    /// the hidden share from step times instead.
     pub fn hidden_fraction(&self) -> f64 {
         let total = self.steps as f64 * self.standalone_s;
         if total > 0.0 {
@@ -232,6 +237,11 @@ impl DataParallel {
                     "need 1..={global_rows}: use fewer ranks than rows per global batch"
                 ),
             });
+        }
+        if self.size == 1 {
+            // Nothing to reduce: exactly the single-process step, so weak
+            // scaling is measured against the real one-rank baseline.
+            return model.train_step(pool, x, labels, opt);
         }
         let scale = labels.len() as f32 / global_rows as f32;
         let (slots, buckets) = (&self.slots, &self.buckets);
