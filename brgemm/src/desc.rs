@@ -85,6 +85,17 @@ impl Activation {
     }
 }
 
+/// Software prefetch strategy (a kernel-generation hint, as in LIBXSMM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Prefetch {
+    /// None: best when the batch's A and B sit in L2.
+    #[default]
+    None,
+    /// Prefetch A_{i+1} and B_{i+1} into L1 while computing A_i * B_i: for
+    /// batches streamed from L3 or memory (AVX-512 kernels; others ignore it).
+    NextPair,
+}
+
 /// Fused work on the C tile before its single store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Epilogue {
@@ -129,6 +140,8 @@ pub struct Descriptor {
     pub beta: Beta,
     /// Fused bias and activation.
     pub epilogue: Epilogue,
+    /// Software prefetch strategy.
+    pub prefetch: Prefetch,
 }
 
 impl Descriptor {
@@ -147,7 +160,13 @@ impl Descriptor {
             alpha: 1.0,
             beta: Beta::Zero,
             epilogue: Epilogue::default(),
+            prefetch: Prefetch::None,
         }
+    }
+    /// Sets the prefetch strategy.
+    pub fn prefetch(mut self, p: Prefetch) -> Self {
+        self.prefetch = p;
+        self
     }
     /// Sets the leading dimension of A.
     pub fn lda(mut self, lda: usize) -> Self {
@@ -271,6 +290,7 @@ impl PartialEq for Descriptor {
             && self.alpha.to_bits() == o.alpha.to_bits()
             && self.beta == o.beta
             && self.epilogue == o.epilogue
+            && self.prefetch == o.prefetch
     }
 }
 impl Eq for Descriptor {}
@@ -282,5 +302,6 @@ impl Hash for Descriptor {
         self.alpha.to_bits().hash(h);
         self.beta.hash(h);
         self.epilogue.hash(h);
+        self.prefetch.hash(h);
     }
 }

@@ -45,7 +45,7 @@ mod tile;
 
 pub use batch::{Batch, Offsets, RawBatch};
 pub use blocking::RegisterTile;
-pub use desc::{Activation, BatchForm, Beta, DataType, Descriptor, Epilogue};
+pub use desc::{Activation, BatchForm, Beta, DataType, Descriptor, Epilogue, Prefetch};
 pub use error::{Error, Result};
 pub use isa::Isa;
 pub use plan::{dispatch, dispatch_with, Kernel, KernelOptions};

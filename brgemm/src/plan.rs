@@ -2,7 +2,7 @@
 
 use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
 use crate::blocking::{self, RegisterTile};
-use crate::desc::{BatchForm, Beta, Descriptor};
+use crate::desc::{BatchForm, Beta, Descriptor, Prefetch};
 use crate::error::{Error, Result};
 use crate::kernels::{self, IsaKernels};
 use crate::tile::{TileCall, TileSet};
@@ -81,7 +81,13 @@ fn build_tiles<K: IsaKernels, B: BatchSrc<f32>>(
     let mv_t = m_rem.div_ceil(lanes);
     let tail_masked = m_rem % lanes != 0;
     let get = |mv: usize, nr: usize, masked: bool| {
-        K::tile_fn::<B>(mv, nr, masked || K::ALWAYS_MASK).expect("grid covers every smaller tile")
+        K::tile_fn::<B>(
+            mv,
+            nr,
+            masked || K::ALWAYS_MASK,
+            d.prefetch == Prefetch::NextPair,
+        )
+        .expect("grid covers every smaller tile")
     };
     let set = TileSet {
         lanes,

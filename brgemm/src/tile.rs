@@ -66,7 +66,14 @@ pub(crate) type TileFn<B> = unsafe fn(&TileCall, &B, usize, usize, usize);
 /// touches is valid (the plan checked the shapes, the caller the pointers).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-pub(crate) unsafe fn tile<S, B, const MV: usize, const NR: usize, const MASKED: bool>(
+pub(crate) unsafe fn tile<
+    S,
+    B,
+    const MV: usize,
+    const NR: usize,
+    const MASKED: bool,
+    const PF: bool,
+>(
     t: &TileCall,
     src: &B,
     m0: usize,
@@ -86,22 +93,25 @@ pub(crate) unsafe fn tile<S, B, const MV: usize, const NR: usize, const MASKED: 
     for i in 0..t.count {
         let mut a = src.a(i).add(m0);
         let mut b = src.b(i).add(boff);
-        // Prefetch the next pair while this one computes: per k step one
-        // line of A_{i+1} per vector at the same column, and one 16-float
-        // line of B_{i+1}, cycling through its NR columns. When A and B sit
-        // in L2 the hardware prefetchers cope without it; when they stream
-        // from L3 (FC weights larger than L2) it is worth 10-30%.
+        // With PF, prefetch the next pair while this one computes: per k
+        // step one line of A_{i+1} per vector at the same column, and one
+        // 16-float line of B_{i+1}, cycling through its NR columns. Measured
+        // (AVX-512, same process, alternating): +5-35% when A and B stream
+        // from L3, -5-19% when they sit in L2 (the extra loads compete with
+        // the kernel's own), so it is a plan-time choice (Descriptor::prefetch).
         let nxt = if i + 1 < t.count { i + 1 } else { i };
         let mut pa = src.a(nxt).add(m0);
         let pb = src.b(nxt).add(boff);
         for p in 0..t.k {
-            for v in 0..MV {
-                S::prefetch(pa.wrapping_add(v * l));
-            }
-            pa = pa.wrapping_add(lda);
-            let (j, row) = (p % NR, (p / NR) * 16);
-            if row < t.k {
-                S::prefetch(pb.wrapping_add(j * ldb + row));
+            if PF {
+                for v in 0..MV {
+                    S::prefetch(pa.wrapping_add(v * l));
+                }
+                pa = pa.wrapping_add(lda);
+                let (j, row) = (p % NR, (p / NR) * 16);
+                if row < t.k {
+                    S::prefetch(pb.wrapping_add(j * ldb + row));
+                }
             }
             let mut av = [S::zero(); MV];
             for v in 0..MV {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use brgemm::{Activation, Beta, Epilogue, Isa, Kernel, KernelOptions, RegisterTile};
+use brgemm::{Activation, Beta, Epilogue, Isa, Kernel, KernelOptions, Prefetch, RegisterTile};
 use common::{Case, Form};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -61,13 +61,16 @@ fn run_isa(isa: Isa) {
         prop_oneof![Just(1.0f32), Just(-0.5), Just(2.5)],
         (0usize..=5, 0usize..=5, 0usize..=5),
         epilogue(),
-        any::<u64>(),
+        (any::<u64>(), any::<bool>()),
     );
     runner
         .run(
             &strat,
-            |((m, n, k, count), form, beta, alpha, pad, ep, seed)| {
-                let case = Case::new(m, n, k, count, form, beta, alpha, pad, ep, seed);
+            |((m, n, k, count), form, beta, alpha, pad, ep, (seed, pf))| {
+                let mut case = Case::new(m, n, k, count, form, beta, alpha, pad, ep, seed);
+                if pf {
+                    case.desc = case.desc.prefetch(Prefetch::NextPair);
+                }
                 let kern = Kernel::with_options(
                     &case.desc,
                     KernelOptions {
@@ -130,12 +133,17 @@ fn every_register_tile_is_correct() {
             for nr in 1..=16 {
                 let t = RegisterTile { mv, nr };
                 let (m, n) = (mv * lanes * 2 + 3, nr * 2 + 1);
-                for form in [Form::Stride, Form::Offset, Form::Address] {
+                for (form, pf) in [
+                    (Form::Stride, Prefetch::None),
+                    (Form::Offset, Prefetch::None),
+                    (Form::Address, Prefetch::None),
+                    (Form::Stride, Prefetch::NextPair),
+                ] {
                     let ep = Epilogue {
                         bias: true,
                         activation: Activation::Relu,
                     };
-                    let case = Case::new(
+                    let mut case = Case::new(
                         m,
                         n,
                         5,
@@ -147,6 +155,7 @@ fn every_register_tile_is_correct() {
                         ep,
                         (mv * 100 + nr) as u64,
                     );
+                    case.desc = case.desc.prefetch(pf);
                     let Ok(kern) = Kernel::with_options(
                         &case.desc,
                         KernelOptions {
@@ -164,9 +173,9 @@ fn every_register_tile_is_correct() {
                 }
             }
         }
-        // The smallest grid (portable) has 9 tiles, each run in 3 forms.
+        // The smallest grid (portable) has 9 tiles, each run 4 times.
         assert!(
-            tested >= 3 * 9,
+            tested >= 4 * 9,
             "{isa}: only {tested} tile variants exercised"
         );
     }

@@ -89,7 +89,7 @@ unsafe fn entry<B: BatchSrc<f32>, const MV: usize, const NR: usize, const MASKED
     n0: usize,
     last_rows: usize,
 ) {
-    tile::<Avx2, B, MV, NR, MASKED>(t, src, m0, n0, last_rows)
+    tile::<Avx2, B, MV, NR, MASKED, false>(t, src, m0, n0, last_rows)
 }
 
 /// 12 independent ymm FMA chains in asm (see the AVX-512 probe).

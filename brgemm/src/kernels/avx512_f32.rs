@@ -17,11 +17,12 @@
 //! two load and two FMA ports the larger tiles are FMA bound.
 //!
 //! Software prefetch of A_{i+1}/B_{i+1} during the k loop of A_i (one line
-//! of A per vector and one B line per k step, prefetcht0; see `tile.rs`):
-//! measured alternating with the plain kernel in one process, neutral when
-//! the batch sits in L2 (the hardware prefetchers follow the column walk),
-//! and +10-15 points of peak on a 64x64x64x16 workload spread over 16-64 MiB
-//! (35% -> 47%), up to +30% on FC forward 64x4096x4096 (W from L3).
+//! of A per vector and one B line per k step, prefetcht0; see `tile.rs`) is a
+//! second set of instances, chosen by `Descriptor::prefetch`. Measured
+//! alternating with the plain kernel in one process: +5-35% when the batch
+//! streams from L3 (16 MiB workloads; FC weights larger than L2), -5-19% when
+//! it sits in L2, where the hardware prefetchers follow the column walk and
+//! the extra loads only compete with the kernel's own.
 
 use super::{tile_table, IsaKernels};
 use crate::batch::BatchSrc;
@@ -96,7 +97,22 @@ unsafe fn entry<B: BatchSrc<f32>, const MV: usize, const NR: usize, const MASKED
     n0: usize,
     last_rows: usize,
 ) {
-    tile::<Avx512, B, MV, NR, MASKED>(t, src, m0, n0, last_rows)
+    tile::<Avx512, B, MV, NR, MASKED, false>(t, src, m0, n0, last_rows)
+}
+
+/// As [`entry`], prefetching the next pair (`Prefetch::NextPair`).
+///
+/// # Safety
+/// AVX-512F available; see [`tile`].
+#[target_feature(enable = "avx512f")]
+unsafe fn entry_pf<B: BatchSrc<f32>, const MV: usize, const NR: usize, const MASKED: bool>(
+    t: &TileCall,
+    src: &B,
+    m0: usize,
+    n0: usize,
+    last_rows: usize,
+) {
+    tile::<Avx512, B, MV, NR, MASKED, true>(t, src, m0, n0, last_rows)
 }
 
 /// 24 independent zmm FMA chains in asm: the compiler cannot reorder,
@@ -158,8 +174,23 @@ impl IsaKernels for Kernels {
         )
     }
 
-    fn tile_fn<B: BatchSrc<f32>>(mv: usize, nr: usize, _masked: bool) -> Option<TileFn<B>> {
-        Self::pick::<B, true>(mv, nr)
+    fn tile_fn<B: BatchSrc<f32>>(
+        mv: usize,
+        nr: usize,
+        _masked: bool,
+        prefetch: bool,
+    ) -> Option<TileFn<B>> {
+        const MASKED: bool = true;
+        if prefetch {
+            tile_table!(entry_pf, B, MASKED, mv, nr;
+                1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16],
+                2 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14],
+                3 => [1 2 3 4 5 6 7 8 9],
+                4 => [1 2 3 4 5 6],
+            )
+        } else {
+            Self::pick::<B, MASKED>(mv, nr)
+        }
     }
 
     unsafe fn fma_probe(iters: u64) -> f32 {

@@ -30,9 +30,17 @@ pub(crate) trait IsaKernels {
     const ALWAYS_MASK: bool;
     /// The `(mv, nr)` tile instance with the given masking (from [`tile_table`]).
     fn pick<B: BatchSrc<f32>, const MASKED: bool>(mv: usize, nr: usize) -> Option<TileFn<B>>;
-    /// The tile kernel for `(mv, nr)`, masked or not, for batch form `B`.
+    /// The tile kernel for `(mv, nr)`, masked or not, for batch form `B`,
+    /// with software prefetch of the next pair if `prefetch` and the ISA has
+    /// prefetching instances (only AVX-512: measured a loss on AVX2).
     /// ISAs with `ALWAYS_MASK` override it so no unmasked instance is built.
-    fn tile_fn<B: BatchSrc<f32>>(mv: usize, nr: usize, masked: bool) -> Option<TileFn<B>> {
+    fn tile_fn<B: BatchSrc<f32>>(
+        mv: usize,
+        nr: usize,
+        masked: bool,
+        prefetch: bool,
+    ) -> Option<TileFn<B>> {
+        let _ = prefetch;
         if masked {
             Self::pick::<B, true>(mv, nr)
         } else {

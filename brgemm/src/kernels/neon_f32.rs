@@ -86,7 +86,7 @@ unsafe fn entry<B: BatchSrc<f32>, const MV: usize, const NR: usize, const MASKED
     n0: usize,
     last_rows: usize,
 ) {
-    tile::<Neon, B, MV, NR, MASKED>(t, src, m0, n0, last_rows)
+    tile::<Neon, B, MV, NR, MASKED, false>(t, src, m0, n0, last_rows)
 }
 
 #[target_feature(enable = "neon")]
