@@ -59,6 +59,9 @@ out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 target/debu
 echo "$out" | tail -4
 echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi printed no test_accuracy line"; exit 1; }
 
+say "bf16: AMX permission refused (BRGEMM_AMX_DENY) falls back"
+BRGEMM_AMX_DENY=1 cargo test -q -p brgemm --test bf16
+
 say "BRGEMM_ISA override, one run per ISA"
 for isa in avx512 avx2 neon portable reference bogus; do
   BRGEMM_ISA=$isa cargo test -q -p brgemm --test env_isa --test exact

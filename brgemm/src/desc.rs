@@ -3,13 +3,18 @@
 use crate::error::{invalid, Result};
 use std::hash::{Hash, Hasher};
 
-/// Element type of A, B and C. Only `F32` for now; low precision follows.
+/// Element type of A, B and C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum DataType {
     /// IEEE binary32 inputs, accumulation and output.
     #[default]
     F32,
+    /// bfloat16 inputs (`half::bf16`), f32 accumulation and f32 output.
+    /// A_i is VNNI-packed (see [`crate::bf16::pack_a_vnni`]): element (r, p)
+    /// at `(p / 2) * 2 * lda + 2 * r + p % 2`; B_i is plain column-major.
+    /// Planned with [`crate::bf16::Bf16Kernel`].
+    Bf16,
 }
 
 /// How the batch of A_i and B_i is addressed at call time.

@@ -33,6 +33,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+pub mod bf16;
 mod blocking;
 mod desc;
 mod error;

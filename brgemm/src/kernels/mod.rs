@@ -11,6 +11,8 @@ use crate::batch::BatchSrc;
 use crate::tile::TileFn;
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx_bf16;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_f32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_f32;

@@ -1,0 +1,426 @@
+//! bf16 BRGEMM: bf16 inputs, f32 accumulation and output.
+//!
+//! A_i is read in VNNI layout: consecutive pairs along k for each row, so
+//! element (r, p) of A_i sits at `(p / 2) * 2 * lda + 2 * r + p % 2` (`lda` >=
+//! m counts pairs per k-pair row). [`pack_a_vnni`] builds it from plain
+//! column-major data, padding an odd k with zeros. B_i and C keep the plain
+//! column-major layout of the f32 kernel.
+//!
+//! Kernels, strongest first ([`Bf16Isa`]): AMX (`tdpbf16ps` on resident tiles;
+//! m, n, k multiples of 32), then the reference (bf16 widened to f32 in plain
+//! loops). `BRGEMM_BF16_ISA=amx|reference` forces one. The AVX512-BF16
+//! (`vdpbf16ps`) kernel and bf16 output come next.
+
+use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
+use crate::desc::{Activation, BatchForm, Beta, DataType, Descriptor};
+use crate::error::{invalid, Error, Result};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::amx_bf16 as amx;
+pub use half::bf16;
+use std::sync::OnceLock;
+
+/// The bf16 kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bf16Isa {
+    /// AMX tiles (`tdpbf16ps`), for m, n, k multiples of 32.
+    Amx,
+    /// Plain loops on widened values: any shape, any CPU.
+    Reference,
+}
+
+impl Bf16Isa {
+    /// Name as `BRGEMM_BF16_ISA` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bf16Isa::Amx => "amx",
+            Bf16Isa::Reference => "reference",
+        }
+    }
+    /// Whether this CPU and OS can run it (AMX: CPU support, OS tile state
+    /// and the permission granted; `BRGEMM_AMX_DENY` simulates a refusal).
+    pub fn is_supported(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Bf16Isa::Amx => amx::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Bf16Isa::Amx => false,
+            Bf16Isa::Reference => true,
+        }
+    }
+    /// `BRGEMM_BF16_ISA` if set (error if unknown or unsupported), else None.
+    fn forced() -> Result<Option<Bf16Isa>> {
+        static F: OnceLock<Result<Option<Bf16Isa>>> = OnceLock::new();
+        F.get_or_init(|| match std::env::var("BRGEMM_BF16_ISA") {
+            Ok(s) if !s.trim().is_empty() => {
+                let isa = [Bf16Isa::Amx, Bf16Isa::Reference]
+                    .into_iter()
+                    .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+                    .ok_or_else(|| Error::UnknownIsa { value: s.clone() })?;
+                if isa.is_supported() {
+                    Ok(Some(isa))
+                } else {
+                    Err(invalid(
+                        "BRGEMM_BF16_ISA",
+                        s,
+                        "not supported on this machine",
+                    ))
+                }
+            }
+            _ => Ok(None),
+        })
+        .clone()
+    }
+}
+
+/// Packs a plain column-major `m x k` matrix (leading dimension `ld` >= m)
+/// into VNNI layout with `lda` (>= m) pairs per k-pair row; an odd k is
+/// padded with a zero column.
+pub fn pack_a_vnni(a: &[bf16], m: usize, k: usize, ld: usize, lda: usize) -> Result<Vec<bf16>> {
+    if m == 0 || k == 0 {
+        return Err(invalid(
+            if m == 0 { "m" } else { "k" },
+            0,
+            "must be at least 1",
+        ));
+    }
+    if ld < m {
+        return Err(invalid("ld", ld, format!("must be >= m = {m}")));
+    }
+    if lda < m {
+        return Err(invalid("lda", lda, format!("must be >= m = {m}")));
+    }
+    let need = ld * (k - 1) + m;
+    if a.len() < need {
+        return Err(Error::ShortSlice {
+            operand: "A".into(),
+            needed: need,
+            len: a.len(),
+        });
+    }
+    let kp = k.div_ceil(2);
+    let mut out = vec![bf16::ZERO; 2 * lda * kp];
+    for p in 0..k {
+        for r in 0..m {
+            out[(p / 2) * 2 * lda + 2 * r + p % 2] = a[p * ld + r];
+        }
+    }
+    Ok(out)
+}
+
+/// A planned bf16 BRGEMM (see the module docs for the layouts).
+#[derive(Debug)]
+pub struct Bf16Kernel {
+    desc: Descriptor,
+    isa: Bf16Isa,
+}
+
+impl Bf16Kernel {
+    /// Plans `desc` (its `dtype` must be [`DataType::Bf16`]) for the strongest
+    /// kernel that runs here and fits the shape, or `BRGEMM_BF16_ISA`.
+    pub fn new(desc: &Descriptor) -> Result<Bf16Kernel> {
+        let isa = match Bf16Isa::forced()? {
+            Some(i) => i,
+            None if Bf16Isa::Amx.is_supported() && Self::amx_fits(desc) => Bf16Isa::Amx,
+            None => Bf16Isa::Reference,
+        };
+        Self::with_isa(desc, isa)
+    }
+
+    fn amx_fits(d: &Descriptor) -> bool {
+        d.m.is_multiple_of(32) && d.n.is_multiple_of(32) && d.k.is_multiple_of(32)
+    }
+
+    /// Plans `desc` for `isa` (error if unsupported or if the shape does not fit it).
+    pub fn with_isa(desc: &Descriptor, isa: Bf16Isa) -> Result<Bf16Kernel> {
+        if desc.dtype != DataType::Bf16 {
+            return Err(invalid(
+                "dtype",
+                format!("{:?}", desc.dtype),
+                "a bf16 kernel needs DataType::Bf16",
+            ));
+        }
+        let mut d = *desc;
+        if let BatchForm::Packed = d.batch_form {
+            let sa = 2 * d.lda * d.k.div_ceil(2);
+            d.batch_form = BatchForm::Stride {
+                a: sa,
+                b: d.ldb * d.n,
+            };
+        }
+        let d = d.validate()?;
+        if !isa.is_supported() {
+            return Err(invalid("isa", isa.name(), "not supported on this machine"));
+        }
+        if isa == Bf16Isa::Amx && !Self::amx_fits(&d) {
+            return Err(invalid(
+                "shape",
+                format!("{}x{}x{}", d.m, d.n, d.k),
+                "the AMX kernel needs m, n and k multiples of 32",
+            ));
+        }
+        Ok(Bf16Kernel { desc: d, isa })
+    }
+
+    /// The kernel in use.
+    pub fn isa(&self) -> Bf16Isa {
+        self.isa
+    }
+    /// The validated descriptor.
+    pub fn descriptor(&self) -> &Descriptor {
+        &self.desc
+    }
+    /// Elements of A_i read: `2 * lda * (ceil(k/2) - 1) + 2 * m`.
+    pub fn a_extent(&self) -> usize {
+        2 * self.desc.lda * (self.desc.k.div_ceil(2) - 1) + 2 * self.desc.m
+    }
+
+    /// Runs on checked slices (as [`crate::Kernel::execute`]).
+    pub fn execute(
+        &self,
+        batch: Batch<'_, bf16>,
+        c: &mut [f32],
+        bias: Option<&[f32]>,
+    ) -> Result<()> {
+        let d = &self.desc;
+        let need = |what: &str, len: usize, needed: usize| {
+            if len < needed {
+                Err(Error::ShortSlice {
+                    operand: what.into(),
+                    needed,
+                    len,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        need("C", c.len(), d.c_extent())?;
+        let bias_ptr = match (d.epilogue.bias, bias) {
+            (true, Some(b)) => {
+                need("bias", b.len(), d.m)?;
+                b.as_ptr()
+            }
+            (false, None) => std::ptr::null(),
+            _ => {
+                return Err(Error::BatchMismatch(
+                    "bias must be given exactly when the epilogue has one".into(),
+                ))
+            }
+        };
+        let (ae, be) = (self.a_extent(), d.b_extent());
+        let raw = match (batch, d.batch_form) {
+            (Batch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
+                if count > 0 {
+                    need("A", a.len(), sa * (count - 1) + ae)?;
+                    need("B", b.len(), sb * (count - 1) + be)?;
+                }
+                RawBatch::Stride {
+                    a: a.as_ptr(),
+                    b: b.as_ptr(),
+                    count,
+                }
+            }
+            (Batch::Offset { a, b, offsets }, BatchForm::Offset) => {
+                if !offsets.is_empty() {
+                    need("A", a.len(), offsets.max_a() + ae)?;
+                    need("B", b.len(), offsets.max_b() + be)?;
+                }
+                RawBatch::Offset {
+                    a: a.as_ptr(),
+                    b: b.as_ptr(),
+                    a_offs: offsets.a().as_ptr(),
+                    b_offs: offsets.b().as_ptr(),
+                    count: offsets.len(),
+                }
+            }
+            (Batch::Address { a, b }, BatchForm::Address) => {
+                if a.len() != b.len() {
+                    return Err(Error::BatchMismatch(format!(
+                        "{} A slices but {} B slices",
+                        a.len(),
+                        b.len()
+                    )));
+                }
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    need(&format!("A[{i}]"), x.len(), ae)?;
+                    need(&format!("B[{i}]"), y.len(), be)?;
+                }
+                let pa: Vec<*const bf16> = a.iter().map(|x| x.as_ptr()).collect();
+                let pb: Vec<*const bf16> = b.iter().map(|x| x.as_ptr()).collect();
+                // SAFETY: every slice checked above.
+                unsafe {
+                    self.execute_raw(
+                        RawBatch::Address {
+                            a: pa.as_ptr(),
+                            b: pb.as_ptr(),
+                            count: a.len(),
+                        },
+                        c.as_mut_ptr(),
+                        bias_ptr,
+                    )
+                };
+                return Ok(());
+            }
+            _ => {
+                return Err(Error::BatchMismatch(
+                    "batch does not match the descriptor's form".into(),
+                ))
+            }
+        };
+        // SAFETY: lengths checked above.
+        unsafe { self.execute_raw(raw, c.as_mut_ptr(), bias_ptr) };
+        Ok(())
+    }
+
+    /// Runs with no checks.
+    ///
+    /// # Safety
+    /// As [`crate::Kernel::execute_raw`], with A_i valid for
+    /// [`Bf16Kernel::a_extent`] elements.
+    ///
+    /// # Panics
+    /// If `batch` is not of the descriptor's form.
+    pub unsafe fn execute_raw(&self, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32) {
+        match (batch, self.desc.batch_form) {
+            (RawBatch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
+                self.run(&StrideSrc { a, b, sa, sb }, count, c, bias)
+            }
+            (
+                RawBatch::Offset {
+                    a,
+                    b,
+                    a_offs,
+                    b_offs,
+                    count,
+                },
+                BatchForm::Offset,
+            ) => self.run(
+                &OffsetSrc {
+                    a,
+                    b,
+                    ao: a_offs,
+                    bo: b_offs,
+                },
+                count,
+                c,
+                bias,
+            ),
+            (RawBatch::Address { a, b, count }, BatchForm::Address) => {
+                self.run(&AddrSrc { a, b }, count, c, bias)
+            }
+            _ => panic!("RawBatch form does not match the bf16 kernel's descriptor"),
+        }
+    }
+
+    unsafe fn run<B: BatchSrc<bf16>>(&self, src: &B, count: usize, c: *mut f32, bias: *const f32) {
+        let d = &self.desc;
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Bf16Isa::Amx => {
+                amx::ensure_config(&amx::CONFIG);
+                // Straight into C when no epilogue arithmetic is needed;
+                // else through an L1-hot 32x32 block.
+                let direct = d.alpha == 1.0;
+                let mut tmp = [0.0f32; 32 * 32];
+                for n0 in (0..d.n).step_by(32) {
+                    for m0 in (0..d.m).step_by(32) {
+                        let cb = c.add(n0 * d.ldc + m0);
+                        if direct {
+                            amx::block(
+                                src,
+                                count,
+                                d.k,
+                                d.lda,
+                                d.ldb,
+                                m0,
+                                n0,
+                                d.beta == Beta::One,
+                                cb,
+                                d.ldc,
+                            );
+                            epilogue(d, cb, d.ldc, m0, 32, 32, bias, None);
+                        } else {
+                            amx::block(
+                                src,
+                                count,
+                                d.k,
+                                d.lda,
+                                d.ldb,
+                                m0,
+                                n0,
+                                false,
+                                tmp.as_mut_ptr(),
+                                32,
+                            );
+                            epilogue(d, cb, d.ldc, m0, 32, 32, bias, Some(&tmp));
+                        }
+                    }
+                }
+            }
+            _ => reference(d, src, count, c, bias),
+        }
+    }
+}
+
+/// alpha, beta, bias and activation on a block of C. With `acc`, C = alpha*acc
+/// (+ C if beta = 1); without, the block already holds the (beta-applied) sum.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+unsafe fn epilogue(
+    d: &Descriptor,
+    cb: *mut f32,
+    ldc: usize,
+    m0: usize,
+    rows: usize,
+    cols: usize,
+    bias: *const f32,
+    acc: Option<&[f32; 1024]>,
+) {
+    let act = d.epilogue.activation;
+    if acc.is_none() && bias.is_null() && act == Activation::Identity {
+        return;
+    }
+    for j in 0..cols {
+        let col = std::slice::from_raw_parts_mut(cb.add(j * ldc), rows);
+        for (r, x) in col.iter_mut().enumerate() {
+            let mut v = match acc {
+                Some(a) => d.alpha * a[j * 32 + r] + if d.beta == Beta::One { *x } else { 0.0 },
+                None => *x,
+            };
+            if !bias.is_null() {
+                v += *bias.add(m0 + r);
+            }
+            *x = act.apply(v);
+        }
+    }
+}
+
+/// The plain bf16 reference: widen, multiply, accumulate in f32.
+unsafe fn reference<B: BatchSrc<bf16>>(
+    d: &Descriptor,
+    src: &B,
+    count: usize,
+    c: *mut f32,
+    bias: *const f32,
+) {
+    for j in 0..d.n {
+        for r in 0..d.m {
+            let mut s = 0.0f32;
+            for i in 0..count {
+                let (a, b) = (src.a(i), src.b(i));
+                for p in 0..d.k {
+                    let av = (*a.add((p / 2) * 2 * d.lda + 2 * r + p % 2)).to_f32();
+                    s += av * (*b.add(p + j * d.ldb)).to_f32();
+                }
+            }
+            let cp = c.add(j * d.ldc + r);
+            let mut x = d.alpha * s;
+            if d.beta == Beta::One {
+                x += *cp;
+            }
+            if !bias.is_null() {
+                x += *bias.add(r);
+            }
+            *cp = d.epilogue.activation.apply(x);
+        }
+    }
+}

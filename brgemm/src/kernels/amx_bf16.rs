@@ -1,0 +1,192 @@
+//! AMX bf16 microkernel: `tdpbf16ps` on resident C tiles.
+//!
+//! ```text
+//!   AMX computes C'[rows x cols] += A'[rows x 32 bf16] . B'[16 pairs x cols];
+//!   with our column-major C this is C^T = B^T A^T:
+//!
+//!     C tile  (tmm0..3): 16 columns of C (rows) x 16 rows of C (f32)   = C^T
+//!     A' tile (tmm4, 5): 16 columns of B (rows) x 32 k (bf16)          = B^T, B as is
+//!     B' tile (tmm6, 7): 16 k-pairs (rows) x 16 rows of C x 2 (bf16)   = A in VNNI pairs
+//!
+//!              tmm6 (A rows m0..m0+16)   tmm7 (A rows m0+16..m0+32)
+//!   tmm4 (B cols n0..+16)     tmm0                      tmm1
+//!   tmm5 (B cols n0+16..+32)  tmm2                      tmm3
+//! ```
+//!
+//! One 32x32 block of C stays in tmm0..3 for the whole batch and k loop and
+//! is stored once. Shapes with m, n and k multiples of 32 only (one tile
+//! configuration for every kernel); others take the next fallback.
+
+use crate::batch::BatchSrc;
+use half::bf16;
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+/// `ldtilecfg` operand: palette 1, 8 tiles of 16 rows x 64 bytes.
+#[repr(C, align(64))]
+pub(crate) struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl TileConfig {
+    pub(crate) const fn full() -> Self {
+        let mut colsb = [0u16; 16];
+        let mut rows = [0u8; 16];
+        let mut i = 0;
+        while i < 8 {
+            colsb[i] = 64;
+            rows[i] = 16;
+            i += 1;
+        }
+        TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb,
+            rows,
+        }
+    }
+}
+
+/// The one configuration every AMX kernel here uses.
+pub(crate) static CONFIG: TileConfig = TileConfig::full();
+
+thread_local! {
+    /// Address of the configuration last loaded on this thread (0: none).
+    static LOADED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Loads `cfg` unless it is what this thread loaded last.
+///
+/// # Safety
+/// AMX usable (CPU support and OS permission).
+#[inline]
+pub(crate) unsafe fn ensure_config(cfg: &'static TileConfig) {
+    let id = cfg as *const TileConfig as usize;
+    if LOADED.with(|l| l.get()) != id {
+        core::arch::asm!("ldtilecfg [{}]", in(reg) cfg, options(nostack, readonly));
+        LOADED.with(|l| l.set(id));
+    }
+}
+
+fn cpuid_amx_bf16() -> bool {
+    let r = core::arch::x86_64::__cpuid_count(7, 0);
+    let tile = r.edx & (1 << 24) != 0;
+    let bf16 = r.edx & (1 << 22) != 0;
+    if !(tile && bf16) {
+        return false;
+    }
+    // XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS manages tile state.
+    let (lo, _hi): (u32, u32);
+    // SAFETY: OSXSAVE is implied by AMX support; xgetbv(0) reads XCR0.
+    unsafe {
+        core::arch::asm!("xgetbv", in("ecx") 0, out("eax") lo, out("edx") _hi, options(nomem, nostack))
+    };
+    lo & (0b11 << 17) == (0b11 << 17)
+}
+
+/// Requests the tile data permission from Linux once per process
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`). `BRGEMM_AMX_DENY`
+/// set to anything simulates a refusal, to test the fallback.
+fn request_permission() -> bool {
+    if std::env::var_os("BRGEMM_AMX_DENY").is_some() {
+        return false;
+    }
+    if !cfg!(target_os = "linux") {
+        return false;
+    }
+    let r: i64;
+    // SAFETY: a plain syscall; arch_prctl = 158 on x86-64 Linux.
+    unsafe {
+        core::arch::asm!("syscall", inlateout("rax") 158i64 => r, in("rdi") 0x1023i64, in("rsi") 18i64,
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    r == 0
+}
+
+/// Whether AMX bf16 kernels can run in this process (CPU, OS state, permission).
+pub(crate) fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| cpuid_amx_bf16() && request_permission())
+}
+
+/// One 32x32 block of C: `C[m0.., n0..] (+)= sum_i A_i * B_i` over the whole
+/// batch, k in steps of 32. `load_c`: start from C (beta = 1, alpha = 1),
+/// else from zero. Writes the block to `out` with row stride `ldo` (f32).
+///
+/// # Safety
+/// AMX available, configuration [`CONFIG`] loaded on this thread; m0+32, n0+32
+/// and k within the planned shape; A_i VNNI with pair-row stride `lda2`
+/// (bf16 elements), B_i column-major with `ldb`; `out` valid for the block.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
+    src: &B,
+    count: usize,
+    k: usize,
+    lda2: usize,
+    ldb: usize,
+    m0: usize,
+    n0: usize,
+    load_c: bool,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let sc = (ldo * 4) as isize;
+    let c_ptr = |j: usize, r: usize| out.add(j * ldo + r);
+    if load_c {
+        core::arch::asm!(
+            "tileloadd tmm0, [{c00} + {s}*1]",
+            "tileloadd tmm1, [{c01} + {s}*1]",
+            "tileloadd tmm2, [{c10} + {s}*1]",
+            "tileloadd tmm3, [{c11} + {s}*1]",
+            c00 = in(reg) c_ptr(0, 0), c01 = in(reg) c_ptr(0, 16),
+            c10 = in(reg) c_ptr(16, 0), c11 = in(reg) c_ptr(16, 16), s = in(reg) sc,
+            options(nostack, readonly),
+        );
+    } else {
+        core::arch::asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+    }
+    let sa = (lda2 * 2 * 2) as isize; // bytes between k-pair rows of A
+    let sb = (ldb * 2) as isize; // bytes between columns of B
+    for i in 0..count {
+        let a = src.a(i).add(2 * m0);
+        let b = src.b(i).add(n0 * ldb);
+        let mut p = 0;
+        while p < k {
+            core::arch::asm!(
+                "tileloadd tmm4, [{b0} + {sb}*1]",
+                "tileloadd tmm6, [{a0} + {sa}*1]",
+                "tileloadd tmm5, [{b1} + {sb}*1]",
+                "tileloadd tmm7, [{a1} + {sa}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                b0 = in(reg) b.add(p), b1 = in(reg) b.add(16 * ldb + p), sb = in(reg) sb,
+                a0 = in(reg) a.add(p * lda2), a1 = in(reg) a.add(p * lda2 + 32), sa = in(reg) sa,
+                options(nostack, readonly),
+            );
+            p += 32;
+        }
+    }
+    core::arch::asm!(
+        "tilestored [{c00} + {s}*1], tmm0",
+        "tilestored [{c01} + {s}*1], tmm1",
+        "tilestored [{c10} + {s}*1], tmm2",
+        "tilestored [{c11} + {s}*1], tmm3",
+        c00 = in(reg) c_ptr(0, 0), c01 = in(reg) c_ptr(0, 16),
+        c10 = in(reg) c_ptr(16, 0), c11 = in(reg) c_ptr(16, 16), s = in(reg) sc,
+        options(nostack),
+    );
+}

@@ -1,0 +1,300 @@
+//! bf16 kernels against an f64 reference computed from the same bf16 values.
+
+use brgemm::bf16::{bf16, pack_a_vnni, Bf16Isa, Bf16Kernel};
+use brgemm::{Activation, Batch, BatchForm, Beta, DataType, Descriptor, Epilogue, Offsets};
+use proptest::prelude::*;
+
+fn rnd(seed: &mut u64, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            bf16::from_f32(((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect()
+}
+
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    count: usize,
+    lda: usize,
+    a_plain: Vec<Vec<bf16>>,
+    a_vnni: Vec<Vec<bf16>>,
+    b: Vec<Vec<bf16>>,
+    c0: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl Case {
+    fn new(m: usize, n: usize, k: usize, count: usize, pad: usize, seed: u64) -> Case {
+        let mut s = seed | 1;
+        let lda = m + pad;
+        let a_plain: Vec<Vec<bf16>> = (0..count).map(|_| rnd(&mut s, m * k)).collect();
+        let a_vnni = a_plain
+            .iter()
+            .map(|a| pack_a_vnni(a, m, k, m, lda).unwrap())
+            .collect();
+        let b = (0..count).map(|_| rnd(&mut s, k * n)).collect();
+        let c0 = rnd(&mut s, m * n).iter().map(|x| x.to_f32()).collect();
+        let bias = rnd(&mut s, m).iter().map(|x| x.to_f32()).collect();
+        Case {
+            m,
+            n,
+            k,
+            count,
+            lda,
+            a_plain,
+            a_vnni,
+            b,
+            c0,
+            bias,
+        }
+    }
+
+    /// The same matrices, first `count` of them (0 allowed).
+    fn with_count(mut self, count: usize) -> Case {
+        self.count = count;
+        self.a_plain.truncate(count);
+        self.a_vnni.truncate(count);
+        self.b.truncate(count);
+        self
+    }
+
+    fn expected(&self, d: &Descriptor) -> Vec<f64> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let mut out = vec![0.0; m * n];
+        for j in 0..n {
+            for r in 0..m {
+                let mut s = 0.0f64;
+                for i in 0..self.count {
+                    for p in 0..k {
+                        s += self.a_plain[i][p * m + r].to_f64() * self.b[i][j * k + p].to_f64();
+                    }
+                }
+                let mut x = d.alpha as f64 * s;
+                if d.beta == Beta::One {
+                    x += self.c0[j * m + r] as f64;
+                }
+                if d.epilogue.bias {
+                    x += self.bias[r] as f64;
+                }
+                out[j * m + r] = d.epilogue.activation.apply(x as f32) as f64;
+            }
+        }
+        out
+    }
+
+    fn run(&self, d: &Descriptor, isa: Bf16Isa, form: u8) -> Vec<f32> {
+        let (asz, bsz) = (self.a_vnni.first().map_or(0, |a| a.len()), self.k * self.n);
+        let flat_a: Vec<bf16> = self.a_vnni.iter().flatten().copied().collect();
+        let flat_b: Vec<bf16> = self.b.iter().flatten().copied().collect();
+        let mut c = self.c0.clone();
+        let bias = d.epilogue.bias.then_some(&self.bias[..]);
+        match form {
+            0 => {
+                let d = d.batch_form(BatchForm::Stride { a: asz, b: bsz });
+                let kern = Bf16Kernel::with_isa(&d, isa).unwrap();
+                kern.execute(
+                    Batch::Stride {
+                        a: &flat_a,
+                        b: &flat_b,
+                        count: self.count,
+                    },
+                    &mut c,
+                    bias,
+                )
+                .unwrap();
+            }
+            1 => {
+                let d = d.batch_form(BatchForm::Offset);
+                let kern = Bf16Kernel::with_isa(&d, isa).unwrap();
+                // Reversed order: offsets really are followed.
+                let offs = Offsets::new(
+                    (0..self.count).rev().map(|i| i * asz).collect(),
+                    (0..self.count).rev().map(|i| i * bsz).collect(),
+                )
+                .unwrap();
+                kern.execute(
+                    Batch::Offset {
+                        a: &flat_a,
+                        b: &flat_b,
+                        offsets: &offs,
+                    },
+                    &mut c,
+                    bias,
+                )
+                .unwrap();
+            }
+            _ => {
+                let d = d.batch_form(BatchForm::Address);
+                let kern = Bf16Kernel::with_isa(&d, isa).unwrap();
+                let a: Vec<&[bf16]> = self.a_vnni.iter().map(|v| &v[..]).collect();
+                let b: Vec<&[bf16]> = self.b.iter().map(|v| &v[..]).collect();
+                kern.execute(Batch::Address { a: &a, b: &b }, &mut c, bias)
+                    .unwrap();
+            }
+        }
+        c
+    }
+
+    fn check(&self, d: &Descriptor, isa: Bf16Isa, form: u8) -> Result<(), String> {
+        let got = self.run(d, isa, form);
+        let want = self.expected(d);
+        let tol = 1e-5 * ((self.k * self.count) as f64).sqrt().max(1.0) * 8.0;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let e = (*g as f64 - w).abs();
+            if e.is_nan() || e > tol * (1.0 + w.abs()) {
+                return Err(format!(
+                    "{isa:?} form {form}: C[{i}] = {g}, want {w} ({}x{}x{} x{})",
+                    self.m, self.n, self.k, self.count
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn desc(c: &Case, beta: Beta, alpha: f32, ep: Epilogue) -> Descriptor {
+    Descriptor::new(c.m, c.n, c.k)
+        .lda(c.lda)
+        .dtype(DataType::Bf16)
+        .beta(beta)
+        .alpha(alpha)
+        .epilogue(ep)
+}
+
+#[test]
+fn vnni_packing_pads_odd_k_with_zeros() {
+    let a: Vec<bf16> = (0..15).map(|x| bf16::from_f32(x as f32 + 1.0)).collect(); // 5 x 3
+    let v = pack_a_vnni(&a, 5, 3, 5, 6).unwrap();
+    assert_eq!(v.len(), 2 * 6 * 2);
+    for p in 0..3 {
+        for r in 0..5 {
+            assert_eq!(v[(p / 2) * 12 + 2 * r + p % 2], a[p * 5 + r]);
+        }
+    }
+    // The pad column (k = 3) and the pad row (r = 5) are zero.
+    assert!((0..6).all(|r| v[12 + 2 * r + 1] == bf16::ZERO));
+    assert!(pack_a_vnni(&a, 5, 3, 5, 4).is_err());
+    assert!(pack_a_vnni(&a[..12], 5, 3, 5, 5).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(48)))]
+
+    /// Reference kernel: any shape, odd k, tails, zero batch, all forms.
+    #[test]
+    fn reference_matches_f64(m in 1usize..=40, n in 1usize..=40, k in 1usize..=40, count in 0usize..=5,
+                             pad in 0usize..=3, form in 0u8..3, beta1 in any::<bool>(), relu in any::<bool>(),
+                             seed in any::<u64>()) {
+        let c = Case::new(m, n, k, count.max(1), pad, seed);
+        let c = c.with_count(count);
+        let ep = Epilogue { bias: relu, activation: if relu { Activation::Relu } else { Activation::Identity } };
+        let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, 0.75, ep);
+        c.check(&d, Bf16Isa::Reference, form).map_err(TestCaseError::fail)?;
+    }
+
+    /// AMX (where the CPU has it): multiples of 32, all forms and epilogues.
+    #[test]
+    fn amx_matches_f64(mt in 1usize..=3, nt in 1usize..=3, kt in 1usize..=3, count in 0usize..=4,
+                       pad in prop_oneof![Just(0usize), Just(16), Just(3)], form in 0u8..3,
+                       beta1 in any::<bool>(), alpha in prop_oneof![Just(1.0f32), Just(-0.5)],
+                       bias in any::<bool>(), seed in any::<u64>()) {
+        // Without AMX (or with BRGEMM_AMX_DENY) there is nothing to sweep;
+        // `amx_is_used_where_available_...` fails if the CPU has it unused.
+        if !Bf16Isa::Amx.is_supported() {
+            return Ok(());
+        }
+        let c = Case::new(32 * mt, 32 * nt, 32 * kt, count.max(1), pad, seed);
+        let c = c.with_count(count);
+        let ep = Epilogue { bias, activation: Activation::Identity };
+        let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, alpha, ep);
+        c.check(&d, Bf16Isa::Amx, form).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// The AMX kernels are exercised whenever the CPU has AMX (fails, not skips,
+/// when /proc/cpuinfo lists amx_bf16 but the kernel is unavailable, unless the
+/// refusal is simulated with BRGEMM_AMX_DENY).
+#[test]
+fn amx_is_used_where_available_and_falls_back_when_refused() {
+    let cpu_has = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.contains(" amx_bf16"))
+        .unwrap_or(false);
+    let denied = std::env::var_os("BRGEMM_AMX_DENY").is_some();
+    let c = Case::new(64, 64, 64, 2, 0, 1);
+    let d = desc(&c, Beta::Zero, 1.0, Epilogue::default());
+    let k = Bf16Kernel::new(&d).unwrap();
+    if cpu_has && !denied {
+        assert!(
+            Bf16Isa::Amx.is_supported(),
+            "CPU lists amx_bf16 but AMX is unavailable"
+        );
+        assert_eq!(k.isa(), Bf16Isa::Amx);
+    } else {
+        assert!(!Bf16Isa::Amx.is_supported());
+        assert_eq!(
+            k.isa(),
+            Bf16Isa::Reference,
+            "fallback when AMX is refused or absent"
+        );
+    }
+    c.check(&d, k.isa(), 0).unwrap();
+}
+
+/// Two AMX kernels of different shapes interleaved on one thread and on
+/// several threads at once stay right (tile state is per thread).
+#[test]
+fn interleaved_kernels_on_threads_stay_right() {
+    if !Bf16Isa::Amx.is_supported() {
+        println!("AMX not available here: interleaving test exercises the reference only");
+    }
+    let isa = if Bf16Isa::Amx.is_supported() {
+        Bf16Isa::Amx
+    } else {
+        Bf16Isa::Reference
+    };
+    let c1 = Case::new(32, 64, 32, 3, 0, 7);
+    let c2 = Case::new(64, 32, 96, 2, 5, 9);
+    let d1 = desc(&c1, Beta::One, 1.0, Epilogue::default());
+    let d2 = desc(
+        &c2,
+        Beta::Zero,
+        -0.5,
+        Epilogue {
+            bias: true,
+            activation: Activation::Relu,
+        },
+    );
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(|| {
+                for _ in 0..20 {
+                    c1.check(&d1, isa, 0).unwrap();
+                    c2.check(&d2, isa, 2).unwrap();
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn bad_bf16_plans_name_the_value() {
+    let d = Descriptor::new(32, 32, 32);
+    let e = Bf16Kernel::new(&d).unwrap_err().to_string();
+    assert!(e.contains("dtype") && e.contains("F32"), "{e}");
+    if Bf16Isa::Amx.is_supported() {
+        let d = Descriptor::new(30, 32, 32).dtype(DataType::Bf16);
+        let e = Bf16Kernel::with_isa(&d, Bf16Isa::Amx)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("30x32x32") && e.contains("multiples of 32"),
+            "{e}"
+        );
+    }
+}
