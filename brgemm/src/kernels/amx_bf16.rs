@@ -17,13 +17,14 @@
 //! is stored once. Shapes with m, n and k multiples of 32 only (one tile
 //! configuration for every kernel); others take the next fallback.
 //!
-//! Measured here: ~230 GFLOP/s on the bench shapes (same-process medians)
-//! against ~2 TFLOP/s for `tdpbf16ps` on resident tiles. Prefetching the next
-//! step's 64 tile rows into L1 was tried (alternating in one process) and
-//! changed nothing, so L2 latency is not the limit; the suspect is that tile
-//! registers are not renamed: each step's `tileloadd` into tmm4-7 waits for
-//! the previous step's four `tdpbf16ps` to finish reading them, serialising
-//! load and compute. Next: double-buffered input tiles (1x2 or 2x1 C tiles).
+//! Measured here (asm probes, same process): `tdpbf16ps` on resident tiles
+//! 1.0-2.4 TFLOP/s (bimodal, as the recipes say), two accumulators already
+//! saturate it; the 2x2 step with its four `tileloadd` from *L1-resident*
+//! data 380-600 GFLOP/s; a double-buffered 1x2 layout (2 C + 2x3 input
+//! tiles) 290-360, worse, so tile renaming is not the limit: tile-load
+//! throughput is. This kernel, with tiles streamed from L2, reaches ~230-280
+//! GFLOP/s (same-process medians), about half of that L1 ceiling; prefetching
+//! the next step's rows into L1 changed nothing.
 
 use crate::batch::BatchSrc;
 use half::bf16;
