@@ -412,15 +412,19 @@ fn dp_barrier(u: &brgemm_distributed::mpi::environment::Universe) {
     u.world().barrier();
 }
 
-/// bf16 lines: the AMX kernel on every bench shape it fits (m, n, k multiples
-/// of 32), with the fp32 kernel on the same shape in the same run for the
-/// ratio. Blocks fill about 1 MiB as in the fp32 lines.
+/// bf16 lines: AMX on every bench shape it fits (m, n, k multiples of 32) and
+/// AVX512-BF16 on all, with the fp32 kernel on the same shape in the same run
+/// for the ratio. Blocks fill about 1 MiB as in the fp32 lines.
 fn bench_brgemm_bf16(o: &Opts) {
     use brgemm::bf16::{bf16, Bf16Isa, Bf16Kernel};
     use brgemm::{DataType, Descriptor, RawBatch};
-    if !Bf16Isa::Amx.is_supported() {
+    let isas: Vec<Bf16Isa> = [Bf16Isa::Amx, Bf16Isa::Avx512Bf16]
+        .into_iter()
+        .filter(|i| i.is_supported())
+        .collect();
+    if isas.is_empty() {
         println!(
-            r#"{{"bench":"brgemm","dtype":"bf16","note":"AMX not available here; only the reference bf16 kernel runs (not benchmarked)"}}"#
+            r#"{{"bench":"brgemm","dtype":"bf16","note":"neither AMX nor AVX512-BF16 here; the reference bf16 kernel is not benchmarked"}}"#
         );
         return;
     }
@@ -434,9 +438,6 @@ fn bench_brgemm_bf16(o: &Opts) {
     let mut shapes = BRGEMM_SHAPES.to_vec();
     shapes.push((128, 128, 64, 16));
     for (m, n, k, batch) in shapes {
-        if m % 32 != 0 || n % 32 != 0 || k % 32 != 0 {
-            continue;
-        }
         let (sa, sb) = (m * k, k * n); // VNNI A with lda = m has m*k elements
         let per_block = 2 * batch * (sa + sb) + 4 * m * n;
         let blocks = ((1usize << 20) / per_block).clamp(2, 64);
@@ -448,30 +449,34 @@ fn bench_brgemm_bf16(o: &Opts) {
             .collect();
         let mut c = vec![0.0f32; blocks * m * n];
         let d = Descriptor::new(m, n, k).dtype(DataType::Bf16);
-        let kern = Bf16Kernel::new(&d).expect("plan");
-        let mut pass = || {
-            for j in 0..blocks {
-                let raw = RawBatch::Stride {
-                    a: a[j * batch * sa..].as_ptr(),
-                    b: b[j * batch * sb..].as_ptr(),
-                    count: batch,
-                };
-                // SAFETY: block j holds batch VNNI A_i, B_i and one C.
-                unsafe { kern.execute_raw(raw, c[j * m * n..].as_mut_ptr(), std::ptr::null()) };
-            }
-        };
-        let flops = 2.0 * (m * n * k * batch * blocks) as f64;
-        let r = measure(&mut pass, &probe, min_sample, samples);
-        let gf = flops / r.secs / 1e9;
         let mut w = BrgemmWorkload::new(m, n, k, batch, 1 << 20);
         let k32 = Kernel::new(&w.descriptor(BatchForm::Packed)).expect("plan");
         let r32 = measure(|| w.pass(&k32), &probe, min_sample, samples);
         let gf32 = w.flops_per_pass() / r32.secs / 1e9;
-        println!(
-            r#"{{"bench":"brgemm","isa":"{}","dtype":"bf16","form":"stride","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{blocks},"threads":1,"gflops":{gf:.1},"fp32_isa":"{isa32}","fp32_gflops":{gf32:.1},"x_fp32":{:.2},"fp32_peak_gflops":{:.1}}}"#,
-            kern.isa().name(),
-            gf / gf32,
-            r.peak_gflops
-        );
+        for &isa in &isas {
+            let Ok(kern) = Bf16Kernel::with_isa(&d, isa) else {
+                continue;
+            }; // AMX: multiples of 32 only
+            let mut pass = || {
+                for j in 0..blocks {
+                    let raw = RawBatch::Stride {
+                        a: a[j * batch * sa..].as_ptr(),
+                        b: b[j * batch * sb..].as_ptr(),
+                        count: batch,
+                    };
+                    // SAFETY: block j holds batch VNNI A_i, B_i and one C.
+                    unsafe { kern.execute_raw(raw, c[j * m * n..].as_mut_ptr(), std::ptr::null()) };
+                }
+            };
+            let flops = 2.0 * (m * n * k * batch * blocks) as f64;
+            let r = measure(&mut pass, &probe, min_sample, samples);
+            let gf = flops / r.secs / 1e9;
+            println!(
+                r#"{{"bench":"brgemm","isa":"{}","dtype":"bf16","form":"stride","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{blocks},"threads":1,"gflops":{gf:.1},"fp32_isa":"{isa32}","fp32_gflops":{gf32:.1},"x_fp32":{:.2},"fp32_peak_gflops":{:.1}}}"#,
+                kern.isa().name(),
+                gf / gf32,
+                r.peak_gflops
+            );
+        }
     }
 }

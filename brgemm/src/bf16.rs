@@ -7,9 +7,9 @@
 //! column-major layout of the f32 kernel.
 //!
 //! Kernels, strongest first ([`Bf16Isa`]): AMX (`tdpbf16ps` on resident tiles;
-//! m, n, k multiples of 32), then the reference (bf16 widened to f32 in plain
-//! loops). `BRGEMM_BF16_ISA=amx|reference` forces one. The AVX512-BF16
-//! (`vdpbf16ps`) kernel and bf16 output come next.
+//! m, n, k multiples of 32), AVX512-BF16 (`vdpbf16ps`; any shape), then the
+//! reference (bf16 widened to f32 in plain loops).
+//! `BRGEMM_BF16_ISA=amx|avx512bf16|reference` forces one. bf16 output comes next.
 
 use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
 use crate::desc::{Activation, BatchForm, Beta, DataType, Descriptor};
@@ -24,15 +24,21 @@ use std::sync::OnceLock;
 pub enum Bf16Isa {
     /// AMX tiles (`tdpbf16ps`), for m, n, k multiples of 32.
     Amx,
+    /// AVX512-BF16 (`vdpbf16ps`), any shape.
+    Avx512Bf16,
     /// Plain loops on widened values: any shape, any CPU.
     Reference,
 }
 
 impl Bf16Isa {
+    /// All bf16 kernels, strongest first.
+    pub const ALL: [Bf16Isa; 3] = [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Reference];
+
     /// Name as `BRGEMM_BF16_ISA` takes it.
     pub fn name(self) -> &'static str {
         match self {
             Bf16Isa::Amx => "amx",
+            Bf16Isa::Avx512Bf16 => "avx512bf16",
             Bf16Isa::Reference => "reference",
         }
     }
@@ -42,8 +48,10 @@ impl Bf16Isa {
         match self {
             #[cfg(target_arch = "x86_64")]
             Bf16Isa::Amx => amx::available(),
+            #[cfg(target_arch = "x86_64")]
+            Bf16Isa::Avx512Bf16 => crate::kernels::avx512bf16_bf16::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Bf16Isa::Amx => false,
+            Bf16Isa::Amx | Bf16Isa::Avx512Bf16 => false,
             Bf16Isa::Reference => true,
         }
     }
@@ -52,7 +60,7 @@ impl Bf16Isa {
         static F: OnceLock<Result<Option<Bf16Isa>>> = OnceLock::new();
         F.get_or_init(|| match std::env::var("BRGEMM_BF16_ISA") {
             Ok(s) if !s.trim().is_empty() => {
-                let isa = [Bf16Isa::Amx, Bf16Isa::Reference]
+                let isa = Bf16Isa::ALL
                     .into_iter()
                     .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
                     .ok_or_else(|| Error::UnknownIsa { value: s.clone() })?;
@@ -121,6 +129,7 @@ impl Bf16Kernel {
         let isa = match Bf16Isa::forced()? {
             Some(i) => i,
             None if Bf16Isa::Amx.is_supported() && Self::amx_fits(desc) => Bf16Isa::Amx,
+            None if Bf16Isa::Avx512Bf16.is_supported() => Bf16Isa::Avx512Bf16,
             None => Bf16Isa::Reference,
         };
         Self::with_isa(desc, isa)
@@ -355,6 +364,11 @@ impl Bf16Kernel {
                         }
                     }
                 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Bf16Isa::Avx512Bf16 => {
+                use crate::kernels::avx512bf16_bf16 as k;
+                k::run(&k::Call { d, count, c, bias }, src)
             }
             _ => reference(d, src, count, c, bias),
         }

@@ -186,16 +186,21 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(
         std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(48)))]
 
-    /// Reference kernel: any shape, odd k, tails, zero batch, all forms.
+    /// Reference and AVX512-BF16 kernels: any shape, odd k, tails, zero
+    /// batch, all forms.
     #[test]
-    fn reference_matches_f64(m in 1usize..=40, n in 1usize..=40, k in 1usize..=40, count in 0usize..=5,
+    fn any_shape_kernels_match_f64(m in 1usize..=40, n in 1usize..=40, k in 1usize..=40, count in 0usize..=5,
                              pad in 0usize..=3, form in 0u8..3, beta1 in any::<bool>(), relu in any::<bool>(),
                              seed in any::<u64>()) {
         let c = Case::new(m, n, k, count.max(1), pad, seed);
         let c = c.with_count(count);
         let ep = Epilogue { bias: relu, activation: if relu { Activation::Relu } else { Activation::Identity } };
         let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, 0.75, ep);
-        c.check(&d, Bf16Isa::Reference, form).map_err(TestCaseError::fail)?;
+        for isa in [Bf16Isa::Avx512Bf16, Bf16Isa::Reference] {
+            if isa.is_supported() {
+                c.check(&d, isa, form).map_err(TestCaseError::fail)?;
+            }
+        }
     }
 
     /// AMX (where the CPU has it): multiples of 32, all forms and epilogues.
@@ -229,6 +234,11 @@ fn amx_is_used_where_available_and_falls_back_when_refused() {
     let c = Case::new(64, 64, 64, 2, 0, 1);
     let d = desc(&c, Beta::Zero, 1.0, Epilogue::default());
     let k = Bf16Kernel::new(&d).unwrap();
+    let next = if Bf16Isa::Avx512Bf16.is_supported() {
+        Bf16Isa::Avx512Bf16
+    } else {
+        Bf16Isa::Reference
+    };
     if cpu_has && !denied {
         assert!(
             Bf16Isa::Amx.is_supported(),
@@ -237,12 +247,13 @@ fn amx_is_used_where_available_and_falls_back_when_refused() {
         assert_eq!(k.isa(), Bf16Isa::Amx);
     } else {
         assert!(!Bf16Isa::Amx.is_supported());
-        assert_eq!(
-            k.isa(),
-            Bf16Isa::Reference,
-            "fallback when AMX is refused or absent"
-        );
+        assert_eq!(k.isa(), next, "fallback when AMX is refused or absent");
     }
+    // A shape AMX cannot take goes to the next kernel.
+    let odd = Case::new(33, 17, 7, 2, 1, 3);
+    let dd = desc(&odd, Beta::Zero, 1.0, Epilogue::default());
+    assert_eq!(Bf16Kernel::new(&dd).unwrap().isa(), next);
+    odd.check(&dd, next, 1).unwrap();
     c.check(&d, k.isa(), 0).unwrap();
 }
 
@@ -280,6 +291,15 @@ fn interleaved_kernels_on_threads_stay_right() {
             });
         }
     });
+}
+
+/// The vdpbf16ps kernel must run where /proc/cpuinfo lists avx512_bf16.
+#[test]
+fn avx512bf16_is_detected_where_the_cpu_has_it() {
+    let cpu_has = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| s.contains(" avx512_bf16"))
+        .unwrap_or(false);
+    assert_eq!(Bf16Isa::Avx512Bf16.is_supported(), cpu_has);
 }
 
 #[test]

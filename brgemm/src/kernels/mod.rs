@@ -16,6 +16,8 @@ pub(crate) mod amx_bf16;
 pub(crate) mod avx2_f32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512_f32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512bf16_bf16;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon_f32;
 pub(crate) mod portable_f32;
