@@ -190,22 +190,13 @@ impl Bf16Kernel {
         c: &mut [f32],
         bias: Option<&[f32]>,
     ) -> Result<()> {
+        // The same checks as the f32 call, with the VNNI extent of A.
+        use crate::plan::{check_len, check_len_at, offset_need, strided_need, with_ptrs};
         let d = &self.desc;
-        let need = |what: &str, len: usize, needed: usize| {
-            if len < needed {
-                Err(Error::ShortSlice {
-                    operand: what.into(),
-                    needed,
-                    len,
-                })
-            } else {
-                Ok(())
-            }
-        };
-        need("C", c.len(), d.c_extent())?;
+        check_len("C", c.len(), d.c_extent())?;
         let bias_ptr = match (d.epilogue.bias, bias) {
             (true, Some(b)) => {
-                need("bias", b.len(), d.m)?;
+                check_len("bias", b.len(), d.m)?;
                 b.as_ptr()
             }
             (false, None) => std::ptr::null(),
@@ -219,8 +210,8 @@ impl Bf16Kernel {
         let raw = match (batch, d.batch_form) {
             (Batch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
                 if count > 0 {
-                    need("A", a.len(), sa * (count - 1) + ae)?;
-                    need("B", b.len(), sb * (count - 1) + be)?;
+                    check_len("A", a.len(), strided_need(sa, count, ae)?)?;
+                    check_len("B", b.len(), strided_need(sb, count, be)?)?;
                 }
                 RawBatch::Stride {
                     a: a.as_ptr(),
@@ -230,8 +221,8 @@ impl Bf16Kernel {
             }
             (Batch::Offset { a, b, offsets }, BatchForm::Offset) => {
                 if !offsets.is_empty() {
-                    need("A", a.len(), offsets.max_a() + ae)?;
-                    need("B", b.len(), offsets.max_b() + be)?;
+                    check_len("A", a.len(), offset_need(offsets.max_a(), ae)?)?;
+                    check_len("B", b.len(), offset_need(offsets.max_b(), be)?)?;
                 }
                 RawBatch::Offset {
                     a: a.as_ptr(),
@@ -250,24 +241,24 @@ impl Bf16Kernel {
                     )));
                 }
                 for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    need(&format!("A[{i}]"), x.len(), ae)?;
-                    need(&format!("B[{i}]"), y.len(), be)?;
+                    check_len_at("A", i, x.len(), ae)?;
+                    check_len_at("B", i, y.len(), be)?;
                 }
-                let pa: Vec<*const bf16> = a.iter().map(|x| x.as_ptr()).collect();
-                let pb: Vec<*const bf16> = b.iter().map(|x| x.as_ptr()).collect();
-                // SAFETY: every slice checked above.
-                unsafe {
-                    self.execute_raw(
-                        RawBatch::Address {
-                            a: pa.as_ptr(),
-                            b: pb.as_ptr(),
-                            count: a.len(),
-                        },
-                        c.as_mut_ptr(),
-                        bias_ptr,
-                    )
-                };
-                return Ok(());
+                return with_ptrs(a, b, |pa, pb| {
+                    // SAFETY: every slice checked above.
+                    unsafe {
+                        self.execute_raw(
+                            RawBatch::Address {
+                                a: pa,
+                                b: pb,
+                                count: a.len(),
+                            },
+                            c.as_mut_ptr(),
+                            bias_ptr,
+                        )
+                    };
+                    Ok(())
+                });
             }
             _ => {
                 return Err(Error::BatchMismatch(

@@ -366,28 +366,30 @@ unsafe fn run<B: BatchSrc<f32>>(r: &Runner<B>, t: &TileCall, src: &B, d: &Descri
     }
 }
 
-fn with_ptrs<R>(
-    a: &[&[f32]],
-    b: &[&[f32]],
-    f: impl FnOnce(*const *const f32, *const *const f32) -> R,
+/// Gathers the address-form pointers (on the stack for batches up to 64)
+/// and hands them to `f`.
+pub(crate) fn with_ptrs<T, R>(
+    a: &[&[T]],
+    b: &[&[T]],
+    f: impl FnOnce(*const *const T, *const *const T) -> R,
 ) -> R {
     const STACK: usize = 64;
     if a.len() <= STACK {
-        let mut pa = [std::ptr::null::<f32>(); STACK];
-        let mut pb = [std::ptr::null::<f32>(); STACK];
+        let mut pa = [std::ptr::null::<T>(); STACK];
+        let mut pb = [std::ptr::null::<T>(); STACK];
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
             pa[i] = x.as_ptr();
             pb[i] = y.as_ptr();
         }
         f(pa.as_ptr(), pb.as_ptr())
     } else {
-        let pa: Vec<*const f32> = a.iter().map(|x| x.as_ptr()).collect();
-        let pb: Vec<*const f32> = b.iter().map(|x| x.as_ptr()).collect();
+        let pa: Vec<*const T> = a.iter().map(|x| x.as_ptr()).collect();
+        let pb: Vec<*const T> = b.iter().map(|x| x.as_ptr()).collect();
         f(pa.as_ptr(), pb.as_ptr())
     }
 }
 
-fn check_len(operand: &str, len: usize, needed: usize) -> Result<()> {
+pub(crate) fn check_len(operand: &str, len: usize, needed: usize) -> Result<()> {
     if len < needed {
         return Err(Error::ShortSlice {
             operand: operand.to_string(),
@@ -398,7 +400,7 @@ fn check_len(operand: &str, len: usize, needed: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_len_at(operand: &str, i: usize, len: usize, needed: usize) -> Result<()> {
+pub(crate) fn check_len_at(operand: &str, i: usize, len: usize, needed: usize) -> Result<()> {
     if len < needed {
         return Err(Error::ShortSlice {
             operand: format!("{operand}[{i}]"),
@@ -409,7 +411,7 @@ fn check_len_at(operand: &str, i: usize, len: usize, needed: usize) -> Result<()
     Ok(())
 }
 
-fn strided_need(stride: usize, count: usize, extent: usize) -> Result<usize> {
+pub(crate) fn strided_need(stride: usize, count: usize, extent: usize) -> Result<usize> {
     stride
         .checked_mul(count - 1)
         .and_then(|x| x.checked_add(extent))
@@ -419,7 +421,7 @@ fn strided_need(stride: usize, count: usize, extent: usize) -> Result<usize> {
         })
 }
 
-fn offset_need(max_off: usize, extent: usize) -> Result<usize> {
+pub(crate) fn offset_need(max_off: usize, extent: usize) -> Result<usize> {
     max_off.checked_add(extent).ok_or(Error::Overflow {
         what: "offset",
         value: max_off,
