@@ -169,6 +169,9 @@ impl Chunked {
     }
 }
 
+/// (rows, cols, block rows, block cols, inner order) of a blocked buffer.
+type Shape = (usize, usize, usize, usize, Inner);
+
 struct Pass {
     nest: LoopNest,
     kernels: Chunked,
@@ -415,18 +418,64 @@ impl Fc {
         .unwrap()
     }
 
-    fn check(&self, what: &str, b: &Blocked, want: &Blocked) -> Result<()> {
-        if !b.same_shape(want) {
+    fn x_shape(&self) -> Shape {
+        (
+            self.n,
+            self.c,
+            self.tuning.bn,
+            self.tuning.bc,
+            Inner::RowMajor,
+        )
+    }
+    fn xt_shape(&self) -> Shape {
+        (
+            self.n,
+            self.c,
+            self.tuning.bn,
+            self.tuning.bc,
+            Inner::ColMajor,
+        )
+    }
+    fn y_shape(&self) -> Shape {
+        (
+            self.n,
+            self.k,
+            self.tuning.bn,
+            self.tuning.bk,
+            Inner::RowMajor,
+        )
+    }
+    fn w_shape(&self) -> Shape {
+        (
+            self.k,
+            self.c,
+            self.tuning.bk,
+            self.tuning.bc,
+            Inner::ColMajor,
+        )
+    }
+    fn wt_shape(&self) -> Shape {
+        (
+            self.c,
+            self.k,
+            self.tuning.bc,
+            self.tuning.bk,
+            Inner::ColMajor,
+        )
+    }
+
+    /// Compares a buffer's shape with what the layer needs, allocating
+    /// nothing (these checks run on every call).
+    fn check(&self, what: &str, b: &Blocked, want: Shape) -> Result<()> {
+        let (rows, cols, br, bc, inner) = want;
+        if (b.rows, b.cols, b.br, b.bc, b.inner) != want {
             return Err(shape(
                 what,
                 format!(
                     "{}x{} in {}x{} {:?} blocks",
                     b.rows, b.cols, b.br, b.bc, b.inner
                 ),
-                format!(
-                    "layer needs {}x{} in {}x{} {:?} blocks",
-                    want.rows, want.cols, want.br, want.bc, want.inner
-                ),
+                format!("layer needs {rows}x{cols} in {br}x{bc} {inner:?} blocks"),
             ));
         }
         Ok(())
@@ -443,9 +492,9 @@ impl Fc {
         y: &mut Blocked,
         z: Option<&mut Blocked>,
     ) -> Result<()> {
-        self.check("X", x, &self.x_layout())?;
-        self.check("W", w, &self.w_layout())?;
-        self.check("Y", y, &self.y_layout())?;
+        self.check("X", x, self.x_shape())?;
+        self.check("W", w, self.w_shape())?;
+        self.check("Y", y, self.y_shape())?;
         check_buf("bias", bias.len(), self.padded_k())?;
         let t = &self.tuning;
         let (xp, wp, bp) = (
@@ -458,7 +507,7 @@ impl Fc {
         let yp = SyncPtr(y.data.as_mut_ptr());
         let zp = match (z, &self.fwd_pre) {
             (Some(z), Some(_)) => {
-                self.check("Z", z, &self.y_layout())?;
+                self.check("Z", z, self.y_shape())?;
                 Some(SyncPtr(z.data.as_mut_ptr()))
             }
             _ => None,
@@ -518,13 +567,13 @@ impl Fc {
         z: Option<&Blocked>,
         dz: &mut Blocked,
     ) -> Result<()> {
-        let want = self.y_layout();
-        self.check("dY", dy, &want)?;
-        self.check("Y", y, &want)?;
-        self.check("dZ", dz, &want)?;
+        let want = self.y_shape();
+        self.check("dY", dy, want)?;
+        self.check("Y", y, want)?;
+        self.check("dZ", dz, want)?;
         let z = match (self.act, z) {
             (Activation::Gelu, Some(z)) => {
-                self.check("Z", z, &want)?;
+                self.check("Z", z, want)?;
                 Some(z)
             }
             (Activation::Gelu, None) => {
@@ -560,9 +609,9 @@ impl Fc {
         wt: &Blocked,
         dx: &mut Blocked,
     ) -> Result<()> {
-        self.check("dZ", dz, &self.y_layout())?;
-        self.check("Wt", wt, &self.wt_layout())?;
-        self.check("dX", dx, &self.x_layout())?;
+        self.check("dZ", dz, self.y_shape())?;
+        self.check("Wt", wt, self.wt_shape())?;
+        self.check("dX", dx, self.x_shape())?;
         let t = &self.tuning;
         let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
         let (bn, bc, bk) = (t.bn, t.bc, t.bk);
@@ -597,9 +646,9 @@ impl Fc {
         dw: &mut Blocked,
         db: &mut [f32],
     ) -> Result<()> {
-        self.check("dZ", dz, &self.y_layout())?;
-        self.check("Xt", xt, &self.xt_layout())?;
-        self.check("dW", dw, &self.w_layout())?;
+        self.check("dZ", dz, self.y_shape())?;
+        self.check("Xt", xt, self.xt_shape())?;
+        self.check("dW", dw, self.w_shape())?;
         check_buf("db", db.len(), self.padded_k())?;
         let t = &self.tuning;
         let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
@@ -646,16 +695,16 @@ impl Fc {
     /// Writes W transposed into `wt` for backward-data (O(KC), once per
     /// step; a block copy per block, parallel over `pool`).
     pub fn transpose_weights(&self, pool: &Pool, w: &Blocked, wt: &mut Blocked) -> Result<()> {
-        self.check("W", w, &self.w_layout())?;
-        self.check("Wt", wt, &self.wt_layout())?;
+        self.check("W", w, self.w_shape())?;
+        self.check("Wt", wt, self.wt_shape())?;
         w.transpose_into_par(wt, pool)
     }
 
     /// Writes X in the layout backward-weights reads (O(NC), once per step;
     /// a transpose inside each block, parallel over `pool`).
     pub fn relayout_input(&self, pool: &Pool, x: &Blocked, xt: &mut Blocked) -> Result<()> {
-        self.check("X", x, &self.x_layout())?;
-        self.check("Xt", xt, &self.xt_layout())?;
+        self.check("X", x, self.x_shape())?;
+        self.check("Xt", xt, self.xt_shape())?;
         x.relayout_into_par(xt, pool)
     }
 }
