@@ -77,7 +77,7 @@ pub struct FcTuning {
 
 /// The largest candidate that divides `x`, else `x` itself when it is small,
 /// else the first candidate (with zero padding).
-fn pick_block(x: usize, cands: &[usize]) -> usize {
+pub(crate) fn pick_block(x: usize, cands: &[usize]) -> usize {
     if let Some(&b) = cands.iter().find(|&&b| x.is_multiple_of(b)) {
         return b;
     }
@@ -140,7 +140,7 @@ pub fn load_tuning(
 }
 
 /// Kernels for the positions of a chunk in the reduction.
-struct Chunked {
+pub(crate) struct Chunked {
     /// The whole reduction in one call (or the last chunk): epilogue on.
     only: Arc<Kernel>,
     first: Arc<Kernel>,
@@ -149,7 +149,7 @@ struct Chunked {
 }
 
 impl Chunked {
-    fn new(base: Descriptor, ep: Epilogue) -> Result<Chunked> {
+    pub(crate) fn new(base: Descriptor, ep: Epilogue) -> Result<Chunked> {
         let k = |beta, ep| brgemm::dispatch(&base.beta(beta).epilogue(ep));
         Ok(Chunked {
             only: k(Beta::Zero, ep)?,
@@ -159,7 +159,7 @@ impl Chunked {
         })
     }
     #[inline]
-    fn pick(&self, first: bool, last: bool) -> &Kernel {
+    pub(crate) fn pick(&self, first: bool, last: bool) -> &Kernel {
         match (first, last) {
             (true, true) => &self.only,
             (true, false) => &self.first,

@@ -12,10 +12,13 @@
 //!   activation, backward-data, backward-weights) and its [`FcTuning`].
 //! - [`loss`], [`optim`], [`init`]: softmax cross-entropy, SGD with momentum,
 //!   Adam, Kaiming/Xavier initialisation from a seeded RNG.
+//! - [`tensor`], [`conv`]: blocked 4-D tensors ([`Tensor4`], [`Filter`]) and
+//!   the convolution layer [`Conv`] (forward, backward-data, backward-weights).
 //! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
 //!   gradients and optimizer state, with save and load.
 #![deny(missing_docs)]
 
+pub mod conv;
 pub mod error;
 pub mod fc;
 pub mod init;
@@ -24,13 +27,16 @@ pub mod loops;
 pub mod loss;
 pub mod model;
 pub mod optim;
+pub mod tensor;
 pub mod threads;
 
 pub use brgemm::Activation;
+pub use conv::{Conv, ConvParams, ConvTuning};
 pub use error::{Error, Result};
 pub use fc::{Fc, FcTuning, PassConfig};
 pub use layout::{Blocked, Inner};
 pub use loops::{LoopDef, LoopNest};
 pub use model::{LayerSpec, Mlp};
 pub use optim::Optimizer;
+pub use tensor::{Filter, Tensor4};
 pub use threads::Pool;

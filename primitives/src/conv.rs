@@ -1,0 +1,965 @@
+//! Convolution: forward, backward-data and backward-weights as loop nests
+//! around BRGEMM, on the blocked layouts of [`crate::tensor`].
+//!
+//! Shapes: X `[N][C][H][W]`, W `[K][C][R][S]`, Y = act(conv(X, W) + b)
+//! `[N][K][P][Q]` with `P = (H + 2 pad_h - dil (R-1) - 1) / stride + 1` (Q
+//! alike). Borders are handled by reading a zero-padded copy of the input
+//! (made once per call, O(input)), so the hot loop has no per-pixel branch.
+//!
+//! | pass | loops (spec letters a..) | one BRGEMM (m x n x k) | batch (reduction) |
+//! |---|---|---|---|
+//! | fwd | N, K blocks, P rows, Q blocks, C chunks | bk x bq pixels x bc | C blocks of the chunk x R x S (offsets) |
+//! | bwd, gather | N, C blocks, H rows, W blocks, K chunks | bc x bq x bk | K blocks x R x S, taps flipped |
+//! | bwd, scatter | N, C blocks, P rows, Q blocks, R, S | bc x bq x bk | K blocks (stride), beta = 1 |
+//! | upd | row chunks, K blocks, C blocks, R, S | bk x bc x Q | the chunk's (image, row) pairs (offsets) |
+//!
+//! - **Forward**: the C tile is a run of `bq` output pixels of one output
+//!   row (of the whole image when the convolution is 1x1, stride 1, no
+//!   padding: the image is then one long row), the batch walks every input
+//!   block and tap, so the output block is written once with bias and
+//!   activation fused in the kernel's epilogue.
+//! - **Backward-data** at stride 1 is a forward convolution of dY with the
+//!   transposed filter ([`Filter::transpose_into`]) read with flipped taps
+//!   and padding `dil (R-1) - pad` (gather). At other strides every output
+//!   pixel scatters `W^T dY` into a padded dX with beta = 1: one thread owns
+//!   a whole (image, C block) plane, so the overlapping writes never race.
+//! - **Backward-weights**: `dW[kb][cb][r][s] = sum_(n,p) dY[n][kb][p] X_rs[n][cb][p]^T`,
+//!   a BRGEMM over (image, row) pairs with k = Q pixels. It reads X
+//!   transposed per row, split by stride phase (`[N][C/bc][Hp][stride][bc][Wp/stride]`),
+//!   so every tap's pixels are contiguous; this relayout is done per call.
+//!   Every `dW[kb][cb][r][s]` block belongs to one thread: no races, no
+//!   partial sums. The default `aBCDE` walks chunks of rows outermost and
+//!   the taps of a chunk inside, so a chunk is read from memory once and
+//!   reused from L2 for all R x S taps.
+//!
+//! Default specs and blocking come from [`ConvTuning::heuristic`]; any valid
+//! spec gives the same result (the tests run every one).
+
+use crate::error::{check_buf, shape, Error, Result};
+use crate::fc::{act_grad, pick_block, Chunked, PassConfig};
+use crate::layout::SyncPtr;
+use crate::loops::{LoopDef, LoopNest};
+use crate::tensor::{par_images, Filter, Tensor4};
+use crate::threads::Pool;
+use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
+use std::sync::{Arc, Mutex};
+
+/// The geometry of a convolution layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConvParams {
+    /// Minibatch.
+    pub n: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Output channels.
+    pub k: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Filter height.
+    pub r: usize,
+    /// Filter width.
+    pub s: usize,
+    /// Stride (both directions).
+    pub stride: usize,
+    /// Zero padding on top and bottom.
+    pub pad_h: usize,
+    /// Zero padding left and right.
+    pub pad_w: usize,
+    /// Dilation (both directions; 1 = dense filter).
+    pub dilation: usize,
+}
+
+impl ConvParams {
+    /// Stride 1, no padding, no dilation.
+    pub fn new(n: usize, c: usize, k: usize, h: usize, w: usize, r: usize, s: usize) -> Self {
+        ConvParams {
+            n,
+            c,
+            k,
+            h,
+            w,
+            r,
+            s,
+            stride: 1,
+            pad_h: 0,
+            pad_w: 0,
+            dilation: 1,
+        }
+    }
+    /// Sets the stride.
+    pub fn stride(mut self, s: usize) -> Self {
+        self.stride = s;
+        self
+    }
+    /// Sets the same padding on all sides.
+    pub fn pad(mut self, p: usize) -> Self {
+        self.pad_h = p;
+        self.pad_w = p;
+        self
+    }
+    /// Sets the dilation.
+    pub fn dilation(mut self, d: usize) -> Self {
+        self.dilation = d;
+        self
+    }
+    /// Output height (valid after [`ConvParams::validate`]).
+    pub fn p(&self) -> usize {
+        (self.h + 2 * self.pad_h - self.dilation * (self.r - 1) - 1) / self.stride + 1
+    }
+    /// Output width.
+    pub fn q(&self) -> usize {
+        (self.w + 2 * self.pad_w - self.dilation * (self.s - 1) - 1) / self.stride + 1
+    }
+    /// Floating-point operations of one pass (any of the three).
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.n * self.k * self.c * self.r * self.s) as f64 * (self.p() * self.q()) as f64
+    }
+    /// Checks every size; the error names the bad one.
+    pub fn validate(&self) -> Result<()> {
+        for (what, v) in [
+            ("n", self.n),
+            ("c", self.c),
+            ("k", self.k),
+            ("h", self.h),
+            ("w", self.w),
+            ("r", self.r),
+            ("s", self.s),
+            ("stride", self.stride),
+            ("dilation", self.dilation),
+        ] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        let (er, es) = (
+            self.dilation * (self.r - 1) + 1,
+            self.dilation * (self.s - 1) + 1,
+        );
+        if er > self.h + 2 * self.pad_h {
+            return Err(shape(
+                "r",
+                self.r,
+                format!(
+                    "the filter spans {er} rows (dilation {}), more than the padded input height {}",
+                    self.dilation,
+                    self.h + 2 * self.pad_h
+                ),
+            ));
+        }
+        if es > self.w + 2 * self.pad_w {
+            return Err(shape(
+                "s",
+                self.s,
+                format!(
+                    "the filter spans {es} columns (dilation {}), more than the padded input width {}",
+                    self.dilation,
+                    self.w + 2 * self.pad_w
+                ),
+            ));
+        }
+        Ok(())
+    }
+    /// Whether the layer is a plain matrix product over the pixels (1x1,
+    /// stride 1, no padding): forward and backward-data then treat an image
+    /// as one row of H*W pixels.
+    fn pointwise(&self) -> bool {
+        self.r == 1 && self.s == 1 && self.stride == 1 && self.pad_h == 0 && self.pad_w == 0
+    }
+    /// Whether backward-data can be a forward convolution (stride 1 and the
+    /// padding no larger than the filter's reach).
+    fn bwd_gathers(&self) -> bool {
+        self.stride == 1
+            && self.pad_h <= self.dilation * (self.r - 1)
+            && self.pad_w <= self.dilation * (self.s - 1)
+    }
+}
+
+/// Blocking and loop orders of a convolution layer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConvTuning {
+    /// Input-channel block.
+    pub bc: usize,
+    /// Output-channel block.
+    pub bk: usize,
+    /// Output pixels per BRGEMM call in forward and backward-data (BRGEMM n).
+    pub bq: usize,
+    /// Forward: spec over (N, K blocks, P rows, Q blocks, C chunks); `chunk`
+    /// C blocks per call (0: all).
+    pub fwd: PassConfig,
+    /// Backward-data: gather form (stride 1) over (N, C blocks, H rows, W
+    /// blocks, K chunks), `chunk` K blocks per call; scatter form (other
+    /// strides) over (N, C blocks, P rows, Q blocks, R, S).
+    pub bwd: PassConfig,
+    /// Backward-weights: spec over (row chunks, K blocks, C blocks, R, S);
+    /// `chunk` (image, row) pairs per call (0: the heuristic's).
+    pub upd: PassConfig,
+}
+
+/// The pixel run per call: a whole row up to 64 pixels, else the largest
+/// divisor of the row in 28..=64 (no tail call), else 64 with a tail.
+fn pixel_block(row: usize) -> usize {
+    if row <= 64 {
+        return row;
+    }
+    (28..=64)
+        .rev()
+        .find(|b| row.is_multiple_of(*b))
+        .unwrap_or(64)
+}
+
+impl ConvTuning {
+    /// The default. Channel blocks of 64 where they divide (else 48, 32, 16;
+    /// fewer than 64 channels are one block; else 64 with zero padding): a
+    /// 64-row output block is four AVX-512 vectors for the register tile.
+    /// Pixel runs of up to 64 (see the module docs). Specs `ABcde` for
+    /// forward and gather backward-data (images and output blocks parallel),
+    /// `ABcdef` for scatter, `aBCDE` for the update with chunks of rows that
+    /// keep a chunk's dY and X rows within about 256 KiB of L2.
+    pub fn heuristic(p: &ConvParams) -> ConvTuning {
+        let cands = [64, 48, 32, 16];
+        let (bc, bk) = (pick_block(p.c, &cands), pick_block(p.k, &cands));
+        let row = if p.pointwise() { p.p() * p.q() } else { p.q() };
+        let upd_row_bytes = (bk + bc * p.stride) * p.q() * 4;
+        ConvTuning {
+            bc,
+            bk,
+            bq: pixel_block(row),
+            fwd: PassConfig::spec("ABcde"),
+            bwd: PassConfig::spec(if p.bwd_gathers() { "ABcde" } else { "ABcdef" }),
+            upd: PassConfig {
+                chunk: (256 * 1024 / upd_row_bytes.max(1)).max(1),
+                ..PassConfig::spec("aBCDE")
+            },
+        }
+    }
+}
+
+fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> {
+    let mut loops = loops;
+    loops[0] = loops[0].clone().blocks(cfg.blocks_a.clone());
+    loops[1] = loops[1].clone().blocks(cfg.blocks_b.clone());
+    LoopNest::new(loops, &cfg.spec).map_err(|e| match e {
+        Error::Spec { spec, reason } => Error::Spec {
+            spec,
+            reason: format!("conv {which}: {reason}"),
+        },
+        other => other,
+    })
+}
+
+/// Zero-padded copies of `[N][blocks][h][w][b]` planes.
+fn pad_into(
+    pool: &Pool,
+    src: &[f32],
+    planes: usize,
+    (h, w, b): (usize, usize, usize),
+    (ph, pw): (usize, usize),
+    dst: &mut [f32],
+) {
+    let (hp, wp) = (h + 2 * ph, w + 2 * pw);
+    let d = SyncPtr(dst.as_mut_ptr());
+    let threads = pool.threads();
+    pool.broadcast(|th| {
+        for pl in (th * planes / threads)..((th + 1) * planes / threads) {
+            // SAFETY: each plane belongs to one thread.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(d.get().add(pl * hp * wp * b), hp * wp * b)
+            };
+            let inp = &src[pl * h * w * b..][..h * w * b];
+            out[..ph * wp * b].fill(0.0);
+            out[(ph + h) * wp * b..].fill(0.0);
+            for y in 0..h {
+                let row = &mut out[(ph + y) * wp * b..][..wp * b];
+                row[..pw * b].fill(0.0);
+                row[pw * b..(pw + w) * b].copy_from_slice(&inp[y * w * b..][..w * b]);
+                row[(pw + w) * b..].fill(0.0);
+            }
+        }
+    });
+}
+
+/// Geometry of a gather pass: a forward convolution from `in_blocks` blocks
+/// of `bi` channels to `out_blocks` blocks of `bo` channels.
+#[derive(Debug, Clone, Copy)]
+struct GatherGeom {
+    n: usize,
+    in_blocks: usize,
+    out_blocks: usize,
+    bi: usize,
+    bo: usize,
+    h: usize,
+    w: usize,
+    ph: usize,
+    pw: usize,
+    p: usize,
+    q: usize,
+    r: usize,
+    s: usize,
+    stride: usize,
+    dil: usize,
+    bq: usize,
+    flip: bool,
+}
+
+/// A planned gather pass (forward, and backward-data at stride 1).
+struct Gather {
+    g: GatherGeom,
+    nest: LoopNest,
+    main: Chunked,
+    tail: Option<Chunked>,
+    chunk: usize,
+    a_off: Vec<usize>,
+    b_off: Vec<usize>,
+    scratch: Mutex<Vec<f32>>,
+}
+
+impl Gather {
+    fn new(which: &str, g: GatherGeom, cfg: &PassConfig, ep: Epilogue) -> Result<Gather> {
+        let chunk = if cfg.chunk == 0 {
+            g.in_blocks
+        } else {
+            cfg.chunk.min(g.in_blocks)
+        };
+        let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
+        let nqb = g.q.div_ceil(g.bq);
+        let nest = nest(
+            which,
+            vec![
+                LoopDef::new("images", g.n, 1),
+                LoopDef::new("output blocks", g.out_blocks, 1),
+                LoopDef::new("output rows", g.p, 1),
+                LoopDef::new("pixel blocks", nqb, 1),
+                LoopDef::new("input-block chunks", g.in_blocks, chunk).reduction(),
+            ],
+            cfg,
+        )?;
+        let desc = |n| {
+            Descriptor::new(g.bo, n, g.bi)
+                .ldb(g.stride * g.bi)
+                .batch_form(BatchForm::Offset)
+        };
+        let main = Chunked::new(desc(g.bq), ep)?;
+        let tail = (!g.q.is_multiple_of(g.bq))
+            .then(|| Chunked::new(desc(g.q % g.bq), ep))
+            .transpose()?;
+        let (mut a_off, mut b_off) = (vec![], vec![]);
+        for cb in 0..chunk {
+            for r in 0..g.r {
+                for s in 0..g.s {
+                    let (ra, sa) = if g.flip {
+                        (g.r - 1 - r, g.s - 1 - s)
+                    } else {
+                        (r, s)
+                    };
+                    a_off.push(((cb * g.r + ra) * g.s + sa) * g.bi * g.bo);
+                    b_off.push(cb * hp * wp * g.bi + (r * wp + s) * g.dil * g.bi);
+                }
+            }
+        }
+        Ok(Gather {
+            g,
+            nest,
+            main,
+            tail,
+            chunk,
+            a_off,
+            b_off,
+            scratch: Mutex::new(vec![]),
+        })
+    }
+
+    /// y = conv(x, a) (+ bias, activation by the kernels' epilogue). Sizes
+    /// were checked by the caller.
+    fn run(&self, pool: &Pool, x: &[f32], a: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+        let g = self.g;
+        let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
+        let mut guard;
+        let xs: &[f32] = if g.ph == 0 && g.pw == 0 {
+            x
+        } else {
+            guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            guard.resize(g.n * g.in_blocks * hp * wp * g.bi, 0.0);
+            pad_into(
+                pool,
+                x,
+                g.n * g.in_blocks,
+                (g.h, g.w, g.bi),
+                (g.ph, g.pw),
+                &mut guard,
+            );
+            &guard[..]
+        };
+        let (xp, ap) = (xs.as_ptr() as usize, a.as_ptr() as usize);
+        let bp = bias.map_or(0, |b| b.as_ptr() as usize);
+        let yp = SyncPtr(y.as_mut_ptr());
+        let rs = g.r * g.s;
+        self.nest.run(pool, |i| {
+            let (ni, ob, pr, qb, c0) = (i[0], i[1], i[2], i[3], i[4]);
+            let q0 = qb * g.bq;
+            let cnt = self.chunk.min(g.in_blocks - c0);
+            let ks = if q0 + g.bq <= g.q {
+                &self.main
+            } else {
+                self.tail.as_ref().unwrap()
+            };
+            let a = (ap as *const f32).wrapping_add((ob * g.in_blocks + c0) * rs * g.bi * g.bo);
+            let b = (xp as *const f32).wrapping_add(
+                ((ni * g.in_blocks + c0) * hp * wp + pr * g.stride * wp + q0 * g.stride) * g.bi,
+            );
+            let bias = if bp == 0 {
+                std::ptr::null()
+            } else {
+                (bp as *const f32).wrapping_add(ob * g.bo)
+            };
+            // SAFETY: buffer sizes were checked at the public entry; the
+            // offsets stay inside the padded input and the filter; the
+            // output block (ni, ob, pr, qb) belongs to one thread.
+            unsafe {
+                ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw(
+                    RawBatch::Offset {
+                        a,
+                        b,
+                        a_offs: self.a_off.as_ptr(),
+                        b_offs: self.b_off.as_ptr(),
+                        count: cnt * rs,
+                    },
+                    yp.get()
+                        .add(((ni * g.out_blocks + ob) * g.p + pr) * g.q * g.bo + q0 * g.bo),
+                    bias,
+                )
+            };
+        });
+    }
+}
+
+/// Backward-data at strides above 1: scatter into a padded dX.
+struct Scatter {
+    nest: LoopNest,
+    main: Arc<Kernel>,
+    tail: Option<Arc<Kernel>>,
+    bq: usize,
+    scratch: Mutex<Vec<f32>>,
+}
+
+/// Backward-weights.
+struct Upd {
+    nest: LoopNest,
+    kernels: Chunked,
+    chunk: usize,
+    a_off: Vec<usize>,
+    b_off: Vec<usize>,
+    xt: Mutex<Vec<f32>>,
+}
+
+enum Bwd {
+    Gather(Gather),
+    Scatter(Scatter),
+}
+
+/// A planned convolution layer. Buffers are passed to each call (see
+/// [`Conv::x_tensor`] and friends to allocate them).
+pub struct Conv {
+    /// The geometry.
+    pub params: ConvParams,
+    /// Activation after the bias.
+    pub act: Activation,
+    tuning: ConvTuning,
+    fwd: Gather,
+    bwd: Bwd,
+    upd: Upd,
+}
+
+impl std::fmt::Debug for Conv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conv")
+            .field("params", &self.params)
+            .field("act", &self.act)
+            .field("tuning", &self.tuning)
+            .finish()
+    }
+}
+
+impl Conv {
+    /// Plans a layer with the heuristic tuning.
+    pub fn new(params: ConvParams, act: Activation) -> Result<Conv> {
+        params.validate()?;
+        Conv::with_tuning(params, act, ConvTuning::heuristic(&params))
+    }
+
+    /// Plans a layer with the given blocking and loop orders.
+    pub fn with_tuning(params: ConvParams, act: Activation, t: ConvTuning) -> Result<Conv> {
+        params.validate()?;
+        for (what, v) in [("bc", t.bc), ("bk", t.bk), ("bq", t.bq)] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        if matches!(act, Activation::Gelu) {
+            return Err(shape(
+                "activation",
+                "Gelu",
+                "convolutions fuse Identity, Relu, Sigmoid or Tanh",
+            ));
+        }
+        let pr = params;
+        let (p, q) = (pr.p(), pr.q());
+        let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
+        // Pointwise layers see an image as one row of H*W pixels.
+        let (h, w, p1, q1) = if pr.pointwise() {
+            (1, pr.h * pr.w, 1, p * q)
+        } else {
+            (pr.h, pr.w, p, q)
+        };
+        let bq = t.bq.min(q1);
+        let fwd = Gather::new(
+            "fwd",
+            GatherGeom {
+                n: pr.n,
+                in_blocks: cb,
+                out_blocks: kb,
+                bi: t.bc,
+                bo: t.bk,
+                h,
+                w,
+                ph: pr.pad_h,
+                pw: pr.pad_w,
+                p: p1,
+                q: q1,
+                r: pr.r,
+                s: pr.s,
+                stride: pr.stride,
+                dil: pr.dilation,
+                bq,
+                flip: false,
+            },
+            &t.fwd,
+            Epilogue {
+                bias: true,
+                activation: act,
+            },
+        )?;
+        let d = pr.dilation;
+        let bwd = if pr.bwd_gathers() {
+            let bqb = t.bq.min(w);
+            Bwd::Gather(Gather::new(
+                "bwd",
+                GatherGeom {
+                    n: pr.n,
+                    in_blocks: kb,
+                    out_blocks: cb,
+                    bi: t.bk,
+                    bo: t.bc,
+                    h: p1,
+                    w: q1,
+                    ph: d * (pr.r - 1) - pr.pad_h,
+                    pw: d * (pr.s - 1) - pr.pad_w,
+                    p: h,
+                    q: w,
+                    r: pr.r,
+                    s: pr.s,
+                    stride: 1,
+                    dil: d,
+                    bq: bqb,
+                    flip: true,
+                },
+                &t.bwd,
+                Epilogue::default(),
+            )?)
+        } else {
+            let loops = vec![
+                LoopDef::new("images", pr.n, 1),
+                LoopDef::new("C blocks", cb, 1),
+                LoopDef::new("output rows", p, 1).reduction(),
+                LoopDef::new("pixel blocks", q.div_ceil(bq), 1).reduction(),
+                LoopDef::new("filter rows", pr.r, 1).reduction(),
+                LoopDef::new("filter columns", pr.s, 1).reduction(),
+            ];
+            let desc = |n| {
+                brgemm::dispatch(
+                    &Descriptor::new(t.bc, n, t.bk)
+                        .ldb(t.bk)
+                        .ldc(pr.stride * t.bc)
+                        .beta(Beta::One)
+                        .batch_form(BatchForm::Stride {
+                            a: pr.r * pr.s * t.bk * t.bc,
+                            b: p * q * t.bk,
+                        }),
+                )
+            };
+            Bwd::Scatter(Scatter {
+                nest: nest("bwd", loops, &t.bwd)?,
+                main: desc(bq)?,
+                tail: (!q.is_multiple_of(bq)).then(|| desc(q % bq)).transpose()?,
+                bq,
+                scratch: Mutex::new(vec![]),
+            })
+        };
+        let rows = pr.n * p;
+        let chunk = if t.upd.chunk == 0 {
+            ConvTuning::heuristic(&pr).upd.chunk
+        } else {
+            t.upd.chunk
+        }
+        .min(rows);
+        let (hp, st) = (pr.h + 2 * pr.pad_h, pr.stride);
+        let wq = (pr.w + 2 * pr.pad_w).div_ceil(st);
+        let mut a_off = Vec::with_capacity(rows);
+        let mut b_off = Vec::with_capacity(rows);
+        for ni in 0..pr.n {
+            for pi in 0..p {
+                a_off.push((ni * kb * p + pi) * q * t.bk);
+                b_off.push((ni * cb * hp * st + pi * st * st) * t.bc * wq);
+            }
+        }
+        let mut uloops = vec![
+            LoopDef::new("row chunks", rows, chunk).reduction(),
+            LoopDef::new("K blocks", kb, 1),
+            LoopDef::new("C blocks", cb, 1),
+            LoopDef::new("filter rows", pr.r, 1),
+            LoopDef::new("filter columns", pr.s, 1),
+        ];
+        // Blocking levels of the spec's first two loops apply to K and C
+        // blocks here, which are loops b and c.
+        uloops[1] = uloops[1].clone().blocks(t.upd.blocks_a.clone());
+        uloops[2] = uloops[2].clone().blocks(t.upd.blocks_b.clone());
+        let unest = LoopNest::new(uloops, &t.upd.spec).map_err(|e| match e {
+            Error::Spec { spec, reason } => Error::Spec {
+                spec,
+                reason: format!("conv upd: {reason}"),
+            },
+            other => other,
+        })?;
+        let upd = Upd {
+            nest: unest,
+            kernels: Chunked::new(
+                Descriptor::new(t.bk, t.bc, q)
+                    .ldb(wq)
+                    .batch_form(BatchForm::Offset),
+                Epilogue::default(),
+            )?,
+            chunk,
+            a_off,
+            b_off,
+            xt: Mutex::new(vec![]),
+        };
+        Ok(Conv {
+            params,
+            act,
+            tuning: t,
+            fwd,
+            bwd,
+            upd,
+        })
+    }
+
+    /// The blocking and specs in use.
+    pub fn tuning(&self) -> &ConvTuning {
+        &self.tuning
+    }
+    /// Whether backward-data runs as a gather (stride 1) or a scatter.
+    pub fn backward_data_form(&self) -> &'static str {
+        match self.bwd {
+            Bwd::Gather(_) => "gather",
+            Bwd::Scatter(_) => "scatter",
+        }
+    }
+    /// K rounded up to whole blocks: the length of the bias buffer.
+    pub fn padded_k(&self) -> usize {
+        self.params.k.div_ceil(self.tuning.bk) * self.tuning.bk
+    }
+    /// Floating-point operations of one pass.
+    pub fn flops(&self) -> f64 {
+        self.params.flops()
+    }
+    /// A zero input (also dX).
+    pub fn x_tensor(&self) -> Tensor4 {
+        let p = &self.params;
+        Tensor4::zeros(p.n, p.c, p.h, p.w, self.tuning.bc).unwrap()
+    }
+    /// A zero output (also dY).
+    pub fn y_tensor(&self) -> Tensor4 {
+        let p = &self.params;
+        Tensor4::zeros(p.n, p.k, p.p(), p.q(), self.tuning.bk).unwrap()
+    }
+    /// A zero filter (also dW).
+    pub fn filter(&self) -> Filter {
+        let p = &self.params;
+        Filter::zeros(p.k, p.c, p.r, p.s, self.tuning.bk, self.tuning.bc).unwrap()
+    }
+    /// A zero transposed filter, as backward-data reads it.
+    pub fn filter_t(&self) -> Filter {
+        let p = &self.params;
+        Filter::zeros(p.c, p.k, p.r, p.s, self.tuning.bc, self.tuning.bk).unwrap()
+    }
+
+    fn check_t(
+        &self,
+        what: &str,
+        t: &Tensor4,
+        (c, h, w, b): (usize, usize, usize, usize),
+    ) -> Result<()> {
+        let want = (self.params.n, c, h, w, b);
+        if t.dims() != want {
+            return Err(shape(
+                what,
+                format!("(n, c, h, w, block) = {:?}", t.dims()),
+                format!("layer needs {want:?}"),
+            ));
+        }
+        Ok(())
+    }
+    fn check_x(&self, what: &str, t: &Tensor4) -> Result<()> {
+        let p = &self.params;
+        self.check_t(what, t, (p.c, p.h, p.w, self.tuning.bc))
+    }
+    fn check_y(&self, what: &str, t: &Tensor4) -> Result<()> {
+        let p = &self.params;
+        self.check_t(what, t, (p.k, p.p(), p.q(), self.tuning.bk))
+    }
+    fn check_f(&self, what: &str, f: &Filter, want: Filter) -> Result<()> {
+        if f.dims() != want.dims() {
+            return Err(shape(
+                what,
+                format!("(k, c, r, s, bk, bc) = {:?}", f.dims()),
+                format!("layer needs {:?}", want.dims()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Y = act(conv(X, W) + b).
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        w: &Filter,
+        bias: &[f32],
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        self.check_x("X", x)?;
+        self.check_f("W", w, self.filter())?;
+        self.check_y("Y", y)?;
+        check_buf("bias", bias.len(), self.padded_k())?;
+        self.fwd
+            .run(pool, &x.data, &w.data, Some(bias), &mut y.data);
+        // Sigmoid(0) = 0.5 would fill the channel padding: keep it at zero.
+        let (k, bk) = (self.params.k, self.tuning.bk);
+        if !k.is_multiple_of(bk) && self.act.apply(0.0) != 0.0 {
+            let kb = k.div_ceil(bk);
+            let hw = y.h * y.w;
+            par_images(pool, y, |_, img| {
+                for px in img[(kb - 1) * hw * bk..].chunks_exact_mut(bk) {
+                    px[k % bk..].fill(0.0);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// dZ = dY * act'(.) from Y.
+    pub fn activation_backward(
+        &self,
+        pool: &Pool,
+        dy: &Tensor4,
+        y: &Tensor4,
+        dz: &mut Tensor4,
+    ) -> Result<()> {
+        self.check_y("dY", dy)?;
+        self.check_y("Y", y)?;
+        self.check_y("dZ", dz)?;
+        let act = self.act;
+        par_images(pool, dz, |i, img| {
+            let len = img.len();
+            let (dy, y) = (&dy.data[i * len..][..len], &y.data[i * len..][..len]);
+            for ((o, g), v) in img.iter_mut().zip(dy).zip(y) {
+                *o = g * act_grad(act, *v, 0.0);
+            }
+        });
+        Ok(())
+    }
+
+    /// Writes the transposed filter backward-data reads.
+    pub fn transpose_filter(&self, pool: &Pool, w: &Filter, wt: &mut Filter) -> Result<()> {
+        self.check_f("W", w, self.filter())?;
+        self.check_f("Wt", wt, self.filter_t())?;
+        w.transpose_into(wt, pool)
+    }
+
+    /// dX = conv^T(dZ, W), reading the transposed filter (see
+    /// [`Conv::transpose_filter`]).
+    pub fn backward_data(
+        &self,
+        pool: &Pool,
+        dz: &Tensor4,
+        wt: &Filter,
+        dx: &mut Tensor4,
+    ) -> Result<()> {
+        self.check_y("dZ", dz)?;
+        self.check_f("Wt", wt, self.filter_t())?;
+        self.check_x("dX", dx)?;
+        match &self.bwd {
+            Bwd::Gather(g) => g.run(pool, &dz.data, &wt.data, None, &mut dx.data),
+            Bwd::Scatter(sc) => self.scatter(pool, sc, dz, wt, dx),
+        }
+        Ok(())
+    }
+
+    fn scatter(&self, pool: &Pool, sc: &Scatter, dz: &Tensor4, wt: &Filter, dx: &mut Tensor4) {
+        let pr = &self.params;
+        let t = &self.tuning;
+        let (p, q, st, d) = (pr.p(), pr.q(), pr.stride, pr.dilation);
+        let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
+        let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
+        let plane = hp * wp * t.bc;
+        let mut buf = sc.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        buf.resize(pr.n * cb * plane, 0.0);
+        {
+            let bp = SyncPtr(buf.as_mut_ptr());
+            let planes = pr.n * cb;
+            let threads = pool.threads();
+            pool.broadcast(|th| {
+                let (lo, hi) = (th * planes / threads, (th + 1) * planes / threads);
+                // SAFETY: disjoint ranges of planes per thread.
+                unsafe {
+                    std::slice::from_raw_parts_mut(bp.get().add(lo * plane), (hi - lo) * plane)
+                }
+                .fill(0.0);
+            });
+        }
+        let (wp_, dzp) = (wt.data.as_ptr() as usize, dz.data.as_ptr() as usize);
+        let bp = SyncPtr(buf.as_mut_ptr());
+        let rs = pr.r * pr.s;
+        sc.nest.run(pool, |i| {
+            let (ni, ci, pi, qb, r, s) = (i[0], i[1], i[2], i[3], i[4], i[5]);
+            let q0 = qb * sc.bq;
+            let k = if q0 + sc.bq <= q {
+                &sc.main
+            } else {
+                sc.tail.as_ref().unwrap()
+            };
+            let a = (wp_ as *const f32).wrapping_add((ci * kb * rs + r * pr.s + s) * t.bk * t.bc);
+            let b = (dzp as *const f32).wrapping_add((ni * kb * p * q + pi * q + q0) * t.bk);
+            // SAFETY: sizes checked at the entry; rows p*stride + r*dil and
+            // columns q*stride + s*dil lie inside the padded plane; a plane
+            // (ni, ci) belongs to one thread (only loops a and b are parallel).
+            unsafe {
+                let c = bp.get().add(
+                    (ni * cb + ci) * plane + ((pi * st + r * d) * wp + q0 * st + s * d) * t.bc,
+                );
+                k.execute_raw(RawBatch::Stride { a, b, count: kb }, c, std::ptr::null());
+            }
+        });
+        let (ph, pw, h, w, bc) = (pr.pad_h, pr.pad_w, pr.h, pr.w, t.bc);
+        let src = &buf[..];
+        par_images(pool, dx, |ni, img| {
+            for ci in 0..cb {
+                for y in 0..h {
+                    let s = &src[(ni * cb + ci) * plane + ((y + ph) * wp + pw) * bc..][..w * bc];
+                    img[(ci * h + y) * w * bc..][..w * bc].copy_from_slice(s);
+                }
+            }
+        });
+    }
+
+    /// dW = sum over the minibatch of dZ (x) X, and db = the sums of dZ per
+    /// output channel.
+    pub fn backward_weights(
+        &self,
+        pool: &Pool,
+        dz: &Tensor4,
+        x: &Tensor4,
+        dw: &mut Filter,
+        db: &mut [f32],
+    ) -> Result<()> {
+        self.check_y("dZ", dz)?;
+        self.check_x("X", x)?;
+        self.check_f("dW", dw, self.filter())?;
+        check_buf("db", db.len(), self.padded_k())?;
+        let pr = &self.params;
+        let t = &self.tuning;
+        let (p, q, st, d) = (pr.p(), pr.q(), pr.stride, pr.dilation);
+        let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
+        let hp = pr.h + 2 * pr.pad_h;
+        let wq = (pr.w + 2 * pr.pad_w).div_ceil(st);
+        let plane = hp * st * t.bc * wq;
+        let mut xt = self.upd.xt.lock().unwrap_or_else(|e| e.into_inner());
+        xt.resize(pr.n * cb * plane, 0.0);
+        {
+            // X per row, split by stride phase, channels outer: every tap's
+            // pixels become a contiguous, unit-stride run (BRGEMM's k).
+            let xp = SyncPtr(xt.as_mut_ptr());
+            let planes = pr.n * cb;
+            let threads = pool.threads();
+            let (h, w, bc, ph, pw) = (pr.h, pr.w, t.bc, pr.pad_h, pr.pad_w);
+            pool.broadcast(|th| {
+                for pl in (th * planes / threads)..((th + 1) * planes / threads) {
+                    // SAFETY: each plane belongs to one thread.
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(xp.get().add(pl * plane), plane) };
+                    out.fill(0.0);
+                    let inp = &x.data[pl * h * w * bc..][..h * w * bc];
+                    for y in 0..h {
+                        for xx in 0..w {
+                            let (ph_, wi) = ((xx + pw) % st, (xx + pw) / st);
+                            let o = ((y + ph) * st + ph_) * bc * wq + wi;
+                            for (j, v) in inp[(y * w + xx) * bc..][..bc].iter().enumerate() {
+                                out[o + j * wq] = *v;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        let u = &self.upd;
+        let rows = pr.n * p;
+        let (dzp, xtp) = (dz.data.as_ptr() as usize, xt.as_ptr() as usize);
+        let dwp = SyncPtr(dw.data.as_mut_ptr());
+        let rs = pr.r * pr.s;
+        u.nest.run(pool, |i| {
+            let (r0, ki, ci, r, s) = (i[0], i[1], i[2], i[3], i[4]);
+            let cnt = u.chunk.min(rows - r0);
+            let a = (dzp as *const f32).wrapping_add(ki * p * q * t.bk);
+            let b = (xtp as *const f32).wrapping_add(
+                ci * plane + ((r * d) * st + (s * d) % st) * t.bc * wq + (s * d) / st,
+            );
+            // SAFETY: sizes checked at the entry; the block
+            // dW[ki][ci][r][s] belongs to one thread (loop a, the reduction,
+            // is never parallel).
+            unsafe {
+                u.kernels.pick(r0 == 0, r0 + cnt == rows).execute_raw(
+                    RawBatch::Offset {
+                        a,
+                        b,
+                        a_offs: u.a_off.as_ptr().add(r0),
+                        b_offs: u.b_off.as_ptr().add(r0),
+                        count: cnt,
+                    },
+                    dwp.get()
+                        .add(((ki * cb + ci) * rs + r * pr.s + s) * t.bc * t.bk),
+                    std::ptr::null(),
+                )
+            };
+        });
+        // Bias gradient: per K block, sums over images and pixels.
+        let bk = t.bk;
+        let dbp = SyncPtr(db.as_mut_ptr());
+        let threads = pool.threads();
+        pool.broadcast(|th| {
+            for k in (th * kb / threads)..((th + 1) * kb / threads) {
+                // SAFETY: each K block of db belongs to one thread.
+                let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(k * bk), bk) };
+                out.fill(0.0);
+                for ni in 0..pr.n {
+                    for px in dz.data[(ni * kb + k) * p * q * bk..][..p * q * bk].chunks_exact(bk) {
+                        for (o, v) in out.iter_mut().zip(px) {
+                            *o += v;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}

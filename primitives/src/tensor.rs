@@ -1,0 +1,291 @@
+//! Blocked 4-D tensors for convolutional networks, and conversions from and
+//! to the plain layouts users hold.
+//!
+//! | tensor | blocked layout | plain |
+//! |---|---|---|
+//! | activations ([`Tensor4`]) | `[N][C/bc][H][W][bc]` | NCHW |
+//! | filters ([`Filter`]) | `[K/bk][C/bc][R][S][bc][bk]` | KCRS |
+//!
+//! A channel count that is not a multiple of its block is padded with zero
+//! channels (3 input channels in a block of 3 need none; 10 channels in
+//! blocks of 4 get two). Every primitive keeps the padding at zero.
+//!
+//! With the channel block innermost, a run of pixels of one channel block is
+//! a column-major `bc x pixels` matrix with leading dimension `bc` (or
+//! `stride * bc` for every `stride`-th pixel): BRGEMM reads it in place.
+
+use crate::error::{check_buf, shape, Result};
+use crate::threads::Pool;
+
+/// A blocked activation tensor `[N][C/bc][H][W][bc]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor4 {
+    /// Minibatch.
+    pub n: usize,
+    /// Channels (logical).
+    pub c: usize,
+    /// Height.
+    pub h: usize,
+    /// Width.
+    pub w: usize,
+    /// Channel block.
+    pub bc: usize,
+    /// `n * ceil(c/bc) * h * w * bc` elements.
+    pub data: Vec<f32>,
+}
+
+impl Tensor4 {
+    /// A zero tensor.
+    pub fn zeros(n: usize, c: usize, h: usize, w: usize, bc: usize) -> Result<Tensor4> {
+        for (what, v) in [("n", n), ("c", c), ("h", h), ("w", w), ("bc", bc)] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        let len = [n, c.div_ceil(bc), h, w, bc]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .ok_or_else(|| shape("tensor", format!("{n}x{c}x{h}x{w}"), "too large"))?;
+        Ok(Tensor4 {
+            n,
+            c,
+            h,
+            w,
+            bc,
+            data: vec![0.0; len],
+        })
+    }
+
+    /// Converts a plain NCHW tensor.
+    pub fn from_nchw(
+        plain: &[f32],
+        n: usize,
+        c: usize,
+        h: usize,
+        w: usize,
+        bc: usize,
+    ) -> Result<Tensor4> {
+        let mut t = Tensor4::zeros(n, c, h, w, bc)?;
+        t.set_nchw(plain)?;
+        Ok(t)
+    }
+
+    /// Overwrites the logical part from a plain NCHW tensor.
+    pub fn set_nchw(&mut self, plain: &[f32]) -> Result<()> {
+        check_buf(
+            "NCHW tensor",
+            plain.len(),
+            self.n * self.c * self.h * self.w,
+        )?;
+        let hw = self.h * self.w;
+        for ni in 0..self.n {
+            for ci in 0..self.c {
+                let src = &plain[(ni * self.c + ci) * hw..][..hw];
+                let base = self.index(ni, ci, 0, 0);
+                for (p, v) in src.iter().enumerate() {
+                    self.data[base + p * self.bc] = *v;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The logical part as a plain NCHW tensor.
+    pub fn to_nchw(&self) -> Vec<f32> {
+        let hw = self.h * self.w;
+        let mut out = vec![0.0; self.n * self.c * hw];
+        for ni in 0..self.n {
+            for ci in 0..self.c {
+                let base = self.index(ni, ci, 0, 0);
+                for (p, o) in out[(ni * self.c + ci) * hw..][..hw].iter_mut().enumerate() {
+                    *o = self.data[base + p * self.bc];
+                }
+            }
+        }
+        out
+    }
+
+    /// Channel blocks.
+    pub fn c_blocks(&self) -> usize {
+        self.c.div_ceil(self.bc)
+    }
+    /// Channels including the zero padding.
+    pub fn padded_c(&self) -> usize {
+        self.c_blocks() * self.bc
+    }
+    /// Elements of one image.
+    pub fn image_len(&self) -> usize {
+        self.c_blocks() * self.h * self.w * self.bc
+    }
+    /// Offset of element (n, c, h, w).
+    #[inline]
+    pub fn index(&self, n: usize, c: usize, h: usize, w: usize) -> usize {
+        (((n * self.c_blocks() + c / self.bc) * self.h + h) * self.w + w) * self.bc + c % self.bc
+    }
+    /// (n, c, h, w, bc): what a primitive compares a buffer against.
+    pub fn dims(&self) -> (usize, usize, usize, usize, usize) {
+        (self.n, self.c, self.h, self.w, self.bc)
+    }
+}
+
+/// Runs `f(image, &mut image_data)` for every image of `t`, images split
+/// over the pool's threads.
+pub(crate) fn par_images<F: Fn(usize, &mut [f32]) + Sync>(pool: &Pool, t: &mut Tensor4, f: F) {
+    let len = t.image_len();
+    let n = t.n;
+    let p = crate::layout::SyncPtr(t.data.as_mut_ptr());
+    let threads = pool.threads();
+    pool.broadcast(|th| {
+        for i in (th * n / threads)..((th + 1) * n / threads) {
+            // SAFETY: each image belongs to one thread.
+            let img = unsafe { std::slice::from_raw_parts_mut(p.get().add(i * len), len) };
+            f(i, img);
+        }
+    });
+}
+
+/// A blocked filter `[K/bk][C/bc][R][S][bc][bk]`: K output and C input
+/// channels, R x S taps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filter {
+    /// Output channels.
+    pub k: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Kernel height.
+    pub r: usize,
+    /// Kernel width.
+    pub s: usize,
+    /// Output-channel block (innermost).
+    pub bk: usize,
+    /// Input-channel block.
+    pub bc: usize,
+    /// `ceil(k/bk) * ceil(c/bc) * r * s * bc * bk` elements.
+    pub data: Vec<f32>,
+}
+
+impl Filter {
+    /// A zero filter.
+    pub fn zeros(k: usize, c: usize, r: usize, s: usize, bk: usize, bc: usize) -> Result<Filter> {
+        for (what, v) in [
+            ("k", k),
+            ("c", c),
+            ("r", r),
+            ("s", s),
+            ("bk", bk),
+            ("bc", bc),
+        ] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        let len = k.div_ceil(bk) * c.div_ceil(bc) * r * s * bc * bk;
+        Ok(Filter {
+            k,
+            c,
+            r,
+            s,
+            bk,
+            bc,
+            data: vec![0.0; len],
+        })
+    }
+
+    /// Converts a plain KCRS filter.
+    pub fn from_kcrs(
+        plain: &[f32],
+        (k, c, r, s): (usize, usize, usize, usize),
+        bk: usize,
+        bc: usize,
+    ) -> Result<Filter> {
+        let mut f = Filter::zeros(k, c, r, s, bk, bc)?;
+        f.set_kcrs(plain)?;
+        Ok(f)
+    }
+
+    /// Overwrites the logical part from a plain KCRS filter.
+    pub fn set_kcrs(&mut self, plain: &[f32]) -> Result<()> {
+        check_buf(
+            "KCRS filter",
+            plain.len(),
+            self.k * self.c * self.r * self.s,
+        )?;
+        for (i, v) in plain.iter().enumerate() {
+            let (rs, ks) = (i % (self.r * self.s), i / (self.r * self.s));
+            let (ki, ci) = (ks / self.c, ks % self.c);
+            let j = self.index(ki, ci, rs / self.s, rs % self.s);
+            self.data[j] = *v;
+        }
+        Ok(())
+    }
+
+    /// The logical part as a plain KCRS filter.
+    pub fn to_kcrs(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.k * self.c * self.r * self.s];
+        for (i, o) in out.iter_mut().enumerate() {
+            let (rs, ks) = (i % (self.r * self.s), i / (self.r * self.s));
+            *o = self.data[self.index(ks / self.c, ks % self.c, rs / self.s, rs % self.s)];
+        }
+        out
+    }
+
+    /// Offset of element (k, c, r, s).
+    #[inline]
+    pub fn index(&self, k: usize, c: usize, r: usize, s: usize) -> usize {
+        let cb = self.c.div_ceil(self.bc);
+        (((((k / self.bk) * cb + c / self.bc) * self.r + r) * self.s + s) * self.bc + c % self.bc)
+            * self.bk
+            + k % self.bk
+    }
+
+    /// (k, c, r, s, bk, bc).
+    pub fn dims(&self) -> (usize, usize, usize, usize, usize, usize) {
+        (self.k, self.c, self.r, self.s, self.bk, self.bc)
+    }
+
+    /// Writes the filter with input and output channels swapped into `t`
+    /// (`[C/bc][K/bk][R][S][bk][bc]`, taps not flipped): what backward-data
+    /// reads. A transpose of every `bc x bk` block, parallel over `pool`.
+    pub fn transpose_into(&self, t: &mut Filter, pool: &Pool) -> Result<()> {
+        let want = (self.c, self.k, self.r, self.s, self.bc, self.bk);
+        if t.dims() != want {
+            return Err(shape(
+                "transposed filter",
+                format!("{:?}", t.dims()),
+                format!("must be (k, c, r, s, bk, bc) = {want:?}"),
+            ));
+        }
+        let (kb, cb, rs, blk) = (
+            self.k.div_ceil(self.bk),
+            self.c.div_ceil(self.bc),
+            self.r * self.s,
+            self.bk * self.bc,
+        );
+        let dst = crate::layout::SyncPtr(t.data.as_mut_ptr());
+        let threads = pool.threads();
+        let (bk, bc) = (self.bk, self.bc);
+        pool.broadcast(|th| {
+            for ci in (th * cb / threads)..((th + 1) * cb / threads) {
+                for ki in 0..kb {
+                    for x in 0..rs {
+                        let s = &self.data[((ki * cb + ci) * rs + x) * blk..][..blk];
+                        // SAFETY: each C block of the target belongs to one thread.
+                        let d = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                dst.get().add(((ci * kb + ki) * rs + x) * blk),
+                                blk,
+                            )
+                        };
+                        // s is [bc][bk], d is [bk][bc].
+                        for i in 0..bc {
+                            for j in 0..bk {
+                                d[j * bc + i] = s[i * bk + j];
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,337 @@
+//! Convolution passes against a naive f64 convolution in plain NCHW/KCRS.
+
+use brgemm_primitives::fc::PassConfig;
+use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
+use proptest::prelude::*;
+
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+/// (input row, input column) a tap reads, or None in the padding.
+fn src(p: &ConvParams, o: (usize, usize), t: (usize, usize)) -> Option<(usize, usize)> {
+    let y = (o.0 * p.stride + t.0 * p.dilation) as isize - p.pad_h as isize;
+    let x = (o.1 * p.stride + t.1 * p.dilation) as isize - p.pad_w as isize;
+    (y >= 0 && x >= 0 && (y as usize) < p.h && (x as usize) < p.w)
+        .then_some((y as usize, x as usize))
+}
+
+/// Visits every (n, k, c, p, q, r, s, h, w) term of the convolution sum.
+fn terms(p: &ConvParams, mut f: impl FnMut([usize; 9])) {
+    for n in 0..p.n {
+        for k in 0..p.k {
+            for c in 0..p.c {
+                for oy in 0..p.p() {
+                    for ox in 0..p.q() {
+                        for r in 0..p.r {
+                            for s in 0..p.s {
+                                if let Some((y, x)) = src(p, (oy, ox), (r, s)) {
+                                    f([n, k, c, oy, ox, r, s, y, x]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct Naive {
+    y: Vec<f64>,
+    dx: Vec<f64>,
+    dw: Vec<f64>,
+    db: Vec<f64>,
+}
+
+/// Pre-activation forward, backward-data and backward-weights for the
+/// output gradient `dy`, all in f64.
+fn naive(p: &ConvParams, x: &[f32], w: &[f32], b: &[f32], dy: &[f32]) -> Naive {
+    let (pp, q) = (p.p(), p.q());
+    let mut y = vec![0f64; p.n * p.k * pp * q];
+    for n in 0..p.n {
+        for k in 0..p.k {
+            for i in 0..pp * q {
+                y[(n * p.k + k) * pp * q + i] = b[k] as f64;
+            }
+        }
+    }
+    let mut dx = vec![0f64; x.len()];
+    let mut dw = vec![0f64; w.len()];
+    terms(p, |[n, k, c, oy, ox, r, s, iy, ix]| {
+        let yi = ((n * p.k + k) * pp + oy) * q + ox;
+        let xi = ((n * p.c + c) * p.h + iy) * p.w + ix;
+        let wi = ((k * p.c + c) * p.r + r) * p.s + s;
+        y[yi] += x[xi] as f64 * w[wi] as f64;
+        dx[xi] += dy[yi] as f64 * w[wi] as f64;
+        dw[wi] += dy[yi] as f64 * x[xi] as f64;
+    });
+    let mut db = vec![0f64; p.k];
+    for n in 0..p.n {
+        for (k, d) in db.iter_mut().enumerate() {
+            *d += dy[(n * p.k + k) * pp * q..][..pp * q]
+                .iter()
+                .map(|v| *v as f64)
+                .sum::<f64>();
+        }
+    }
+    Naive { y, dx, dw, db }
+}
+
+fn close(what: &str, got: &[f32], want: &[f64], scale: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = 1e-4 * scale.max(1.0) + 1e-4 * w.abs();
+        assert!(
+            (*g as f64 - w).abs() <= tol,
+            "{what}[{i}]: got {g}, want {w} (tol {tol})"
+        );
+    }
+}
+
+/// Runs all three passes of `conv` and compares them with the reference.
+fn check(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) {
+    let conv = Conv::with_tuning(p, act, t).unwrap();
+    let pool = Pool::new(2).unwrap();
+    let xs = data(p.n * p.c * p.h * p.w, seed);
+    let ws = data(p.k * p.c * p.r * p.s, seed + 1);
+    let bs = data(p.k, seed + 2);
+    let dys = data(p.n * p.k * p.p() * p.q(), seed + 3);
+    let tn = conv.tuning().clone();
+    let x = Tensor4::from_nchw(&xs, p.n, p.c, p.h, p.w, tn.bc).unwrap();
+    let w = Filter::from_kcrs(&ws, (p.k, p.c, p.r, p.s), tn.bk, tn.bc).unwrap();
+    let mut bias = vec![0.0; conv.padded_k()];
+    bias[..p.k].copy_from_slice(&bs);
+    let mut y = conv.y_tensor();
+    conv.forward(&pool, &x, &w, &bias, &mut y).unwrap();
+    let want = naive(&p, &xs, &ws, &bs, &dys);
+    let scale = (p.c * p.r * p.s) as f64;
+    let act_want: Vec<f64> = want.y.iter().map(|v| act.apply(*v as f32) as f64).collect();
+    close("Y", &y.to_nchw(), &act_want, scale);
+    // Channel padding stays zero.
+    let yc = y.to_nchw();
+    let mut y_again = Tensor4::from_nchw(&yc, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
+    y_again
+        .data
+        .iter_mut()
+        .zip(&y.data)
+        .for_each(|(a, b)| *a -= b);
+    assert!(
+        y_again.data.iter().all(|v| *v == 0.0),
+        "padding of Y not zero"
+    );
+
+    // Backward with dZ = dY (the activation's derivative is tested apart).
+    let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
+    let mut wt = conv.filter_t();
+    conv.transpose_filter(&pool, &w, &mut wt).unwrap();
+    let mut dx = conv.x_tensor();
+    dx.data.fill(f32::NAN);
+    conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap();
+    close("dX", &dx.to_nchw(), &want.dx, (p.k * p.r * p.s) as f64);
+    let mut dw = conv.filter();
+    dw.data.fill(f32::NAN);
+    let mut db = vec![f32::NAN; conv.padded_k()];
+    conv.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+        .unwrap();
+    close("dW", &dw.to_kcrs(), &want.dw, (p.n * p.p() * p.q()) as f64);
+    close("db", &db[..p.k], &want.db, (p.n * p.p() * p.q()) as f64);
+    assert!(
+        dw.data.iter().all(|v| v.is_finite()),
+        "dW padding not written"
+    );
+}
+
+#[test]
+fn resnet_like_shapes() {
+    for (p, act) in [
+        (
+            ConvParams::new(2, 8, 16, 9, 9, 3, 3).pad(1),
+            Activation::Relu,
+        ),
+        (ConvParams::new(2, 16, 8, 7, 7, 1, 1), Activation::Identity),
+        (
+            ConvParams::new(1, 3, 8, 15, 15, 7, 7).stride(2).pad(3),
+            Activation::Relu,
+        ),
+        (
+            ConvParams::new(2, 5, 7, 6, 5, 3, 3).stride(2).pad(1),
+            Activation::Sigmoid,
+        ),
+        (
+            ConvParams::new(1, 4, 4, 10, 10, 3, 3).dilation(2).pad(2),
+            Activation::Tanh,
+        ),
+        (
+            ConvParams::new(3, 16, 16, 8, 8, 1, 1).stride(2),
+            Activation::Identity,
+        ),
+        (
+            ConvParams::new(2, 4, 6, 5, 5, 1, 1).pad(1),
+            Activation::Identity,
+        ),
+    ] {
+        check(p, ConvTuning::heuristic(&p), act, 7);
+    }
+}
+
+#[test]
+fn channels_not_multiples_of_the_block() {
+    let p = ConvParams::new(2, 10, 13, 6, 7, 3, 3).pad(1);
+    let mut t = ConvTuning::heuristic(&p);
+    t.bc = 4;
+    t.bk = 8;
+    t.bq = 4;
+    check(p, t, Activation::Sigmoid, 3);
+}
+
+#[test]
+fn every_valid_spec_gives_the_same_result() {
+    let p = ConvParams::new(2, 8, 8, 6, 6, 3, 3).pad(1);
+    let p2 = ConvParams::new(2, 8, 8, 7, 7, 3, 3).stride(2).pad(1);
+    let base = |p: &ConvParams| {
+        let mut t = ConvTuning::heuristic(p);
+        t.bc = 4;
+        t.bk = 4;
+        t.bq = 4;
+        t
+    };
+    for spec in [
+        "ABcde", "BAcde", "Aecdb", "abcde", "ABCDe", "eabcd", "AAbcde",
+    ] {
+        let mut t = base(&p);
+        t.fwd = PassConfig {
+            chunk: 1,
+            blocks_a: vec![1],
+            ..PassConfig::spec(spec)
+        };
+        t.bwd = t.fwd.clone();
+        check(p, t, Activation::Relu, 11);
+    }
+    for spec in ["ABcdef", "BAfedc", "abcdef", "BAcdef"] {
+        let mut t = base(&p2);
+        t.bwd = PassConfig::spec(spec);
+        check(p2, t, Activation::Identity, 12);
+    }
+    for (spec, chunk) in [
+        ("aBCDE", 3),
+        ("BCDEa", 1),
+        ("abcde", 5),
+        ("deaBC", 0),
+        ("CBDEa", 2),
+    ] {
+        for (q, seed) in [(p, 13), (p2, 14)] {
+            let mut t = base(&q);
+            t.upd = PassConfig {
+                chunk,
+                ..PassConfig::spec(spec)
+            };
+            check(q, t, Activation::Identity, seed);
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_and_buffers_are_errors() {
+    let e = Conv::new(
+        ConvParams::new(1, 3, 4, 4, 4, 7, 7).pad(1),
+        Activation::Relu,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("r = 7") && e.contains("padded input height 6"),
+        "{e}"
+    );
+    let e = Conv::new(
+        ConvParams::new(1, 3, 4, 8, 8, 3, 3).stride(0),
+        Activation::Relu,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("stride = 0"), "{e}");
+    let e = Conv::new(ConvParams::new(1, 0, 4, 8, 8, 3, 3), Activation::Relu)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c = 0"), "{e}");
+    let p = ConvParams::new(2, 4, 4, 8, 8, 3, 3).pad(1);
+    let conv = Conv::new(p, Activation::Relu).unwrap();
+    let pool = Pool::new(1).unwrap();
+    let x = Tensor4::zeros(2, 4, 8, 9, 4).unwrap();
+    let mut y = conv.y_tensor();
+    let e = conv
+        .forward(&pool, &x, &conv.filter(), &[0.0; 4], &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("X") && e.contains("(2, 4, 8, 9, 4)"), "{e}");
+    let e = conv
+        .forward(&pool, &conv.x_tensor(), &conv.filter(), &[0.0; 3], &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bias") && e.contains("expected 4"), "{e}");
+    let e = conv
+        .forward(&pool, &conv.x_tensor(), &conv.filter_t(), &[0.0; 4], &mut y)
+        .map(|_| ())
+        .err();
+    // A 4x4 filter transposed has the same dims: not an error here.
+    assert!(e.is_none());
+    let mut t = ConvTuning::heuristic(&p);
+    t.upd = PassConfig::spec("Abcde");
+    let e = Conv::with_tuning(p, Activation::Relu, t)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("conv upd") && e.contains("Abcde"), "{e}");
+    let e = Conv::new(p, Activation::Gelu).unwrap_err().to_string();
+    assert!(e.contains("Gelu"), "{e}");
+}
+
+fn arb_params() -> impl Strategy<Value = ConvParams> {
+    (
+        1usize..3,
+        1usize..10,
+        1usize..10,
+        1usize..10,
+        1usize..10,
+        prop::sample::select(vec![1usize, 2, 3, 5]),
+        1usize..4,
+        0usize..3,
+        1usize..3,
+    )
+        .prop_filter_map(
+            "filter larger than the padded input",
+            |(n, c, k, h, w, r, st, pad, d)| {
+                let p = ConvParams::new(n, c, k, h, w, r, r)
+                    .stride(st)
+                    .pad(pad)
+                    .dilation(d);
+                p.validate().ok().map(|_| p)
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)))]
+    #[test]
+    fn any_shape_matches_the_reference(
+        p in arb_params(),
+        bc in 1usize..6,
+        bk in 1usize..6,
+        bq in 1usize..9,
+        seed in 0u64..1000,
+    ) {
+        let mut t = ConvTuning::heuristic(&p);
+        t.bc = bc;
+        t.bk = bk;
+        t.bq = bq;
+        check(p, t, Activation::Relu, seed);
+    }
+}
