@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example bench -- brgemm [--quick]
 //! cargo run --release --example bench -- fc [--quick]
+//! cargo run --release --example bench -- conv [--quick] [--layer NAME]
 //! cargo run --release --example bench -- loops
 //! cargo build --release --features mpi --example bench
 //! mpirun -np R target/release/examples/bench mpi
@@ -65,10 +66,11 @@ fn main() {
                 bench_brgemm_bf16(&opts);
             }
             "fc" => bench_fc(&opts),
+            "conv" => bench_conv(&opts),
             "loops" => bench_loops(),
             "mpi" => bench_mpi(),
             other => {
-                eprintln!("unknown bench {other:?}; known: brgemm, fc, loops, mpi");
+                eprintln!("unknown bench {other:?}; known: brgemm, fc, conv, loops, mpi");
                 std::process::exit(2);
             }
         }
@@ -266,6 +268,101 @@ fn bench_fc(o: &Opts) {
             line("upd", &t.upd.spec, s, s2, p);
         }
         x.data.clear();
+    }
+}
+
+/// The ResNet-50 layers of the convolution benchmark: (name, C, K, H, W, R, S, stride).
+pub const RESNET_LAYERS: [(&str, usize, usize, usize, usize, usize, usize, usize); 7] = [
+    ("res2_3x3", 64, 64, 56, 56, 3, 3, 1),
+    ("res2_1x1_up", 64, 256, 56, 56, 1, 1, 1),
+    ("res2_1x1_down", 256, 64, 56, 56, 1, 1, 1),
+    ("res3_3x3", 128, 128, 28, 28, 3, 3, 1),
+    ("res4_3x3", 256, 256, 14, 14, 3, 3, 1),
+    ("res5_3x3", 512, 512, 7, 7, 3, 3, 1),
+    ("conv1_7x7", 3, 64, 224, 224, 7, 7, 2),
+];
+
+/// Convolution passes on the ResNet-50 layers at minibatch 8. `upd` includes
+/// the per-call relayout of X it reads; `fwd` the zero-padded input copy.
+fn bench_conv(o: &Opts) {
+    use brgemm_primitives::{Activation, Conv, ConvParams};
+    let isa = Isa::selected().expect("ISA");
+    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let samples = if o.quick { 3 } else { 7 };
+    let only: Option<String> = std::env::args().skip_while(|a| a != "--layer").nth(1);
+    let n = 8;
+    for (name, c, k, h, w, r, s, stride) in RESNET_LAYERS {
+        if only.as_deref().is_some_and(|l| l != name) {
+            continue;
+        }
+        let p = ConvParams::new(n, c, k, h, w, r, s)
+            .stride(stride)
+            .pad(r / 2);
+        let conv = Conv::new(p, Activation::Relu).expect("plan");
+        let mut x = conv.x_tensor();
+        let mut wf = conv.filter();
+        x.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+        wf.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+        let bias = vec![0.1f32; conv.padded_k()];
+        let (mut y, mut dz, mut dx, mut wt, mut dw) = (
+            conv.y_tensor(),
+            conv.y_tensor(),
+            conv.x_tensor(),
+            conv.filter_t(),
+            conv.filter(),
+        );
+        dz.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        conv.transpose_filter(&Pool::new(1).unwrap(), &wf, &mut wt)
+            .unwrap();
+        let mut db = vec![0.0f32; conv.padded_k()];
+        let t = conv.tuning().clone();
+        for threads in [1usize, 2] {
+            let pool = Pool::new(threads).expect("pool");
+            let flops = conv.flops();
+            let line = |pass: &str, spec: &str, s_: f64, peak: f64| {
+                let gf = flops / s_ / 1e9;
+                println!(
+                    r#"{{"bench":"conv","pass":"{pass}","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"peak_gflops":{peak:.1},"pct_peak":{:.1}}}"#,
+                    t.bc,
+                    t.bk,
+                    t.bq,
+                    100.0 * gf / peak
+                );
+            };
+            let (sec, pk) = measure_pool(
+                || conv.forward(&pool, &x, &wf, &bias, &mut y).unwrap(),
+                &pool,
+                &probe,
+                samples,
+            );
+            line("fwd", &t.fwd.spec, sec, pk);
+            let (sec, pk) = measure_pool(
+                || conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                &pool,
+                &probe,
+                samples,
+            );
+            line("bwd", &t.bwd.spec, sec, pk);
+            let (sec, pk) = measure_pool(
+                || {
+                    conv.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                        .unwrap()
+                },
+                &pool,
+                &probe,
+                samples,
+            );
+            line("upd", &t.upd.spec, sec, pk);
+        }
     }
 }
 

@@ -454,7 +454,7 @@ struct Upd {
 }
 
 enum Bwd {
-    Gather(Gather),
+    Gather(Box<Gather>),
     Scatter(Scatter),
 }
 
@@ -543,7 +543,7 @@ impl Conv {
         let d = pr.dilation;
         let bwd = if pr.bwd_gathers() {
             let bqb = t.bq.min(w);
-            Bwd::Gather(Gather::new(
+            Bwd::Gather(Box::new(Gather::new(
                 "bwd",
                 GatherGeom {
                     n: pr.n,
@@ -566,7 +566,7 @@ impl Conv {
                 },
                 &t.bwd,
                 Epilogue::default(),
-            )?)
+            )?))
         } else {
             let loops = vec![
                 LoopDef::new("images", pr.n, 1),

@@ -14,11 +14,16 @@
 //!   Adam, Kaiming/Xavier initialisation from a seeded RNG.
 //! - [`tensor`], [`conv`]: blocked 4-D tensors ([`Tensor4`], [`Filter`]) and
 //!   the convolution layer [`Conv`] (forward, backward-data, backward-weights).
+//! - [`pool2d`], [`norm`], [`eltwise`]: max/average/global pooling, batch
+//!   normalisation, ReLU, dropout and flattening into the FC layout.
+//! - [`cnn`]: [`Cnn`], convolution stages and an MLP head trained end to end.
 //! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
 //!   gradients and optimizer state, with save and load.
 #![deny(missing_docs)]
 
+pub mod cnn;
 pub mod conv;
+pub mod eltwise;
 pub mod error;
 pub mod fc;
 pub mod init;
@@ -26,17 +31,22 @@ pub mod layout;
 pub mod loops;
 pub mod loss;
 pub mod model;
+pub mod norm;
 pub mod optim;
+pub mod pool2d;
 pub mod tensor;
 pub mod threads;
 
 pub use brgemm::Activation;
+pub use cnn::{Cnn, CnnSpec, StageSpec};
 pub use conv::{Conv, ConvParams, ConvTuning};
 pub use error::{Error, Result};
 pub use fc::{Fc, FcTuning, PassConfig};
 pub use layout::{Blocked, Inner};
 pub use loops::{LoopDef, LoopNest};
 pub use model::{LayerSpec, Mlp};
+pub use norm::BatchNorm;
 pub use optim::Optimizer;
+pub use pool2d::{Pool2d, PoolKind};
 pub use tensor::{Filter, Tensor4};
 pub use threads::Pool;

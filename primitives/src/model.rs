@@ -47,6 +47,7 @@ pub struct Mlp {
     batch: usize,
     layers: Vec<Layer>,
     dlogits: Blocked,
+    input_grad: bool,
 }
 
 fn act_code(a: Activation) -> u8 {
@@ -145,6 +146,7 @@ impl Mlp {
             batch,
             layers,
             dlogits,
+            input_grad: false,
         })
     }
 
@@ -207,7 +209,7 @@ impl Mlp {
             l.fc.relayout_input(pool, input, &mut l.xt)?;
             l.fc.backward_weights(pool, &l.dz, &l.xt, &mut l.dw, &mut l.db)?;
             ready(i, &mut l.dw, &mut l.db);
-            if i > 0 {
+            if i > 0 || self.input_grad {
                 l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
                 l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
             }
@@ -239,6 +241,18 @@ impl Mlp {
         let loss = loss::softmax_cross_entropy(logits, labels, &mut self.dlogits)?;
         self.backward(pool, x, &mut ready)?;
         Ok(loss)
+    }
+
+    /// Whether backward also computes dL/dinput (for a network in front of
+    /// this MLP, e.g. convolutions); off by default.
+    pub fn set_input_gradient(&mut self, on: bool) {
+        self.input_grad = on;
+    }
+
+    /// dL/dinput of the last backward (valid with [`Mlp::set_input_gradient`]),
+    /// in the layout of [`Mlp::input_layout`].
+    pub fn input_gradient(&self) -> &Blocked {
+        &self.layers[0].dx
     }
 
     /// Mutable gradient buffers of layer `i` (blocked weights, padded bias),

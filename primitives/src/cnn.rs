@@ -1,0 +1,384 @@
+//! [`Cnn`]: convolution stages (conv, optional batch norm, ReLU, optional
+//! pooling) followed by dropout and an [`Mlp`] head, trained end to end on
+//! the blocked layouts.
+//!
+//! A stage is `conv -> ReLU` (fused into the convolution's epilogue) or
+//! `conv -> batch norm -> ReLU`, then max pooling. Backward runs the same
+//! chain in reverse: pooling, ReLU, batch norm, then the convolution's
+//! backward-weights and (except for the first stage) backward-data.
+
+use crate::conv::{Conv, ConvParams, ConvTuning};
+use crate::eltwise::{self, Dropout};
+use crate::error::{shape, Result};
+use crate::init::{self, Init, Rng};
+use crate::layout::Blocked;
+use crate::loss;
+use crate::model::{LayerSpec, Mlp};
+use crate::norm::BatchNorm;
+use crate::optim::{OptState, Optimizer};
+use crate::pool2d::{Pool2d, PoolKind};
+use crate::tensor::{Filter, Tensor4};
+use crate::threads::Pool;
+use brgemm::Activation;
+
+/// One convolution stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageSpec {
+    /// Output channels.
+    pub channels: usize,
+    /// Square filter size (padding keeps the size: `kernel / 2`).
+    pub kernel: usize,
+    /// Batch normalisation between the convolution and the ReLU.
+    pub batchnorm: bool,
+    /// Max-pooling window and stride (0 or 1: none).
+    pub pool: usize,
+}
+
+/// A CNN: input geometry, stages, FC head.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CnnSpec {
+    /// Input (channels, height, width).
+    pub input: (usize, usize, usize),
+    /// Convolution stages, first to last.
+    pub stages: Vec<StageSpec>,
+    /// Hidden FC layers (ReLU).
+    pub hidden: Vec<usize>,
+    /// Classes (the last FC layer, identity).
+    pub classes: usize,
+    /// Dropout probability before the FC head (0: none).
+    pub dropout: f32,
+}
+
+struct BnPart {
+    bn: BatchNorm,
+    z: Tensor4,
+    a: Tensor4,
+    dz: Tensor4,
+    dgamma: Vec<f32>,
+    dbeta: Vec<f32>,
+    og: OptState,
+    ob: OptState,
+}
+
+struct PoolPart {
+    pool: Pool2d,
+    out: Tensor4,
+    argmax: Vec<u32>,
+}
+
+struct Stage {
+    conv: Conv,
+    w: Filter,
+    wt: Filter,
+    b: Vec<f32>,
+    dw: Filter,
+    db: Vec<f32>,
+    ow: OptState,
+    ob: OptState,
+    y: Tensor4,
+    dy: Tensor4,
+    bn: Option<BnPart>,
+    pool: Option<PoolPart>,
+    /// dL/d(ReLU output) (the pooling's input gradient).
+    dact: Tensor4,
+    /// dL/d(stage output).
+    dout: Tensor4,
+}
+
+impl Stage {
+    fn act(&self) -> &Tensor4 {
+        self.bn.as_ref().map_or(&self.y, |b| &b.a)
+    }
+    fn out(&self) -> &Tensor4 {
+        match &self.pool {
+            Some(p) => &p.out,
+            None => self.act(),
+        }
+    }
+}
+
+/// A planned CNN with its parameters, gradients and optimizer state.
+pub struct Cnn {
+    batch: usize,
+    input: (usize, usize, usize),
+    stages: Vec<Stage>,
+    flat: Blocked,
+    dropped: Blocked,
+    dflat: Blocked,
+    dropout: Option<Dropout>,
+    mlp: Mlp,
+}
+
+impl Cnn {
+    /// Plans every layer for minibatch `batch`, weights drawn from `seed`
+    /// (Kaiming for convolutions and hidden layers).
+    pub fn new(spec: &CnnSpec, batch: usize, seed: u64) -> Result<Cnn> {
+        if spec.stages.is_empty() {
+            return Err(shape(
+                "stages",
+                0,
+                "a CNN needs at least one convolution stage",
+            ));
+        }
+        let mut rng = Rng::new(seed);
+        let (mut c, mut h, mut w) = spec.input;
+        let mut prev_block: Option<usize> = None;
+        let mut stages = vec![];
+        for (i, st) in spec.stages.iter().enumerate() {
+            let params = ConvParams::new(batch, c, st.channels, h, w, st.kernel, st.kernel)
+                .pad(st.kernel / 2);
+            params.validate()?;
+            let mut t = ConvTuning::heuristic(&params);
+            if let Some(b) = prev_block {
+                t.bc = b;
+            }
+            let act = if st.batchnorm {
+                Activation::Identity
+            } else {
+                Activation::Relu
+            };
+            let conv = Conv::with_tuning(params, act, t)?;
+            let mut wf = conv.filter();
+            wf.set_kcrs(&init::weights(
+                Init::Kaiming,
+                st.channels,
+                c * st.kernel * st.kernel,
+                &mut rng,
+            ))?;
+            let y = conv.y_tensor();
+            let bn = if st.batchnorm {
+                Some(BnPart {
+                    bn: BatchNorm::new(y.c, y.bc)?,
+                    z: y.clone(),
+                    a: y.clone(),
+                    dz: y.clone(),
+                    dgamma: vec![0.0; y.padded_c()],
+                    dbeta: vec![0.0; y.padded_c()],
+                    og: OptState::default(),
+                    ob: OptState::default(),
+                })
+            } else {
+                None
+            };
+            let pool = if st.pool > 1 {
+                let p = Pool2d::new(PoolKind::Max, &y, st.pool, st.pool, 0)
+                    .map_err(|e| shape(format!("stage {i} pool"), st.pool, e.to_string()))?;
+                let out = p.output();
+                Some(PoolPart {
+                    argmax: vec![0; out.data.len()],
+                    pool: p,
+                    out,
+                })
+            } else {
+                None
+            };
+            let out_t = pool.as_ref().map_or(y.clone(), |p| p.out.clone());
+            (c, h, w) = (out_t.c, out_t.h, out_t.w);
+            prev_block = Some(out_t.bc);
+            stages.push(Stage {
+                wt: conv.filter_t(),
+                b: vec![0.0; conv.padded_k()],
+                dw: conv.filter(),
+                db: vec![0.0; conv.padded_k()],
+                ow: OptState::default(),
+                ob: OptState::default(),
+                dy: y.clone(),
+                dact: y.clone(),
+                dout: out_t,
+                y,
+                bn,
+                pool,
+                w: wf,
+                conv,
+            });
+        }
+        let feats = c * h * w;
+        let mut layers: Vec<LayerSpec> = spec
+            .hidden
+            .iter()
+            .map(|&out| LayerSpec {
+                out,
+                act: Activation::Relu,
+            })
+            .collect();
+        layers.push(LayerSpec {
+            out: spec.classes,
+            act: Activation::Identity,
+        });
+        let mut mlp = Mlp::new(feats, batch, &layers, rng.next_u64())?;
+        mlp.set_input_gradient(true);
+        let flat = mlp.input_layout();
+        Ok(Cnn {
+            batch,
+            input: spec.input,
+            stages,
+            dropped: flat.clone(),
+            dflat: flat.clone(),
+            flat,
+            dropout: (spec.dropout > 0.0)
+                .then(|| Dropout::new(spec.dropout, seed ^ 0xd20b))
+                .transpose()?,
+            mlp,
+        })
+    }
+
+    /// Minibatch size.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// A zero input tensor in the layout the first convolution reads.
+    pub fn input_tensor(&self) -> Tensor4 {
+        self.stages[0].conv.x_tensor()
+    }
+
+    /// Floating-point operations of one training step (forward, backward-data
+    /// and backward-weights of every convolution and FC layer; the first
+    /// convolution has no backward-data).
+    pub fn train_flops(&self) -> f64 {
+        let conv: f64 = self.stages.iter().map(|s| s.conv.flops()).sum::<f64>() * 3.0
+            - self.stages[0].conv.flops();
+        conv + self.mlp.train_flops()
+    }
+
+    fn forward_stages(&mut self, pool: &Pool, x: &Tensor4, train: bool) -> Result<()> {
+        for i in 0..self.stages.len() {
+            let (done, rest) = self.stages.split_at_mut(i);
+            let s = &mut rest[0];
+            let input = if i == 0 { x } else { done[i - 1].out() };
+            s.conv.forward(pool, input, &s.w, &s.b, &mut s.y)?;
+            if let Some(b) = &mut s.bn {
+                if train {
+                    b.bn.forward_train(pool, &s.y, &mut b.z)?;
+                } else {
+                    b.bn.forward_infer(pool, &s.y, &mut b.z)?;
+                }
+                eltwise::relu_forward(pool, &b.z.data, &mut b.a.data)?;
+            }
+            if let Some(p) = &mut s.pool {
+                let act = s.bn.as_ref().map_or(&s.y, |b| &b.a);
+                p.pool
+                    .forward(pool, act, &mut p.out, train.then_some(&mut p.argmax[..]))?;
+            }
+        }
+        eltwise::flatten(pool, self.stages.last().unwrap().out(), &mut self.flat)
+    }
+
+    /// Logits of the minibatch `x` (inference mode: running batch-norm
+    /// statistics, no dropout).
+    pub fn forward(&mut self, pool: &Pool, x: &Tensor4) -> Result<&Blocked> {
+        self.forward_stages(pool, x, false)?;
+        self.mlp.forward(pool, &self.flat)
+    }
+
+    /// Predicted classes of the first `rows` images of `x`.
+    pub fn predict(&mut self, pool: &Pool, x: &Tensor4, rows: usize) -> Result<Vec<usize>> {
+        let logits = self.forward(pool, x)?;
+        loss::argmax_rows(logits, rows)
+    }
+
+    /// Forward (training mode), loss on the first `labels.len()` images and
+    /// backward; leaves every gradient in the model and returns the mean loss.
+    pub fn compute_gradients(&mut self, pool: &Pool, x: &Tensor4, labels: &[usize]) -> Result<f32> {
+        self.forward_stages(pool, x, true)?;
+        let head_in = match &mut self.dropout {
+            Some(d) => {
+                d.forward_train(pool, &self.flat.data, &mut self.dropped.data)?;
+                &self.dropped
+            }
+            None => &self.flat,
+        };
+        let loss = self.mlp.compute_gradients(pool, head_in, labels)?;
+        let dflat = match &self.dropout {
+            Some(d) => {
+                d.backward(pool, &self.mlp.input_gradient().data, &mut self.dflat.data)?;
+                &self.dflat
+            }
+            None => self.mlp.input_gradient(),
+        };
+        let last = self.stages.len() - 1;
+        eltwise::unflatten(pool, dflat, &mut self.stages[last].dout)?;
+        for i in (0..self.stages.len()).rev() {
+            let (done, rest) = self.stages.split_at_mut(i);
+            let s = &mut rest[0];
+            let input = if i == 0 { x } else { done[i - 1].out() };
+            let dact = match &s.pool {
+                Some(p) => {
+                    p.pool
+                        .backward(pool, &s.dout, Some(&p.argmax), &mut s.dact)?;
+                    &s.dact
+                }
+                None => &s.dout,
+            };
+            match &mut s.bn {
+                Some(b) => {
+                    eltwise::relu_backward(pool, &dact.data, &b.a.data, &mut b.dz.data)?;
+                    b.bn.backward(pool, &s.y, &b.dz, &mut s.dy, &mut b.dgamma, &mut b.dbeta)?;
+                }
+                None => s.conv.activation_backward(pool, dact, &s.y, &mut s.dy)?,
+            }
+            s.conv
+                .backward_weights(pool, &s.dy, input, &mut s.dw, &mut s.db)?;
+            if i > 0 {
+                s.conv.transpose_filter(pool, &s.w, &mut s.wt)?;
+                s.conv
+                    .backward_data(pool, &s.dy, &s.wt, &mut done[i - 1].dout)?;
+            }
+        }
+        Ok(loss)
+    }
+
+    /// Applies the optimizer to every parameter.
+    pub fn apply_gradients(&mut self, opt: &Optimizer) {
+        for s in &mut self.stages {
+            s.ow.step(opt, &mut s.w.data, &s.dw.data);
+            s.ob.step(opt, &mut s.b, &s.db);
+            if let Some(b) = &mut s.bn {
+                b.og.step(opt, &mut b.bn.gamma, &b.dgamma);
+                b.ob.step(opt, &mut b.bn.beta, &b.dbeta);
+            }
+        }
+        self.mlp.apply_gradients(opt);
+    }
+
+    /// One training step; returns the loss.
+    pub fn train_step(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4,
+        labels: &[usize],
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        let loss = self.compute_gradients(pool, x, labels)?;
+        self.apply_gradients(opt);
+        Ok(loss)
+    }
+
+    /// Input (channels, height, width).
+    pub fn input_dims(&self) -> (usize, usize, usize) {
+        self.input
+    }
+
+    /// Convolution stages.
+    pub fn depth(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// Mutable filter and bias of convolution stage `i` (blocked filter,
+    /// padded bias), e.g. for tests or to load weights.
+    pub fn conv_parameters_mut(&mut self, i: usize) -> (&mut Filter, &mut [f32]) {
+        let s = &mut self.stages[i];
+        (&mut s.w, &mut s.b)
+    }
+
+    /// Gradients of convolution stage `i`.
+    pub fn conv_gradients(&self, i: usize) -> (&Filter, &[f32]) {
+        let s = &self.stages[i];
+        (&s.dw, &s.db)
+    }
+
+    /// The FC head.
+    pub fn head(&mut self) -> &mut Mlp {
+        &mut self.mlp
+    }
+}

@@ -1,0 +1,172 @@
+//! Element-wise steps between layers, on any blocked buffer (the zero
+//! padding of a layout maps to zero, so they work on the raw data): ReLU,
+//! inverted dropout, and flattening a [`Tensor4`] into the FC layout.
+
+use crate::error::{check_buf, shape, Result};
+use crate::init::Rng;
+use crate::layout::{Blocked, SyncPtr};
+use crate::tensor::Tensor4;
+use crate::threads::Pool;
+
+/// Runs `f(offset, chunk)` over `out` cut into one contiguous chunk per thread.
+fn par_chunks(pool: &Pool, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    let len = out.len();
+    let p = SyncPtr(out.as_mut_ptr());
+    let threads = pool.threads();
+    pool.broadcast(|t| {
+        let (lo, hi) = (t * len / threads, (t + 1) * len / threads);
+        // SAFETY: disjoint ranges per thread.
+        f(lo, unsafe {
+            std::slice::from_raw_parts_mut(p.get().add(lo), hi - lo)
+        });
+    });
+}
+
+/// y = max(x, 0).
+pub fn relu_forward(pool: &Pool, x: &[f32], y: &mut [f32]) -> Result<()> {
+    check_buf("relu output", y.len(), x.len())?;
+    par_chunks(pool, y, |lo, out| {
+        for (o, v) in out.iter_mut().zip(&x[lo..]) {
+            *o = v.max(0.0);
+        }
+    });
+    Ok(())
+}
+
+/// dx = dy where y > 0, else 0.
+pub fn relu_backward(pool: &Pool, dy: &[f32], y: &[f32], dx: &mut [f32]) -> Result<()> {
+    check_buf("relu dy", dy.len(), dx.len())?;
+    check_buf("relu y", y.len(), dx.len())?;
+    par_chunks(pool, dx, |lo, out| {
+        for ((o, g), v) in out.iter_mut().zip(&dy[lo..]).zip(&y[lo..]) {
+            *o = if *v > 0.0 { *g } else { 0.0 };
+        }
+    });
+    Ok(())
+}
+
+/// Inverted dropout: keeps each element with probability `1 - p`, scaled
+/// by `1 / (1 - p)`, so inference needs no change.
+#[derive(Debug, Clone)]
+pub struct Dropout {
+    /// Probability of dropping an element, in [0, 1).
+    pub p: f32,
+    /// The scale per element of the last training forward (0 or 1/(1-p)).
+    mask: Vec<f32>,
+    rng: Rng,
+}
+
+/// Elements per independently seeded run of the mask: the mask is the same
+/// for any number of threads.
+const DROP_RUN: usize = 4096;
+
+impl Dropout {
+    /// Dropout with probability `p`, masks drawn from `seed`.
+    pub fn new(p: f32, seed: u64) -> Result<Dropout> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(shape("dropout p", p, "must be in [0, 1)"));
+        }
+        Ok(Dropout {
+            p,
+            mask: vec![],
+            rng: Rng::new(seed),
+        })
+    }
+
+    /// Training forward: draws a new mask and writes y = x * mask.
+    pub fn forward_train(&mut self, pool: &Pool, x: &[f32], y: &mut [f32]) -> Result<()> {
+        check_buf("dropout output", y.len(), x.len())?;
+        self.mask.resize(x.len(), 0.0);
+        let step = self.rng.next_u64();
+        let (p, scale) = (self.p, 1.0 / (1.0 - self.p));
+        par_chunks(pool, &mut self.mask, |lo, m| {
+            // Runs start at multiples of DROP_RUN in the whole buffer.
+            let mut i = lo;
+            while i < lo + m.len() {
+                let run = DROP_RUN - i % DROP_RUN;
+                let end = (i + run).min(lo + m.len());
+                let mut r =
+                    Rng::new(step ^ ((i / DROP_RUN) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                for _ in 0..i % DROP_RUN {
+                    r.uniform();
+                }
+                for v in &mut m[i - lo..end - lo] {
+                    *v = if r.uniform() >= p { scale } else { 0.0 };
+                }
+                i = end;
+            }
+        });
+        let mask = &self.mask;
+        par_chunks(pool, y, |lo, out| {
+            for ((o, v), k) in out.iter_mut().zip(&x[lo..]).zip(&mask[lo..]) {
+                *o = v * k;
+            }
+        });
+        Ok(())
+    }
+
+    /// dx = dy * mask of the last training forward.
+    pub fn backward(&self, pool: &Pool, dy: &[f32], dx: &mut [f32]) -> Result<()> {
+        check_buf("dropout dy", dy.len(), self.mask.len())?;
+        check_buf("dropout dx", dx.len(), self.mask.len())?;
+        let mask = &self.mask;
+        par_chunks(pool, dx, |lo, out| {
+            for ((o, g), k) in out.iter_mut().zip(&dy[lo..]).zip(&mask[lo..]) {
+                *o = g * k;
+            }
+        });
+        Ok(())
+    }
+}
+
+fn check_flat(x: &Tensor4, f: &Blocked) -> Result<()> {
+    let feats = x.c * x.h * x.w;
+    if f.rows != x.n || f.cols != feats {
+        return Err(shape(
+            "flattened",
+            format!("{}x{}", f.rows, f.cols),
+            format!("must be N x C*H*W = {}x{feats}", x.n),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes `x` as an FC input: row n, feature `(c * H + h) * W + w` (the
+/// NCHW order, so flattened weights match other frameworks').
+pub fn flatten(pool: &Pool, x: &Tensor4, out: &mut Blocked) -> Result<()> {
+    check_flat(x, out)?;
+    let (hw, bc) = (x.h * x.w, x.bc);
+    let o = SyncPtr(out.data.as_mut_ptr());
+    let out_ref = &*out;
+    let n = x.n;
+    let threads = pool.threads();
+    pool.broadcast(|t| {
+        for ni in (t * n / threads)..((t + 1) * n / threads) {
+            for c in 0..x.c {
+                let base = x.index(ni, c, 0, 0);
+                for p in 0..hw {
+                    // SAFETY: row ni of the output belongs to this thread.
+                    unsafe { *o.get().add(out_ref.index(ni, c * hw + p)) = x.data[base + p * bc] };
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The inverse of [`flatten`]: gradients of the FC input back into the
+/// blocked tensor (channel padding set to zero).
+pub fn unflatten(pool: &Pool, d: &Blocked, dx: &mut Tensor4) -> Result<()> {
+    check_flat(dx, d)?;
+    let (hw, bc, c) = (dx.h * dx.w, dx.bc, dx.c);
+    crate::tensor::par_images(pool, dx, |ni, img| {
+        img.fill(0.0);
+        for ch in 0..c {
+            let base = (ch / bc) * hw * bc + ch % bc;
+            for p in 0..hw {
+                img[base + p * bc] = d.data[d.index(ni, ch * hw + p)];
+            }
+        }
+    });
+    Ok(())
+}

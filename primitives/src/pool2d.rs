@@ -1,0 +1,297 @@
+//! Max and average pooling (forward, backward) and global average pooling on
+//! blocked `[N][C/bc][H][W][bc]` tensors, parallel over images.
+//!
+//! Windows are `window x window` with a stride and zero padding; padded
+//! positions never win a max and are not counted in an average (the divisor
+//! is the number of real inputs under the window). The inner loops run over
+//! the `bc` lanes of a channel block, which are contiguous.
+
+use crate::error::{check_buf, shape, Result};
+use crate::tensor::{par_images, Tensor4};
+use crate::threads::Pool;
+
+/// Which reduction a pooling layer does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Maximum (backward routes the gradient to the arg-max).
+    Max,
+    /// Mean over the real (non-padding) inputs.
+    Avg,
+}
+
+/// A planned pooling layer.
+#[derive(Debug, Clone)]
+pub struct Pool2d {
+    /// Max or average.
+    pub kind: PoolKind,
+    /// Input (n, c, h, w, bc).
+    pub input: (usize, usize, usize, usize, usize),
+    /// Window height and width.
+    pub window: (usize, usize),
+    /// Stride.
+    pub stride: usize,
+    /// Zero padding on every side.
+    pub pad: usize,
+}
+
+impl Pool2d {
+    /// A `window x window` pooling of inputs shaped like `x`.
+    pub fn new(
+        kind: PoolKind,
+        x: &Tensor4,
+        window: usize,
+        stride: usize,
+        pad: usize,
+    ) -> Result<Pool2d> {
+        Pool2d::with_window(kind, x, (window, window), stride, pad)
+    }
+
+    /// Global average pooling: one output pixel per channel.
+    pub fn global_avg(x: &Tensor4) -> Result<Pool2d> {
+        Pool2d::with_window(PoolKind::Avg, x, (x.h, x.w), 1, 0)
+    }
+
+    fn with_window(
+        kind: PoolKind,
+        x: &Tensor4,
+        window: (usize, usize),
+        stride: usize,
+        pad: usize,
+    ) -> Result<Pool2d> {
+        if window.0 == 0 || window.1 == 0 {
+            return Err(shape("window", format!("{window:?}"), "must be at least 1"));
+        }
+        if stride == 0 {
+            return Err(shape("stride", 0, "must be at least 1"));
+        }
+        if pad >= window.0 || pad >= window.1 {
+            return Err(shape(
+                "pad",
+                pad,
+                "must be smaller than the window (else a window can hold only padding)",
+            ));
+        }
+        if window.0 > x.h + 2 * pad || window.1 > x.w + 2 * pad {
+            return Err(shape(
+                "window",
+                format!("{}x{}", window.0, window.1),
+                format!(
+                    "larger than the padded input {}x{}",
+                    x.h + 2 * pad,
+                    x.w + 2 * pad
+                ),
+            ));
+        }
+        Ok(Pool2d {
+            kind,
+            input: x.dims(),
+            window,
+            stride,
+            pad,
+        })
+    }
+
+    /// Output height and width.
+    pub fn out_hw(&self) -> (usize, usize) {
+        let (_, _, h, w, _) = self.input;
+        (
+            (h + 2 * self.pad - self.window.0) / self.stride + 1,
+            (w + 2 * self.pad - self.window.1) / self.stride + 1,
+        )
+    }
+
+    /// A zero output tensor.
+    pub fn output(&self) -> Tensor4 {
+        let (n, c, _, _, bc) = self.input;
+        let (p, q) = self.out_hw();
+        Tensor4::zeros(n, c, p, q, bc).unwrap()
+    }
+
+    fn check(&self, x: &Tensor4, y: &Tensor4) -> Result<()> {
+        if x.dims() != self.input {
+            return Err(shape(
+                "pool input",
+                format!("{:?}", x.dims()),
+                format!("layer needs {:?}", self.input),
+            ));
+        }
+        let want = self.output().dims();
+        if y.dims() != want {
+            return Err(shape(
+                "pool output",
+                format!("{:?}", y.dims()),
+                format!("layer needs {want:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The input rows (or columns) under output position `o` along an axis
+    /// of length `len` with window `win`.
+    #[inline]
+    fn span(&self, o: usize, win: usize, len: usize) -> (usize, usize) {
+        let lo = (o * self.stride) as isize - self.pad as isize;
+        let hi = (lo + win as isize).min(len as isize);
+        (lo.max(0) as usize, hi as usize)
+    }
+
+    /// y = pool(x). For max pooling in training, `argmax` (one entry per
+    /// element of y) receives the winning input pixel (h * W + w) for
+    /// backward; `None` for inference and for average pooling.
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        y: &mut Tensor4,
+        argmax: Option<&mut [u32]>,
+    ) -> Result<()> {
+        self.check(x, y)?;
+        if let Some(a) = &argmax {
+            check_buf("argmax", a.len(), y.data.len())?;
+        }
+        let (p, q) = self.out_hw();
+        let (h, w, bc, cb) = (x.h, x.w, x.bc, x.c_blocks());
+        let ilen = x.image_len();
+        let am = argmax.map(|a| crate::layout::SyncPtr(a.as_mut_ptr() as *mut f32));
+        let kind = self.kind;
+        par_images(pool, y, |ni, out| {
+            let img = &x.data[ni * ilen..][..ilen];
+            for c in 0..cb {
+                let plane = &img[c * h * w * bc..][..h * w * bc];
+                for oy in 0..p {
+                    let (y0, y1) = self.span(oy, self.window.0, h);
+                    for ox in 0..q {
+                        let (x0, x1) = self.span(ox, self.window.1, w);
+                        let o = ((c * p + oy) * q + ox) * bc;
+                        let dst = &mut out[o..o + bc];
+                        match kind {
+                            PoolKind::Max => {
+                                let mut best = [(y0 * w + x0) as u32; 64];
+                                dst.fill(f32::NEG_INFINITY);
+                                for iy in y0..y1 {
+                                    for ix in x0..x1 {
+                                        let src = &plane[(iy * w + ix) * bc..][..bc];
+                                        for (j, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+                                            if *s > *d {
+                                                *d = *s;
+                                                if j < 64 {
+                                                    best[j] = (iy * w + ix) as u32;
+                                                }
+                                            }
+                                        }
+                                    }
+                                }
+                                if let Some(am) = am {
+                                    let base = ni * out.len() + o;
+                                    for j in 0..bc {
+                                        let at = best.get(j).copied().unwrap_or_else(|| {
+                                            argmax_of(plane, bc, j, (y0, y1), (x0, x1), w)
+                                        });
+                                        // SAFETY: argmax has one entry per element of y
+                                        // (checked); each image's range belongs to one thread.
+                                        unsafe { *(am.get() as *mut u32).add(base + j) = at };
+                                    }
+                                }
+                            }
+                            PoolKind::Avg => {
+                                dst.fill(0.0);
+                                for iy in y0..y1 {
+                                    for ix in x0..x1 {
+                                        let src = &plane[(iy * w + ix) * bc..][..bc];
+                                        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                                    }
+                                }
+                                let inv = 1.0 / ((y1 - y0) * (x1 - x0)) as f32;
+                                dst.iter_mut().for_each(|d| *d *= inv);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// dx = pool^T(dy). Max pooling needs the `argmax` of the training
+    /// forward pass.
+    pub fn backward(
+        &self,
+        pool: &Pool,
+        dy: &Tensor4,
+        argmax: Option<&[u32]>,
+        dx: &mut Tensor4,
+    ) -> Result<()> {
+        self.check(dx, dy)?;
+        if self.kind == PoolKind::Max {
+            match argmax {
+                Some(a) => check_buf("argmax", a.len(), dy.data.len())?,
+                None => {
+                    return Err(shape(
+                        "argmax",
+                        "None",
+                        "max-pool backward needs the arg-max of forward",
+                    ))
+                }
+            }
+        }
+        let (p, q) = self.out_hw();
+        let (h, w, bc, cb) = (dx.h, dx.w, dx.bc, dx.c_blocks());
+        let olen = dy.image_len();
+        let kind = self.kind;
+        par_images(pool, dx, |ni, img| {
+            img.fill(0.0);
+            let g = &dy.data[ni * olen..][..olen];
+            for c in 0..cb {
+                let plane = &mut img[c * h * w * bc..][..h * w * bc];
+                for oy in 0..p {
+                    let (y0, y1) = self.span(oy, self.window.0, h);
+                    for ox in 0..q {
+                        let o = ((c * p + oy) * q + ox) * bc;
+                        match kind {
+                            PoolKind::Max => {
+                                let am = &argmax.unwrap()[ni * olen + o..][..bc];
+                                for j in 0..bc {
+                                    plane[am[j] as usize * bc + j] += g[o + j];
+                                }
+                            }
+                            PoolKind::Avg => {
+                                let (x0, x1) = self.span(ox, self.window.1, w);
+                                let inv = 1.0 / ((y1 - y0) * (x1 - x0)) as f32;
+                                for iy in y0..y1 {
+                                    for ix in x0..x1 {
+                                        let d = &mut plane[(iy * w + ix) * bc..][..bc];
+                                        d.iter_mut()
+                                            .zip(&g[o..o + bc])
+                                            .for_each(|(d, s)| *d += s * inv);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Arg-max of lane `j` under a window (lanes beyond the first 64 of a block).
+fn argmax_of(
+    plane: &[f32],
+    bc: usize,
+    j: usize,
+    (y0, y1): (usize, usize),
+    (x0, x1): (usize, usize),
+    w: usize,
+) -> u32 {
+    let mut best = (f32::NEG_INFINITY, (y0 * w + x0) as u32);
+    for iy in y0..y1 {
+        for ix in x0..x1 {
+            let v = plane[(iy * w + ix) * bc + j];
+            if v > best.0 {
+                best = (v, (iy * w + ix) as u32);
+            }
+        }
+    }
+    best.1
+}

@@ -1,0 +1,417 @@
+//! Pooling, batch norm, element-wise steps and the CNN model: references in
+//! plain NCHW and finite-difference gradient checks.
+
+use brgemm_primitives::eltwise::{self, Dropout};
+use brgemm_primitives::{
+    Activation, BatchNorm, Blocked, Cnn, CnnSpec, Conv, ConvParams, Inner, Optimizer, Pool, Pool2d,
+    PoolKind, StageSpec, Tensor4,
+};
+
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+/// sum(g * y) in f64.
+fn dot(g: &[f32], y: &[f32]) -> f64 {
+    g.iter().zip(y).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+/// Central differences of `loss` at a sample of coordinates of `x`
+/// against `grad`.
+fn fd_check(
+    what: &str,
+    x: &mut [f32],
+    grad: &[f32],
+    eps: f32,
+    tol: f64,
+    mut loss: impl FnMut(&[f32]) -> f64,
+) {
+    let step = (x.len() / 40).max(1);
+    for i in (0..x.len()).step_by(step) {
+        let keep = x[i];
+        x[i] = keep + eps;
+        let up = loss(x);
+        x[i] = keep - eps;
+        let down = loss(x);
+        x[i] = keep;
+        let fd = (up - down) / (2.0 * eps as f64);
+        let g = grad[i] as f64;
+        assert!(
+            (fd - g).abs() <= tol * (1.0 + g.abs().max(fd.abs())),
+            "{what}[{i}]: finite difference {fd}, backward {g}"
+        );
+    }
+}
+
+fn naive_pool(
+    kind: PoolKind,
+    x: &[f32],
+    (n, c, h, w): (usize, usize, usize, usize),
+    win: usize,
+    st: usize,
+    pad: usize,
+) -> Vec<f32> {
+    let (p, q) = ((h + 2 * pad - win) / st + 1, (w + 2 * pad - win) / st + 1);
+    let mut out = vec![0.0; n * c * p * q];
+    for (pl, o) in out.chunks_mut(p * q).enumerate() {
+        for oy in 0..p {
+            for ox in 0..q {
+                let (mut m, mut s, mut cnt) = (f32::NEG_INFINITY, 0.0f64, 0);
+                for dy in 0..win {
+                    for dx in 0..win {
+                        let (y, xx) = (
+                            (oy * st + dy) as isize - pad as isize,
+                            (ox * st + dx) as isize - pad as isize,
+                        );
+                        if y >= 0 && xx >= 0 && (y as usize) < h && (xx as usize) < w {
+                            let v = x[pl * h * w + y as usize * w + xx as usize];
+                            m = m.max(v);
+                            s += v as f64;
+                            cnt += 1;
+                        }
+                    }
+                }
+                o[oy * q + ox] = match kind {
+                    PoolKind::Max => m,
+                    PoolKind::Avg => (s / cnt as f64) as f32,
+                };
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn pooling_matches_reference_and_finite_differences() {
+    let pool = Pool::new(2).unwrap();
+    for (kind, (n, c, h, w), bc, win, st, pad) in [
+        (PoolKind::Max, (2, 5, 8, 8), 4, 2, 2, 0),
+        (PoolKind::Max, (1, 3, 7, 9), 3, 3, 2, 1),
+        (PoolKind::Avg, (2, 6, 7, 7), 4, 3, 1, 1),
+        (PoolKind::Avg, (1, 2, 5, 6), 2, 2, 2, 0),
+    ] {
+        let xs = data(n * c * h * w, 5);
+        let x = Tensor4::from_nchw(&xs, n, c, h, w, bc).unwrap();
+        let pl = Pool2d::new(kind, &x, win, st, pad).unwrap();
+        let mut y = pl.output();
+        let mut am = vec![0u32; y.data.len()];
+        pl.forward(&pool, &x, &mut y, Some(&mut am)).unwrap();
+        let want = naive_pool(kind, &xs, (n, c, h, w), win, st, pad);
+        assert_eq!(y.to_nchw().len(), want.len());
+        for (a, b) in y.to_nchw().iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{kind:?}: {a} vs {b}");
+        }
+        let gs = data(want.len(), 6);
+        let g = Tensor4::from_nchw(&gs, n, c, y.h, y.w, bc).unwrap();
+        let mut dx = x.clone();
+        pl.backward(&pool, &g, Some(&am), &mut dx).unwrap();
+        let grad = dx.to_nchw();
+        let mut xp = xs.clone();
+        fd_check(
+            &format!("{kind:?} pool dx {:?}", (n, c, h, w, win, st, pad)),
+            &mut xp,
+            &grad,
+            1e-5,
+            1e-2,
+            |v| dot(&gs, &naive_pool(kind, v, (n, c, h, w), win, st, pad)),
+        );
+    }
+    // Global average pooling.
+    let x = Tensor4::from_nchw(&data(2 * 3 * 4 * 5, 9), 2, 3, 4, 5, 2).unwrap();
+    let gp = Pool2d::global_avg(&x).unwrap();
+    let mut y = gp.output();
+    gp.forward(&pool, &x, &mut y, None).unwrap();
+    let xs = x.to_nchw();
+    for (i, v) in y.to_nchw().iter().enumerate() {
+        let m: f32 = xs[i * 20..][..20].iter().sum::<f32>() / 20.0;
+        assert!((v - m).abs() < 1e-5);
+    }
+    let e = Pool2d::new(PoolKind::Max, &x, 2, 0, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stride = 0"), "{e}");
+    let e = gp.backward(&pool, &y, None, &mut x.clone()).map(|_| ());
+    assert!(e.is_ok());
+    let mp = Pool2d::new(PoolKind::Max, &x, 2, 2, 0).unwrap();
+    let e = mp
+        .backward(&pool, &mp.output(), None, &mut x.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("argmax"), "{e}");
+}
+
+fn bn_loss(
+    xs: &[f32],
+    gs: &[f32],
+    dims: (usize, usize, usize, usize),
+    bc: usize,
+    gamma: &[f32],
+    beta: &[f32],
+) -> f64 {
+    let (n, c, h, w) = dims;
+    let pool = Pool::new(1).unwrap();
+    let x = Tensor4::from_nchw(xs, n, c, h, w, bc).unwrap();
+    let mut bn = BatchNorm::new(c, bc).unwrap();
+    bn.gamma.copy_from_slice(gamma);
+    bn.beta.copy_from_slice(beta);
+    let mut y = x.clone();
+    bn.forward_train(&pool, &x, &mut y).unwrap();
+    dot(gs, &y.to_nchw())
+}
+
+#[test]
+fn batch_norm_statistics_and_gradients() {
+    let pool = Pool::new(2).unwrap();
+    let (n, c, h, w, bc) = (3, 5, 4, 3, 4);
+    let xs: Vec<f32> = data(n * c * h * w, 21)
+        .iter()
+        .map(|v| 2.0 * v + 0.3)
+        .collect();
+    let x = Tensor4::from_nchw(&xs, n, c, h, w, bc).unwrap();
+    let mut bn = BatchNorm::new(c, bc).unwrap();
+    let pc = bn.gamma.len();
+    for (i, g) in bn.gamma.iter_mut().take(c).enumerate() {
+        *g = 0.5 + 0.25 * i as f32;
+    }
+    for (i, b) in bn.beta.iter_mut().take(c).enumerate() {
+        *b = 0.1 * i as f32 - 0.2;
+    }
+    let mut y = x.clone();
+    bn.forward_train(&pool, &x, &mut y).unwrap();
+    // Per channel, the output has mean beta and standard deviation gamma.
+    let yc = y.to_nchw();
+    for ch in 0..c {
+        let v: Vec<f64> = (0..n)
+            .flat_map(|i| {
+                yc[(i * c + ch) * h * w..][..h * w]
+                    .iter()
+                    .map(|v| *v as f64)
+            })
+            .collect();
+        let m = v.iter().sum::<f64>() / v.len() as f64;
+        let sd = (v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / v.len() as f64).sqrt();
+        assert!((m - bn.beta[ch] as f64).abs() < 1e-4, "mean {m}");
+        assert!((sd - bn.gamma[ch] as f64).abs() < 1e-3, "sd {sd}");
+    }
+    assert!(y
+        .data
+        .iter()
+        .enumerate()
+        .all(|(i, v)| (i % bc) + (i / (h * w * bc) % 2) * bc < c || *v == 0.0));
+    assert!(bn.running_mean[..c].iter().any(|m| *m != 0.0));
+    // Inference with running statistics equal to the batch's reproduces training.
+    let gs = data(n * c * h * w, 22);
+    let g = Tensor4::from_nchw(&gs, n, c, h, w, bc).unwrap();
+    let mut dx = x.clone();
+    let (mut dgamma, mut dbeta) = (vec![0.0; pc], vec![0.0; pc]);
+    bn.backward(&pool, &x, &g, &mut dx, &mut dgamma, &mut dbeta)
+        .unwrap();
+    let (gamma, beta) = (bn.gamma.clone(), bn.beta.clone());
+    let dims = (n, c, h, w);
+    let grad = dx.to_nchw();
+    fd_check("bn dx", &mut xs.clone(), &grad, 1e-2, 2e-2, |v| {
+        bn_loss(v, &gs, dims, bc, &gamma, &beta)
+    });
+    fd_check(
+        "bn dgamma",
+        &mut gamma.clone()[..c].to_vec(),
+        &dgamma[..c],
+        1e-2,
+        2e-2,
+        |v| {
+            let mut gm = gamma.clone();
+            gm[..c].copy_from_slice(v);
+            bn_loss(&xs, &gs, dims, bc, &gm, &beta)
+        },
+    );
+    fd_check(
+        "bn dbeta",
+        &mut beta.clone()[..c].to_vec(),
+        &dbeta[..c],
+        1e-2,
+        2e-2,
+        |v| {
+            let mut bt = beta.clone();
+            bt[..c].copy_from_slice(v);
+            bn_loss(&xs, &gs, dims, bc, &gamma, &bt)
+        },
+    );
+    // Inference mode uses the running statistics.
+    let mut bn2 = BatchNorm::new(c, bc).unwrap();
+    bn2.momentum = 1.0;
+    let mut y2 = x.clone();
+    bn2.forward_train(&pool, &x, &mut y2).unwrap();
+    let mut y3 = x.clone();
+    bn2.forward_infer(&pool, &x, &mut y3).unwrap();
+    let count = (n * h * w) as f32;
+    let fix = ((count - 1.0) / count).sqrt();
+    for (a, b) in y2.data.iter().zip(&y3.data) {
+        // Running variance is unbiased: inference output = training output * sqrt((M-1)/M).
+        assert!((a * fix - b).abs() < 1e-3, "{a} vs {b}");
+    }
+    let e = bn
+        .forward_train(&pool, &Tensor4::zeros(1, 4, 2, 2, 4).unwrap(), &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c=4"), "{e}");
+}
+
+#[test]
+fn conv_gradients_match_finite_differences() {
+    let pool = Pool::new(2).unwrap();
+    for p in [
+        ConvParams::new(2, 3, 4, 6, 5, 3, 3).pad(1),
+        ConvParams::new(1, 4, 3, 7, 7, 3, 3).stride(2).pad(1),
+    ] {
+        let conv = Conv::new(p, Activation::Tanh).unwrap();
+        let t = conv.tuning().clone();
+        let xs = data(p.n * p.c * p.h * p.w, 1);
+        let ws = data(p.k * p.c * p.r * p.s, 2);
+        let gs = data(p.n * p.k * p.p() * p.q(), 3);
+        let run = |xs: &[f32], ws: &[f32]| -> f64 {
+            let x = Tensor4::from_nchw(xs, p.n, p.c, p.h, p.w, t.bc).unwrap();
+            let w =
+                brgemm_primitives::Filter::from_kcrs(ws, (p.k, p.c, p.r, p.s), t.bk, t.bc).unwrap();
+            let mut y = conv.y_tensor();
+            conv.forward(&pool, &x, &w, &vec![0.1; conv.padded_k()], &mut y)
+                .unwrap();
+            dot(&gs, &y.to_nchw())
+        };
+        let x = Tensor4::from_nchw(&xs, p.n, p.c, p.h, p.w, t.bc).unwrap();
+        let w =
+            brgemm_primitives::Filter::from_kcrs(&ws, (p.k, p.c, p.r, p.s), t.bk, t.bc).unwrap();
+        let mut y = conv.y_tensor();
+        conv.forward(&pool, &x, &w, &vec![0.1; conv.padded_k()], &mut y)
+            .unwrap();
+        let g = Tensor4::from_nchw(&gs, p.n, p.k, p.p(), p.q(), t.bk).unwrap();
+        let mut dz = conv.y_tensor();
+        conv.activation_backward(&pool, &g, &y, &mut dz).unwrap();
+        let mut wt = conv.filter_t();
+        conv.transpose_filter(&pool, &w, &mut wt).unwrap();
+        let mut dx = conv.x_tensor();
+        conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap();
+        let mut dw = conv.filter();
+        let mut db = vec![0.0; conv.padded_k()];
+        conv.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+            .unwrap();
+        fd_check("conv dx", &mut xs.clone(), &dx.to_nchw(), 1e-2, 1e-2, |v| {
+            run(v, &ws)
+        });
+        fd_check("conv dw", &mut ws.clone(), &dw.to_kcrs(), 1e-2, 1e-2, |v| {
+            run(&xs, v)
+        });
+    }
+}
+
+#[test]
+fn dropout_is_inverted_and_thread_independent() {
+    let x = vec![1.0f32; 10_000];
+    let mut outs = vec![];
+    for threads in [1, 2] {
+        let pool = Pool::new(threads).unwrap();
+        let mut d = Dropout::new(0.25, 7).unwrap();
+        let mut y = vec![0.0; x.len()];
+        d.forward_train(&pool, &x, &mut y).unwrap();
+        let kept = y.iter().filter(|v| **v != 0.0).count() as f64 / x.len() as f64;
+        assert!((kept - 0.75).abs() < 0.03, "kept {kept}");
+        assert!(y
+            .iter()
+            .all(|v| *v == 0.0 || (*v - 1.0 / 0.75).abs() < 1e-6));
+        let mut dx = vec![0.0; x.len()];
+        d.backward(&pool, &x, &mut dx).unwrap();
+        assert_eq!(dx, y);
+        outs.push(y);
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert!(Dropout::new(1.0, 1)
+        .unwrap_err()
+        .to_string()
+        .contains("dropout p"));
+}
+
+#[test]
+fn flatten_round_trips_in_nchw_order() {
+    let pool = Pool::new(2).unwrap();
+    let (n, c, h, w) = (3, 5, 2, 3);
+    let xs = data(n * c * h * w, 4);
+    let x = Tensor4::from_nchw(&xs, n, c, h, w, 4).unwrap();
+    let mut f = Blocked::zeros(n, c * h * w, 2, 8, Inner::RowMajor).unwrap();
+    eltwise::flatten(&pool, &x, &mut f).unwrap();
+    assert_eq!(f.to_plain(), xs);
+    let mut back = Tensor4::zeros(n, c, h, w, 4).unwrap();
+    back.data.fill(9.0);
+    eltwise::unflatten(&pool, &f, &mut back).unwrap();
+    assert_eq!(back, x);
+}
+
+fn tiny_cnn(batchnorm: bool) -> (Cnn, Tensor4, Vec<usize>) {
+    let spec = CnnSpec {
+        input: (2, 6, 6),
+        stages: vec![
+            StageSpec {
+                channels: 4,
+                kernel: 3,
+                batchnorm,
+                pool: 2,
+            },
+            StageSpec {
+                channels: 5,
+                kernel: 3,
+                batchnorm,
+                pool: 1,
+            },
+        ],
+        hidden: vec![6],
+        classes: 3,
+        dropout: 0.0,
+    };
+    let cnn = Cnn::new(&spec, 4, 3).unwrap();
+    let x = Tensor4::from_nchw(&data(4 * 2 * 36, 8), 4, 2, 6, 6, 2).unwrap();
+    (cnn, x, vec![0, 2, 1, 2])
+}
+
+#[test]
+fn cnn_weight_gradients_match_finite_differences() {
+    let pool = Pool::new(2).unwrap();
+    for bn in [false, true] {
+        let (mut cnn, x, labels) = tiny_cnn(bn);
+        cnn.compute_gradients(&pool, &x, &labels).unwrap();
+        for stage in 0..cnn.depth() {
+            let grad = cnn.conv_gradients(stage).0.data.clone();
+            let mut w = cnn.conv_parameters_mut(stage).0.data.clone();
+            fd_check(
+                &format!("cnn stage {stage} (bn {bn}) dW"),
+                &mut w,
+                &grad,
+                2e-3,
+                3e-2,
+                |v| {
+                    cnn.conv_parameters_mut(stage).0.data.copy_from_slice(v);
+                    cnn.compute_gradients(&pool, &x, &labels).unwrap() as f64
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn cnn_learns_a_toy_problem() {
+    let pool = Pool::new(2).unwrap();
+    let (mut cnn, x, labels) = tiny_cnn(true);
+    let opt = Optimizer::adam(0.01);
+    let first = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
+    let mut last = first;
+    for _ in 0..60 {
+        last = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
+    }
+    assert!(last < 0.2 * first, "loss {first} -> {last}");
+    assert_eq!(cnn.predict(&pool, &x, 4).unwrap().len(), 4);
+}
