@@ -271,8 +271,11 @@ fn bench_fc(o: &Opts) {
     }
 }
 
-/// The ResNet-50 layers of the convolution benchmark: (name, C, K, H, W, R, S, stride).
-pub const RESNET_LAYERS: [(&str, usize, usize, usize, usize, usize, usize, usize); 7] = [
+/// (name, C, K, H, W, R, S, stride) of a convolution layer.
+type ConvLayer = (&'static str, usize, usize, usize, usize, usize, usize, usize);
+
+/// The ResNet-50 layers of the convolution benchmark.
+const RESNET_LAYERS: [ConvLayer; 7] = [
     ("res2_3x3", 64, 64, 56, 56, 3, 3, 1),
     ("res2_1x1_up", 64, 256, 56, 56, 1, 1, 1),
     ("res2_1x1_down", 256, 64, 56, 56, 1, 1, 1),

@@ -12,6 +12,15 @@
 //! chart, and with `--save FILE` stores the best configuration for this shape
 //! in FILE (a JSON list of entries, one per shape), which
 //! `brgemm_primitives::fc::load_tuning` reads back.
+//!
+//! ```text
+//! cargo run --release --example tune -- conv --n 8 --c 64 --k 64 --h 56 --w 56 --r 3 --s 3 \
+//!     [--stride 1] [--pad R/2] [--threads T] [--quick] [--out DIR]
+//! ```
+//!
+//! Sweeps channel blocks (bc, bk), pixel runs (bq), loop specs and chunks of
+//! the three convolution passes the same way (`bn` in the table and CSV is
+//! `bq` there) and prints the best `ConvTuning` for `Conv::with_tuning`.
 
 use brgemm::peak::Probe;
 use brgemm::Isa;
@@ -58,8 +67,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(|s| s.as_str()) {
         Some("fc") => tune_fc(&args[1..]),
+        Some("conv") => tune_conv(&args[1..]),
         _ => fail(
-            "usage: tune fc --n N --c C --k K [--threads T] [--quick] [--out DIR] [--save FILE]",
+            "usage: tune fc --n N --c C --k K [--threads T] [--quick] [--out DIR] [--save FILE]\n       \
+             tune conv --n N --c C --k K --h H --w W --r R --s S [--stride U] [--pad P] [--threads T] [--quick] [--out DIR]",
         ),
     }
 }
@@ -299,6 +310,249 @@ fn tune_fc(args: &[String]) {
             path.display()
         );
     }
+}
+
+fn median_secs(mut run: impl FnMut(), samples: usize) -> f64 {
+    run();
+    let mut v: Vec<f64> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn tune_conv(args: &[String]) {
+    use brgemm_primitives::{Conv, ConvParams, ConvTuning};
+    let r = num(args, "--r", 3);
+    let p = ConvParams::new(
+        num(args, "--n", 8),
+        num(args, "--c", 64),
+        num(args, "--k", 64),
+        num(args, "--h", 56),
+        num(args, "--w", 56),
+        r,
+        num(args, "--s", r),
+    )
+    .stride(num(args, "--stride", 1))
+    .pad(num(args, "--pad", r / 2));
+    p.validate().unwrap_or_else(|e| fail(&e.to_string()));
+    let threads = num(args, "--threads", Pool::global().threads());
+    let quick = args.iter().any(|a| a == "--quick");
+    let out_dir =
+        std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
+    std::fs::create_dir_all(&out_dir)
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
+    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
+    let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
+    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let peak = {
+        let mut v: Vec<f64> = (0..5)
+            .map(|_| {
+                let tot = std::sync::Mutex::new(0.0);
+                pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
+                tot.into_inner().unwrap()
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    eprintln!("conv {p:?}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
+    let heur = ConvTuning::heuristic(&p);
+    let cands = |x: usize| -> Vec<usize> {
+        let mut v: Vec<usize> = [16usize, 32, 64].into_iter().filter(|b| *b <= x).collect();
+        if v.is_empty() || quick {
+            v = vec![heur.bc.min(x).max(1)];
+        }
+        v
+    };
+    let (bcs, bks) = (cands(p.c), if quick { vec![heur.bk] } else { cands(p.k) });
+    let bqs: Vec<usize> = if quick {
+        vec![heur.bq]
+    } else {
+        let mut v = vec![heur.bq, 14, 28];
+        v.dedup();
+        v
+    };
+    let gather = Conv::new(p, Activation::Relu).unwrap().backward_data_form() == "gather";
+    let fwd_specs = ["ABcde", "BAcde", "ABCDe", "aBcde"];
+    let bwd_specs: &[&str] = if gather {
+        &fwd_specs
+    } else {
+        &["ABcdef", "BAcdef"]
+    };
+    let upd_specs = ["aBCDE", "BCDEa", "aBCde"];
+    let samples = if quick { 3 } else { 5 };
+    let mut rows: Vec<Row> = vec![];
+    let t0 = Instant::now();
+    for &bc in &bcs {
+        for &bk in &bks {
+            for &bq in &bqs {
+                let base = ConvTuning {
+                    bc,
+                    bk,
+                    bq,
+                    ..heur.clone()
+                };
+                let c0 = Conv::with_tuning(p, Activation::Relu, base.clone()).expect("plan");
+                let mut x = c0.x_tensor();
+                x.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+                let mut w = c0.filter();
+                w.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+                let bias = vec![0.0f32; c0.padded_k()];
+                let (mut y, mut dz, mut dx, mut dw, mut wt) = (
+                    c0.y_tensor(),
+                    c0.y_tensor(),
+                    c0.x_tensor(),
+                    c0.filter(),
+                    c0.filter_t(),
+                );
+                dz.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+                c0.transpose_filter(&pool, &w, &mut wt).unwrap();
+                let mut db = vec![0.0f32; c0.padded_k()];
+                let mut configs: Vec<(&'static str, PassConfig)> = vec![];
+                for spec in fwd_specs {
+                    for chunk in [0, 1] {
+                        configs.push((
+                            "fwd",
+                            PassConfig {
+                                chunk,
+                                ..PassConfig::spec(spec)
+                            },
+                        ));
+                    }
+                }
+                for spec in bwd_specs {
+                    configs.push(("bwd", PassConfig::spec(spec)));
+                }
+                for spec in upd_specs {
+                    for chunk in [0, 4, 32] {
+                        configs.push((
+                            "upd",
+                            PassConfig {
+                                chunk,
+                                ..PassConfig::spec(spec)
+                            },
+                        ));
+                    }
+                }
+                for (pass, pc) in configs {
+                    let mut t = base.clone();
+                    match pass {
+                        "fwd" => t.fwd = pc.clone(),
+                        "bwd" => t.bwd = pc.clone(),
+                        _ => t.upd = pc.clone(),
+                    }
+                    let Ok(conv) = Conv::with_tuning(p, Activation::Relu, t) else {
+                        continue;
+                    };
+                    let secs = median_secs(
+                        || match pass {
+                            "fwd" => conv.forward(&pool, &x, &w, &bias, &mut y).unwrap(),
+                            "bwd" => conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                            _ => conv
+                                .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                                .unwrap(),
+                        },
+                        samples,
+                    );
+                    let gflops = conv.flops() / secs / 1e9;
+                    eprint!(
+                        "\r{:5.1}s  {pass} bc={bc} bk={bk} bq={bq} {:6} chunk={:2}: {gflops:6.1} GFLOP/s   ",
+                        t0.elapsed().as_secs_f64(),
+                        pc.spec,
+                        pc.chunk
+                    );
+                    rows.push(Row {
+                        pass,
+                        bn: bq,
+                        bc,
+                        bk,
+                        spec: pc.spec,
+                        chunk: pc.chunk,
+                        secs,
+                        gflops,
+                        pct: 100.0 * gflops / peak,
+                    });
+                }
+            }
+        }
+    }
+    eprintln!();
+    let mut best = heur.clone();
+    for pass in ["fwd", "bwd", "upd"] {
+        let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
+        r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
+        println!("\n{pass}: rank  bq  bc  bk  spec    chunk   ms      GFLOP/s  %peak");
+        for (i, x) in r.iter().take(8).enumerate() {
+            println!(
+                "     {:4}  {:3} {:3} {:3}  {:6}  {:5}  {:7.3}  {:7.1}  {:5.1}",
+                i + 1,
+                x.bn,
+                x.bc,
+                x.bk,
+                x.spec,
+                x.chunk,
+                x.secs * 1e3,
+                x.gflops,
+                x.pct
+            );
+        }
+        if let Some(top) = r.first() {
+            if pass == "fwd" {
+                (best.bc, best.bk, best.bq) = (top.bc, top.bk, top.bn);
+            }
+            let pc = PassConfig {
+                chunk: top.chunk,
+                ..PassConfig::spec(&top.spec)
+            };
+            match pass {
+                "fwd" => best.fwd = pc,
+                "bwd" => best.bwd = pc,
+                _ => best.upd = pc,
+            }
+        }
+    }
+    let stem = format!(
+        "tune_conv_n{}_c{}_k{}_h{}_w{}_r{}_s{}_u{}_t{threads}",
+        p.n, p.c, p.k, p.h, p.w, p.r, p.s, p.stride
+    );
+    let csv = out_dir.join(format!("{stem}.csv"));
+    let mut f =
+        std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
+    writeln!(f, "pass,bq,bc,bk,spec,chunk,seconds,gflops,pct_peak").unwrap();
+    for r in &rows {
+        writeln!(
+            f,
+            "{},{},{},{},{},{},{:.6},{:.2},{:.2}",
+            r.pass, r.bn, r.bc, r.bk, r.spec, r.chunk, r.secs, r.gflops, r.pct
+        )
+        .unwrap();
+    }
+    let svg = out_dir.join(format!("{stem}.svg"));
+    chart(
+        &svg,
+        &rows,
+        peak,
+        &format!(
+            "conv {}x{}x{}x{} k{} {}x{}/{}, {threads} thread(s)",
+            p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride
+        ),
+    );
+    println!("\nwrote {} and {}", csv.display(), svg.display());
+    println!("fastest per pass (blocking from the fastest forward): {best:?}\nheuristic default: {heur:?}");
 }
 
 /// One bar per configuration, grouped by pass, best first within each pass.

@@ -3,6 +3,7 @@
 # with sudo) and runs every test of the workspace:
 #   - all crates, all targets, doc tests, on this machine's ISAs;
 #   - the BRGEMM_ISA override, once per ISA;
+#   - a short CNN run on Fashion-MNIST (Debian package dataset-fashion-mnist);
 #   - the NEON kernels for real: cross-built for aarch64 and run under qemu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,8 @@ command -v mpirun >/dev/null || pkgs+=(openmpi-bin)
   || [ -n "$(find /usr/lib /usr/include -name mpi.h -path '*openmpi*' 2>/dev/null | head -1)" ] || pkgs+=(libopenmpi-dev)
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 && [ -n "$(find /usr/lib/llvm-* -name stddef.h 2>/dev/null | head -1)" ] \
   || pkgs+=(libclang-dev)
+# Fashion-MNIST (IDX files in /usr/share/datasets/fashion-mnist) for the CNN tests.
+[ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || pkgs+=(dataset-fashion-mnist)
 if [ ${#pkgs[@]} -gt 0 ]; then
   say "installing ${pkgs[*]}"
   $SUDO apt-get update -qq
@@ -44,6 +47,8 @@ elif [ "$(uname -m)" = aarch64 ]; then
   req+=,neon
 fi
 export BRGEMM_REQUIRE_ISAS=$req
+# The CNN test on Fashion-MNIST fails instead of skipping without the data.
+export BRGEMM_REQUIRE_FASHION=1
 
 # ---- tests on this machine -------------------------------------------------
 say "cargo fmt --check"

@@ -80,9 +80,86 @@ pub enum DataError {
         /// What is wrong.
         reason: String,
     },
+    /// A binary file is malformed.
+    #[error("{source_name}: {reason}")]
+    Format {
+        /// The file.
+        source_name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A data set is not where it was looked for.
+    #[error("{0}")]
+    Missing(String),
     /// Reading failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Where the Debian package `dataset-fashion-mnist` installs Fashion-MNIST.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// Images of a data set with their geometry, for convolutional networks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSet {
+    /// Channels, height, width of every image.
+    pub dims: (usize, usize, usize),
+    /// Images as rows of `c * h * w` features in NCHW order.
+    pub data: Dataset,
+}
+
+/// Fashion-MNIST (Xiao, Rasul and Vollgraf 2017, MIT licence) from the IDX
+/// files in `dir` (plain or gzipped, as the Debian package
+/// `dataset-fashion-mnist` ships them): `(train, test)`, 60000 and 10000
+/// images of 1x28x28, pixels scaled to [0, 1], 10 classes.
+pub fn fashion_mnist(dir: &std::path::Path) -> Result<(ImageSet, ImageSet), DataError> {
+    let find = |stem: &str| -> Result<std::path::PathBuf, DataError> {
+        for name in [format!("{stem}.gz"), stem.to_string()] {
+            let p = dir.join(&name);
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+        Err(DataError::Missing(format!(
+            "Fashion-MNIST: no {stem}[.gz] in {}. Install the Debian package \
+             (sudo apt-get install dataset-fashion-mnist, which puts the files in {FASHION_MNIST_DIR}) \
+             or pass --data DIR with train-images-idx3-ubyte, train-labels-idx1-ubyte, \
+             t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (optionally .gz)",
+            dir.display()
+        )))
+    };
+    let load = |images: &str, labels: &str| -> Result<ImageSet, DataError> {
+        let (ip, lp) = (find(images)?, find(labels)?);
+        let im = crate::idx::read_idx(&ip)?;
+        let lb = crate::idx::read_idx(&lp)?;
+        let bad = |reason: String| DataError::Format {
+            source_name: ip.display().to_string(),
+            reason,
+        };
+        if im.dims.len() != 3 || lb.dims.len() != 1 || im.dims[0] != lb.dims[0] {
+            return Err(bad(format!(
+                "images {:?} and labels {:?} do not match (want [n, h, w] and [n])",
+                im.dims, lb.dims
+            )));
+        }
+        if let Some(l) = lb.data.iter().find(|l| **l >= 10) {
+            return Err(bad(format!("label {l} outside 0..10")));
+        }
+        let (h, w) = (im.dims[1], im.dims[2]);
+        Ok(ImageSet {
+            dims: (1, h, w),
+            data: Dataset {
+                features: h * w,
+                classes: 10,
+                x: im.data.iter().map(|p| *p as f32 / 255.0).collect(),
+                y: lb.data.iter().map(|l| *l as usize).collect(),
+            },
+        })
+    };
+    Ok((
+        load("train-images-idx3-ubyte", "train-labels-idx1-ubyte")?,
+        load("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?,
+    ))
 }
 
 /// The embedded UCI digits: 1797 images, 64 features scaled to [0, 1], 10 classes.

@@ -7,8 +7,9 @@
 //!   times, with AVX-512, AVX2, NEON, portable and reference microkernels.
 //! - [`primitives`] (crate `brgemm-primitives`): loop nests, blocked layouts,
 //!   the FC layer, losses, optimizers and the [`primitives::Mlp`] model.
-//! - [`data`]: the embedded UCI digits and the data-set type.
-//! - [`train`]: the MLP training loop the examples use.
+//! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
+//!   files, and the data-set types.
+//! - [`train`], [`train_cnn`]: the MLP and CNN training loops the examples use.
 //!
 //! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
 //! data-parallel training over MPI (needs OpenMPI). The `cuda` feature
@@ -21,4 +22,6 @@ pub use brgemm_distributed as distributed;
 pub use brgemm_primitives as primitives;
 
 pub mod data;
+pub mod idx;
 pub mod train;
+pub mod train_cnn;

@@ -1,0 +1,129 @@
+//! The CNN training loop shared by `examples/train_cnn` and the tests.
+
+use crate::data::ImageSet;
+use crate::train::EpochReport;
+use brgemm_primitives::init::Rng;
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::{Cnn, CnnSpec, Pool, Result, StageSpec, Tensor4};
+use std::time::Instant;
+
+/// What to train, and how.
+#[derive(Debug, Clone)]
+pub struct CnnConfig {
+    /// Convolution stages.
+    pub stages: Vec<StageSpec>,
+    /// Hidden FC widths (ReLU); the output layer is added.
+    pub hidden: Vec<usize>,
+    /// Dropout before the FC head.
+    pub dropout: f32,
+    /// Minibatch.
+    pub batch: usize,
+    /// Passes over the training set.
+    pub epochs: usize,
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Seed of the weights, shuffles and dropout masks.
+    pub seed: u64,
+}
+
+impl Default for CnnConfig {
+    /// Two stages of 3x3 conv + ReLU + 2x2 max pooling (32 and 64
+    /// channels), FC 128 + ReLU, FC to the classes; Adam 1e-3, minibatch 64.
+    fn default() -> Self {
+        let stage = |channels| StageSpec {
+            channels,
+            kernel: 3,
+            batchnorm: false,
+            pool: 2,
+        };
+        CnnConfig {
+            stages: vec![stage(32), stage(64)],
+            hidden: vec![128],
+            dropout: 0.0,
+            batch: 64,
+            epochs: 3,
+            optimizer: Optimizer::adam(1e-3),
+            seed: 1,
+        }
+    }
+}
+
+/// Plans the network of `cfg` for images like `data`'s.
+pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Cnn> {
+    Cnn::new(
+        &CnnSpec {
+            input: data.dims,
+            stages: cfg.stages.clone(),
+            hidden: cfg.hidden.clone(),
+            classes: data.data.classes,
+            dropout: cfg.dropout,
+        },
+        cfg.batch,
+        cfg.seed,
+    )
+}
+
+/// Writes images `idx` into the first images of `x` (the rest zeroed) and
+/// returns their labels.
+pub fn fill_images(set: &ImageSet, idx: &[usize], x: &mut Tensor4) -> Vec<usize> {
+    let f = set.data.features;
+    x.data.fill(0.0);
+    for (r, &i) in idx.iter().enumerate() {
+        let img = &set.data.x[i * f..][..f];
+        for c in 0..x.c {
+            for p in 0..x.h * x.w {
+                let at = x.index(r, c, p / x.w, p % x.w);
+                x.data[at] = img[c * x.h * x.w + p];
+            }
+        }
+    }
+    idx.iter().map(|&i| set.data.y[i]).collect()
+}
+
+/// Accuracy of `model` on `set` (inference mode), in minibatches.
+pub fn accuracy(model: &mut Cnn, pool: &Pool, set: &ImageSet) -> Result<f64> {
+    let mut x = model.input_tensor();
+    let mut right = 0usize;
+    let idx: Vec<usize> = (0..set.data.len()).collect();
+    for chunk in idx.chunks(model.batch()) {
+        let labels = fill_images(set, chunk, &mut x);
+        let pred = model.predict(pool, &x, chunk.len())?;
+        right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
+    }
+    Ok(right as f64 / set.data.len().max(1) as f64)
+}
+
+/// Trains on `train`, evaluating on `test` after each epoch; `report` sees
+/// every epoch. Each epoch is a new shuffle in whole minibatches (the last
+/// partial one is left out: batch-norm statistics need a full batch).
+pub fn train(
+    cfg: &CnnConfig,
+    pool: &Pool,
+    train: &ImageSet,
+    test: &ImageSet,
+    mut report: impl FnMut(&EpochReport),
+) -> Result<Cnn> {
+    let mut model = build(cfg, train)?;
+    let mut rng = Rng::new(cfg.seed ^ 0xc22);
+    let mut x = model.input_tensor();
+    let mut order: Vec<usize> = (0..train.data.len()).collect();
+    for epoch in 1..=cfg.epochs {
+        rng.shuffle(&mut order);
+        let (mut loss_sum, mut steps) = (0.0f64, 0usize);
+        let t = Instant::now();
+        for chunk in order.chunks_exact(cfg.batch) {
+            let labels = fill_images(train, chunk, &mut x);
+            loss_sum += model.train_step(pool, &x, &labels, &cfg.optimizer)? as f64;
+            steps += 1;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let test_accuracy = accuracy(&mut model, pool, test)?;
+        report(&EpochReport {
+            epoch,
+            loss: (loss_sum / steps.max(1) as f64) as f32,
+            test_accuracy,
+            samples_per_s: (steps * cfg.batch) as f64 / secs,
+        });
+    }
+    Ok(model)
+}

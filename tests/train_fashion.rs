@@ -1,0 +1,72 @@
+//! End to end on Fashion-MNIST: a short CNN run on a subset reaches a stated
+//! accuracy. The data comes from the Debian package `dataset-fashion-mnist`;
+//! `scripts/test.sh` installs it and sets `BRGEMM_REQUIRE_FASHION=1`, which
+//! turns a missing data set into a failure instead of a skip.
+
+use brgemm_dl::{data, train_cnn};
+use brgemm_primitives::Pool;
+use std::path::Path;
+
+fn load() -> Option<(data::ImageSet, data::ImageSet)> {
+    match data::fashion_mnist(Path::new(data::FASHION_MNIST_DIR)) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var_os("BRGEMM_REQUIRE_FASHION").is_some() => {
+            panic!("BRGEMM_REQUIRE_FASHION is set but: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn short_cnn_run_on_a_subset_reaches_80_percent() {
+    let Some((mut tr, mut te)) = load() else {
+        return;
+    };
+    assert_eq!(
+        (tr.data.len(), te.data.len(), tr.dims),
+        (60000, 10000, (1, 28, 28))
+    );
+    tr.data = tr.data.subset(&(0..6400).collect::<Vec<_>>());
+    te.data = te.data.subset(&(0..2000).collect::<Vec<_>>());
+    let cfg = train_cnn::CnnConfig {
+        epochs: 1,
+        ..Default::default()
+    };
+    let pool = Pool::new(2).unwrap();
+    let mut acc = 0.0;
+    train_cnn::train(&cfg, &pool, &tr, &te, |r| acc = r.test_accuracy).unwrap();
+    assert!(acc >= 0.80, "test accuracy {acc}");
+}
+
+#[test]
+fn batchnorm_and_dropout_variant_trains() {
+    let Some((mut tr, mut te)) = load() else {
+        return;
+    };
+    tr.data = tr.data.subset(&(0..3200).collect::<Vec<_>>());
+    te.data = te.data.subset(&(0..1000).collect::<Vec<_>>());
+    let mut cfg = train_cnn::CnnConfig {
+        epochs: 1,
+        dropout: 0.25,
+        ..Default::default()
+    };
+    cfg.stages.iter_mut().for_each(|s| s.batchnorm = true);
+    let pool = Pool::new(2).unwrap();
+    let mut acc = 0.0;
+    train_cnn::train(&cfg, &pool, &tr, &te, |r| acc = r.test_accuracy).unwrap();
+    assert!(acc >= 0.75, "test accuracy {acc}");
+}
+
+#[test]
+fn a_missing_data_set_names_the_package_and_the_flag() {
+    let dir = std::env::temp_dir().join("brgemm-no-fashion-here");
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = data::fashion_mnist(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("apt-get install dataset-fashion-mnist") && e.contains("--data DIR"),
+        "{e}"
+    );
+}
