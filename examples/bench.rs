@@ -272,7 +272,16 @@ fn bench_fc(o: &Opts) {
 }
 
 /// (name, C, K, H, W, R, S, stride) of a convolution layer.
-type ConvLayer = (&'static str, usize, usize, usize, usize, usize, usize, usize);
+type ConvLayer = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+);
 
 /// The ResNet-50 layers of the convolution benchmark.
 const RESNET_LAYERS: [ConvLayer; 7] = [

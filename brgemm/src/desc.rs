@@ -131,8 +131,13 @@ pub struct Descriptor {
     pub k: usize,
     /// Leading dimension of A (>= m).
     pub lda: usize,
-    /// Leading dimension of B (>= k).
+    /// Leading dimension of B (>= k; >= n when `b_row_major`).
     pub ldb: usize,
+    /// B_i stored row-major (`k` rows of `n`, element (p, j) at `p*ldb + j`)
+    /// instead of column-major: a product with B transposed in memory
+    /// (BLAS `transb`), e.g. activations with the channels innermost as the
+    /// right operand of a weight-gradient reduction over pixels. f32 only.
+    pub b_row_major: bool,
     /// Leading dimension of C (>= m).
     pub ldc: usize,
     /// Element types.
@@ -159,6 +164,7 @@ impl Descriptor {
             k,
             lda: m,
             ldb: k,
+            b_row_major: false,
             ldc: m,
             dtype: DataType::F32,
             batch_form: BatchForm::Packed,
@@ -181,6 +187,13 @@ impl Descriptor {
     /// Sets the leading dimension of B.
     pub fn ldb(mut self, ldb: usize) -> Self {
         self.ldb = ldb;
+        self
+    }
+    /// Stores B_i row-major (sets `ldb` to `n`, the packed row length; set
+    /// another `ldb` after this call).
+    pub fn b_row_major(mut self) -> Self {
+        self.b_row_major = true;
+        self.ldb = self.n;
         self
     }
     /// Sets the leading dimension of C.
@@ -218,9 +231,20 @@ impl Descriptor {
     pub fn a_extent(&self) -> usize {
         self.lda * (self.k - 1) + self.m
     }
-    /// Elements of B_i that the kernel touches: `ldb*(n-1) + k`.
+    /// Elements of B_i that the kernel touches: `ldb*(n-1) + k`
+    /// (row-major: `ldb*(k-1) + n`).
     pub fn b_extent(&self) -> usize {
-        self.ldb * (self.n - 1) + self.k
+        let (cols, rows) = self.b_outer_inner();
+        self.ldb * (cols - 1) + rows
+    }
+    /// (outer, inner) dimensions of B_i in memory: (n, k) column-major,
+    /// (k, n) row-major.
+    fn b_outer_inner(&self) -> (usize, usize) {
+        if self.b_row_major {
+            (self.k, self.n)
+        } else {
+            (self.n, self.k)
+        }
     }
     /// Elements of C that the kernel touches: `ldc*(n-1) + m`.
     pub fn c_extent(&self) -> usize {
@@ -240,9 +264,15 @@ impl Descriptor {
                 return Err(invalid(field, v, "too large"));
             }
         }
+        let (b_outer, b_inner) = self.b_outer_inner();
+        let b_dim = if self.b_row_major {
+            "n (row-major B)"
+        } else {
+            "k"
+        };
         for (field, ld, dim, dname) in [
             ("lda", self.lda, self.m, "m"),
-            ("ldb", self.ldb, self.k, "k"),
+            ("ldb", self.ldb, b_inner, b_dim),
             ("ldc", self.ldc, self.m, "m"),
         ] {
             if ld < dim {
@@ -256,7 +286,14 @@ impl Descriptor {
                 .ok_or_else(|| invalid(field, ld, "matrix size overflows the address space"))
         };
         let a_ext = extent("lda", self.lda, self.k, self.m)?;
-        let b_ext = extent("ldb", self.ldb, self.n, self.k)?;
+        let b_ext = extent("ldb", self.ldb, b_outer, b_inner)?;
+        if self.b_row_major && self.dtype != DataType::F32 {
+            return Err(invalid(
+                "b_row_major",
+                true,
+                "row-major B is supported for f32 only",
+            ));
+        }
         extent("ldc", self.ldc, self.n, self.m)?;
         if !self.alpha.is_finite() {
             return Err(invalid("alpha", self.alpha, "must be finite"));
@@ -265,7 +302,7 @@ impl Descriptor {
         if let BatchForm::Packed = self.batch_form {
             // Packed matrices sit back to back: stride = full column-major size.
             let sa = self.lda.checked_mul(self.k).filter(|&x| x <= MAX_ELEMS);
-            let sb = self.ldb.checked_mul(self.n).filter(|&x| x <= MAX_ELEMS);
+            let sb = self.ldb.checked_mul(b_outer).filter(|&x| x <= MAX_ELEMS);
             match (sa, sb) {
                 (Some(a), Some(b)) => d.batch_form = BatchForm::Stride { a, b },
                 _ => return Err(invalid("batch_form", "Packed", "packed stride overflows")),
@@ -288,8 +325,15 @@ impl Descriptor {
 // keys on exactly what the caller wrote.
 impl PartialEq for Descriptor {
     fn eq(&self, o: &Self) -> bool {
-        (self.m, self.n, self.k, self.lda, self.ldb, self.ldc)
-            == (o.m, o.n, o.k, o.lda, o.ldb, o.ldc)
+        (
+            self.m,
+            self.n,
+            self.k,
+            self.lda,
+            self.ldb,
+            self.ldc,
+            self.b_row_major,
+        ) == (o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.b_row_major)
             && self.dtype == o.dtype
             && self.batch_form == o.batch_form
             && self.alpha.to_bits() == o.alpha.to_bits()
@@ -301,7 +345,16 @@ impl PartialEq for Descriptor {
 impl Eq for Descriptor {}
 impl Hash for Descriptor {
     fn hash<H: Hasher>(&self, h: &mut H) {
-        (self.m, self.n, self.k, self.lda, self.ldb, self.ldc).hash(h);
+        (
+            self.m,
+            self.n,
+            self.k,
+            self.lda,
+            self.ldb,
+            self.ldc,
+            self.b_row_major,
+        )
+            .hash(h);
         self.dtype.hash(h);
         self.batch_form.hash(h);
         self.alpha.to_bits().hash(h);

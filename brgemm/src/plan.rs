@@ -307,7 +307,8 @@ impl Kernel {
         let t = TileCall {
             k: d.k,
             lda: d.lda,
-            ldb: d.ldb,
+            b_col: if d.b_row_major { 1 } else { d.ldb },
+            b_step: if d.b_row_major { d.ldb } else { 1 },
             ldc: d.ldc,
             count,
             alpha: d.alpha,

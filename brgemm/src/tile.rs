@@ -23,7 +23,10 @@ use crate::simd::SimdF32;
 pub(crate) struct TileCall {
     pub k: usize,
     pub lda: usize,
-    pub ldb: usize,
+    /// Elements between columns of B_i (ldb column-major, 1 row-major).
+    pub b_col: usize,
+    /// Elements between k steps of B_i (1 column-major, ldb row-major).
+    pub b_step: usize,
     pub ldc: usize,
     pub count: usize,
     pub alpha: f32,
@@ -85,8 +88,8 @@ pub(crate) unsafe fn tile<
 {
     let l = S::LANES;
     let mask = S::mask(last_rows);
-    let (lda, ldb) = (t.lda, t.ldb);
-    let boff = n0 * ldb;
+    let (lda, bcol, bstep) = (t.lda, t.b_col, t.b_step);
+    let boff = n0 * bcol;
     // Constant-bound index loops (no iterators, no references into `acc`)
     // let LLVM unroll fully and keep every accumulator in a register.
     let mut acc = [[S::zero(); MV]; NR];
@@ -110,7 +113,7 @@ pub(crate) unsafe fn tile<
                 pa = pa.wrapping_add(lda);
                 let (j, row) = (p % NR, (p / NR) * 16);
                 if row < t.k {
-                    S::prefetch(pb.wrapping_add(j * ldb + row));
+                    S::prefetch(pb.wrapping_add(j * bcol + row * bstep));
                 }
             }
             let mut av = [S::zero(); MV];
@@ -132,10 +135,10 @@ pub(crate) unsafe fn tile<
                 for v in 0..MV {
                     acc[j][v] = S::fma(av[v], bj, acc[j][v]);
                 }
-                bp = opaque(bp.wrapping_add(ldb));
+                bp = opaque(bp.wrapping_add(bcol));
             }
             a = a.add(lda);
-            b = b.add(1);
+            b = b.add(bstep);
         }
     }
     store_tile::<S, MV, NR, MASKED>(t, acc, m0, n0, mask, last_rows);

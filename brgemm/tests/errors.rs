@@ -210,3 +210,37 @@ fn batch_form_must_match_the_plan() {
         matches!(e, Error::BatchMismatch(m) if m.contains("address batch given") && m.contains("stride form"))
     );
 }
+
+#[test]
+fn row_major_b_checks_ldb_against_n_and_is_f32_only() {
+    use brgemm::{DataType, Descriptor};
+    let e = Descriptor::new(8, 16, 4)
+        .b_row_major()
+        .ldb(8)
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ldb") && e.contains("n (row-major B) = 16"),
+        "{e}"
+    );
+    assert!(Descriptor::new(8, 16, 4)
+        .b_row_major()
+        .ldb(20)
+        .validate()
+        .is_ok());
+    let e = Descriptor::new(32, 32, 32)
+        .b_row_major()
+        .dtype(DataType::Bf16)
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("b_row_major"), "{e}");
+    // Packed stride of a row-major B is ldb * k.
+    let d = Descriptor::new(8, 16, 4)
+        .b_row_major()
+        .ldb(20)
+        .validate()
+        .unwrap();
+    assert_eq!(d.batch_form, brgemm::BatchForm::Stride { a: 32, b: 80 });
+}

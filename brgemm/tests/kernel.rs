@@ -61,13 +61,14 @@ fn run_isa(isa: Isa) {
         prop_oneof![Just(1.0f32), Just(-0.5), Just(2.5)],
         (0usize..=5, 0usize..=5, 0usize..=5),
         epilogue(),
-        (any::<u64>(), any::<bool>()),
+        (any::<u64>(), any::<bool>(), any::<bool>()),
     );
     runner
         .run(
             &strat,
-            |((m, n, k, count), form, beta, alpha, pad, ep, (seed, pf))| {
-                let mut case = Case::new(m, n, k, count, form, beta, alpha, pad, ep, seed);
+            |((m, n, k, count), form, beta, alpha, pad, ep, (seed, pf, rm))| {
+                let mut case =
+                    Case::with_b_layout(m, n, k, count, form, beta, alpha, pad, ep, seed, rm);
                 if pf {
                     case.desc = case.desc.prefetch(Prefetch::NextPair);
                 }
@@ -133,17 +134,18 @@ fn every_register_tile_is_correct() {
             for nr in 1..=16 {
                 let t = RegisterTile { mv, nr };
                 let (m, n) = (mv * lanes * 2 + 3, nr * 2 + 1);
-                for (form, pf) in [
-                    (Form::Stride, Prefetch::None),
-                    (Form::Offset, Prefetch::None),
-                    (Form::Address, Prefetch::None),
-                    (Form::Stride, Prefetch::NextPair),
+                for (form, pf, rm) in [
+                    (Form::Stride, Prefetch::None, false),
+                    (Form::Offset, Prefetch::None, false),
+                    (Form::Address, Prefetch::None, false),
+                    (Form::Stride, Prefetch::NextPair, false),
+                    (Form::Offset, Prefetch::None, true),
                 ] {
                     let ep = Epilogue {
                         bias: true,
                         activation: Activation::Relu,
                     };
-                    let mut case = Case::new(
+                    let mut case = Case::with_b_layout(
                         m,
                         n,
                         5,
@@ -154,6 +156,7 @@ fn every_register_tile_is_correct() {
                         (1, 0, 2),
                         ep,
                         (mv * 100 + nr) as u64,
+                        rm,
                     );
                     case.desc = case.desc.prefetch(pf);
                     let Ok(kern) = Kernel::with_options(
@@ -173,9 +176,9 @@ fn every_register_tile_is_correct() {
                 }
             }
         }
-        // The smallest grid (portable) has 9 tiles, each run 4 times.
+        // The smallest grid (portable) has 9 tiles, each run 5 times.
         assert!(
-            tested >= 4 * 9,
+            tested >= 5 * 9,
             "{isa}: only {tested} tile variants exercised"
         );
     }

@@ -22,7 +22,7 @@ pub(crate) unsafe fn run<B: BatchSrc<f32>>(t: &TileCall, src: &B, m: usize, n: u
             for i in 0..t.count {
                 let (a, b) = (src.a(i), src.b(i));
                 for p in 0..t.k {
-                    s += *a.add(r + p * t.lda) * *b.add(p + j * t.ldb);
+                    s += *a.add(r + p * t.lda) * *b.add(p * t.b_step + j * t.b_col);
                 }
             }
             let cp = t.c.add(j * t.ldc + r);

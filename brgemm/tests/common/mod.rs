@@ -65,10 +65,34 @@ impl Case {
         epilogue: Epilogue,
         seed: u64,
     ) -> Case {
+        Case::with_b_layout(
+            m, n, k, count, form, beta, alpha, pad, epilogue, seed, false,
+        )
+    }
+
+    /// As [`Case::new`], with B_i row-major when `b_row_major`.
+    pub fn with_b_layout(
+        m: usize,
+        n: usize,
+        k: usize,
+        count: usize,
+        form: Form,
+        beta: Beta,
+        alpha: f32,
+        pad: (usize, usize, usize),
+        epilogue: Epilogue,
+        seed: u64,
+        b_row_major: bool,
+    ) -> Case {
         let mut r = Rng(seed);
-        let (lda, ldb, ldc) = (m + pad.0, k + pad.1, m + pad.2);
-        let (a_ext, b_ext) = (lda * (k - 1) + m, ldb * (n - 1) + k);
-        let mut desc = Descriptor::new(m, n, k)
+        let (b_outer, b_inner) = if b_row_major { (k, n) } else { (n, k) };
+        let (lda, ldb, ldc) = (m + pad.0, b_inner + pad.1, m + pad.2);
+        let (a_ext, b_ext) = (lda * (k - 1) + m, ldb * (b_outer - 1) + b_inner);
+        let mut desc = Descriptor::new(m, n, k);
+        if b_row_major {
+            desc = desc.b_row_major();
+        }
+        let mut desc = desc
             .lda(lda)
             .ldb(ldb)
             .ldc(ldc)
@@ -165,7 +189,12 @@ impl Case {
                 for i in 0..self.count {
                     let (a, b) = (self.a_i(i), self.b_i(i));
                     for p in 0..d.k {
-                        let x = a[r + p * d.lda] as f64 * b[p + j * d.ldb] as f64;
+                        let bv = if d.b_row_major {
+                            b[p * d.ldb + j]
+                        } else {
+                            b[p + j * d.ldb]
+                        };
+                        let x = a[r + p * d.lda] as f64 * bv as f64;
                         s += x;
                         g += x.abs();
                     }
