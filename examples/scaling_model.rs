@@ -90,14 +90,13 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize]) -> (Vec<LayerCost>, f64) {
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 3) as f32 - 1.0);
-        let (mut wtr, mut xt, mut dw) = (fc.wt_layout(), fc.xt_layout(), fc.w_layout());
+        let (mut wtr, mut dw) = (fc.wt_layout(), fc.w_layout());
         let mut db = vec![0.0; fc.padded_k()];
         let fwd = median(|| fc.forward(pool, &x, &wt, &b, &mut y, None).unwrap());
         let upd = median(|| {
             fc.activation_backward(pool, &dy, &y, None, &mut dz)
                 .unwrap();
-            fc.relayout_input(pool, &x, &mut xt).unwrap();
-            fc.backward_weights(pool, &dz, &xt, &mut dw, &mut db)
+            fc.backward_weights(pool, &dz, &x, &mut dw, &mut db)
                 .unwrap();
         });
         // Layer 0 needs no gradient for its input.

@@ -147,9 +147,8 @@ fn tune_fc(args: &[String]) {
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
-        let (mut wt, mut xt) = (fc0.wt_layout(), fc0.xt_layout());
+        let mut wt = fc0.wt_layout();
         fc0.transpose_weights(&pool, &w, &mut wt).unwrap();
-        fc0.relayout_input(&pool, &x, &mut xt).unwrap();
         let mut db = vec![0.0f32; fc0.padded_k()];
         for pass in ["fwd", "bwd", "upd"] {
             for spec in specs {
@@ -172,7 +171,7 @@ fn tune_fc(args: &[String]) {
                         "fwd" => fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
                         "bwd" => fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                         _ => fc
-                            .backward_weights(&pool, &dz, &xt, &mut dw, &mut db)
+                            .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                             .unwrap(),
                     };
                     run();

@@ -11,7 +11,7 @@
 //! |---|---|---|---|---|---|---|---|
 //! | fwd | N blocks | K blocks | C blocks | bk x bn x bc | W[kb][cb] | X[nb][cb] | Y[nb][kb] |
 //! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | Wt[cb][kb] | dZ[nb][kb] | dX[nb][cb] |
-//! | upd | K blocks | C blocks | N blocks | bk x bc x bn | dZ[nb][kb] | Xt[nb][cb] | dW[kb][cb] |
+//! | upd | K blocks | C blocks | N blocks | bk x bc x bn | dZ[nb][kb] | X[nb][cb] (row-major B) | dW[kb][cb] |
 //!
 //! Data reuse: in fwd/bwd one BRGEMM call streams a block-row of the weights
 //! and a block-row of the activations. The default `BAc` walks the N blocks
@@ -327,7 +327,11 @@ impl Fc {
             bdesc,
             Epilogue::default(),
         )?;
-        let udesc = Descriptor::new(bk, bc, bn).batch_form(stride(kb * bn * bk, cb * bn * bc));
+        // X blocks are [bn][bc]: read in place as a row-major B (k = bn rows).
+        let udesc = Descriptor::new(bk, bc, bn)
+            .b_row_major()
+            .ldb(bc)
+            .batch_form(stride(kb * bn * bk, cb * bn * bc));
         let upd = pass(
             "upd",
             &t.upd,
@@ -373,17 +377,6 @@ impl Fc {
         )
         .unwrap()
     }
-    /// A zero input in the layout backward-weights reads (`[N/bn][C/bc][bc][bn]`).
-    pub fn xt_layout(&self) -> Blocked {
-        Blocked::zeros(
-            self.n,
-            self.c,
-            self.tuning.bn,
-            self.tuning.bc,
-            Inner::ColMajor,
-        )
-        .unwrap()
-    }
     /// A zero output Y (also dY, dZ and Z: `[N/bn][K/bk][bn][bk]`).
     pub fn y_layout(&self) -> Blocked {
         Blocked::zeros(
@@ -425,15 +418,6 @@ impl Fc {
             self.tuning.bn,
             self.tuning.bc,
             Inner::RowMajor,
-        )
-    }
-    fn xt_shape(&self) -> Shape {
-        (
-            self.n,
-            self.c,
-            self.tuning.bn,
-            self.tuning.bc,
-            Inner::ColMajor,
         )
     }
     fn y_shape(&self) -> Shape {
@@ -635,32 +619,32 @@ impl Fc {
         Ok(())
     }
 
-    /// dW = dZ^T X (reduced over the whole minibatch inside BRGEMM) and
-    /// db = column sums of dZ. `xt` is X in the layout of [`Fc::xt_layout`]
-    /// (see [`Fc::relayout_input`]).
+    /// dW = dZ^T X (reduced over the whole minibatch inside BRGEMM, reading
+    /// X's `[bn][bc]` blocks in place as row-major B) and db = column sums
+    /// of dZ.
     pub fn backward_weights(
         &self,
         pool: &Pool,
         dz: &Blocked,
-        xt: &Blocked,
+        x: &Blocked,
         dw: &mut Blocked,
         db: &mut [f32],
     ) -> Result<()> {
         self.check("dZ", dz, self.y_shape())?;
-        self.check("Xt", xt, self.xt_shape())?;
+        self.check("X", x, self.x_shape())?;
         self.check("dW", dw, self.w_shape())?;
         check_buf("db", db.len(), self.padded_k())?;
         let t = &self.tuning;
         let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
         let (bn, bc, bk) = (t.bn, t.bc, t.bk);
-        let (dzp, xtp) = (dz.data.as_ptr() as usize, xt.data.as_ptr() as usize);
+        let (dzp, xp) = (dz.data.as_ptr() as usize, x.data.as_ptr() as usize);
         let dwp = SyncPtr(dw.data.as_mut_ptr());
         let p = &self.upd;
         p.nest.run(pool, |i| {
             let (kb, cb, n0) = (i[0], i[1], i[2]);
             let cnt = p.chunk.min(p.red - n0);
             let a = (dzp as *const f32).wrapping_add((n0 * kbn + kb) * bn * bk);
-            let b = (xtp as *const f32).wrapping_add((n0 * cbn + cb) * bn * bc);
+            let b = (xp as *const f32).wrapping_add((n0 * cbn + cb) * bn * bc);
             // SAFETY: as in forward; dW[kb][cb] is owned by one thread.
             unsafe {
                 p.kernels.pick(n0 == 0, n0 + cnt == p.red).execute_raw(
@@ -698,14 +682,6 @@ impl Fc {
         self.check("W", w, self.w_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         w.transpose_into_par(wt, pool)
-    }
-
-    /// Writes X in the layout backward-weights reads (O(NC), once per step;
-    /// a transpose inside each block, parallel over `pool`).
-    pub fn relayout_input(&self, pool: &Pool, x: &Blocked, xt: &mut Blocked) -> Result<()> {
-        self.check("X", x, self.x_shape())?;
-        self.check("Xt", xt, self.xt_shape())?;
-        x.relayout_into_par(xt, pool)
     }
 }
 

@@ -36,7 +36,6 @@ struct Layer {
     dz: Blocked,
     /// Gradient w.r.t. this layer's input (the previous layer's dY).
     dx: Blocked,
-    xt: Blocked,
     ow: OptState,
     ob: OptState,
 }
@@ -132,7 +131,6 @@ impl Mlp {
                 z: (s.act == Activation::Gelu).then(|| fc.y_layout()),
                 dz: fc.y_layout(),
                 dx: fc.x_layout(),
-                xt: fc.xt_layout(),
                 ow: OptState::default(),
                 ob: OptState::default(),
                 w,
@@ -206,8 +204,7 @@ impl Mlp {
             };
             l.fc.activation_backward(pool, dy, &l.y, l.z.as_ref(), &mut l.dz)?;
             let input = if i == 0 { x } else { &done[i - 1].y };
-            l.fc.relayout_input(pool, input, &mut l.xt)?;
-            l.fc.backward_weights(pool, &l.dz, &l.xt, &mut l.dw, &mut l.db)?;
+            l.fc.backward_weights(pool, &l.dz, input, &mut l.dw, &mut l.db)?;
             ready(i, &mut l.dw, &mut l.db);
             if i > 0 || self.input_grad {
                 l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;

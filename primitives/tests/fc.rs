@@ -93,11 +93,9 @@ impl Problem {
         fc.transpose_weights(pool, &w, &mut wt).unwrap();
         let mut dx = fc.x_layout();
         fc.backward_data(pool, &dz, &wt, &mut dx).unwrap();
-        let mut xt = fc.xt_layout();
-        fc.relayout_input(pool, &x, &mut xt).unwrap();
         let mut dw = fc.w_layout();
         let mut db = vec![0.0; fc.padded_k()];
-        fc.backward_weights(pool, &dz, &xt, &mut dw, &mut db)
+        fc.backward_weights(pool, &dz, &x, &mut dw, &mut db)
             .unwrap();
         // Padding must stay zero (the next layer and the optimizer rely on it).
         let pad_ok = |b: &Blocked| {
