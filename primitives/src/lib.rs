@@ -16,6 +16,8 @@
 //!   the convolution layer [`Conv`] (forward, backward-data, backward-weights).
 //! - [`pool2d`], [`norm`], [`eltwise`]: max/average/global pooling, batch
 //!   normalisation, ReLU, dropout and flattening into the FC layout.
+//! - [`rnn`]: LSTM and tanh-RNN layers ([`Rnn`]) over whole sequences,
+//!   forward and backward through time.
 //! - [`cnn`]: [`Cnn`], convolution stages and an MLP head trained end to end.
 //! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
 //!   gradients and optimizer state, with save and load.
@@ -34,6 +36,7 @@ pub mod model;
 pub mod norm;
 pub mod optim;
 pub mod pool2d;
+pub mod rnn;
 pub mod tensor;
 pub mod threads;
 
@@ -48,5 +51,6 @@ pub use model::{LayerSpec, Mlp};
 pub use norm::BatchNorm;
 pub use optim::Optimizer;
 pub use pool2d::{Pool2d, PoolKind};
+pub use rnn::{CellKind, Rnn, RnnGrads, RnnState, RnnTuning};
 pub use tensor::{Filter, Tensor4};
 pub use threads::Pool;

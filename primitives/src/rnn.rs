@@ -1,0 +1,716 @@
+//! LSTM and plain tanh RNN layers over whole sequences, as BRGEMM loops.
+//!
+//! Shapes: input X `[T][N][C]`, hidden and cell state `[N][K]`. The gate
+//! pre-activations of all steps are one matrix G `[T*N][g*K]` (g = 4 gates
+//! i, f, c, o for the LSTM, 1 for the RNN), in the FC layouts of
+//! [`crate::layout`]:
+//!
+//! | tensor | layout | as |
+//! |---|---|---|
+//! | X (all steps) | `[T*N/bn][C/bc][bn][bc]` | FC input, rows `t*Np + n` |
+//! | W (input weights, gates stacked) | `[g*K/bk][C/bc][bc][bk]` | FC weights |
+//! | R (recurrent weights, gates stacked) | `[g*K/bk][K/bk][bk][bk]` | FC weights |
+//! | H, G | `[T*N/bn][../bk][bn][bk]` | FC outputs |
+//!
+//! `Np` is N rounded up to `bn`, so a row block never spans two steps; gate
+//! `j` owns the output columns `j*Kp .. j*Kp + K` (`Kp` = K rounded up to
+//! `bk`).
+//!
+//! - **Forward**: the input projection of every step at once, `G = X W^T + b`,
+//!   is one FC forward over `T*Np` rows (a large, parallel BRGEMM loop).
+//!   Then per step, per `(n block, k block)` work item, each gate's block
+//!   gets `+= R_gate h_(t-1)` as a BRGEMM over the hidden blocks (beta = 1)
+//!   and the gate non-linearities and the c/h update run on the block while
+//!   it is in L1. The activated gates, all c and all h are kept for backward.
+//! - **Backward through time**, step by step from the last: the gate
+//!   gradients of a block are element-wise from dh, dc and the kept gates;
+//!   `dh_(t-1) += R^T dG_t` is a BRGEMM over the `g*K/bk` gate blocks (from a
+//!   transposed copy of R made once per call). Afterwards the weight
+//!   gradients are reductions over time and minibatch at once: `dW = dG^T X`
+//!   and `dR = dG^T H_prev` are FC backward-weights over `T*Np` rows (one
+//!   BRGEMM per output block whose batch runs over all steps), and
+//!   `dX = dG W` is one FC backward-data.
+//!
+//! Per step the `(n block, k block)` items are a loop nest (spec over `a` =
+//! N blocks, `b` = K blocks; default `AB`, both parallel); steps are
+//! sequential (a step needs all of the previous step's h).
+
+use crate::error::{check_buf, shape, Result};
+use crate::fc::{Fc, FcTuning, PassConfig};
+use crate::layout::{Blocked, Inner, SyncPtr};
+use crate::loops::{LoopDef, LoopNest};
+use crate::threads::Pool;
+use brgemm::{Activation, BatchForm, Beta, Descriptor, Kernel, RawBatch};
+use std::sync::Arc;
+
+/// Which recurrent cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum CellKind {
+    /// Long short-term memory: gates i, f, c, o; `c_t = f c_(t-1) + i c~`,
+    /// `h_t = o tanh(c_t)`.
+    Lstm,
+    /// Plain RNN: `h_t = tanh(W x_t + R h_(t-1) + b)`.
+    Rnn,
+}
+
+impl CellKind {
+    /// Gates per cell.
+    pub fn gates(self) -> usize {
+        match self {
+            CellKind::Lstm => 4,
+            CellKind::Rnn => 1,
+        }
+    }
+}
+
+/// Blocking and loop orders of a recurrent layer.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RnnTuning {
+    /// Minibatch block.
+    pub bn: usize,
+    /// Input-feature block.
+    pub bc: usize,
+    /// Hidden block.
+    pub bk: usize,
+    /// Per-step forward nest over (N blocks, K blocks).
+    pub fwd: PassConfig,
+    /// Per-step backward nest over (N blocks, K blocks).
+    pub bwd: PassConfig,
+}
+
+impl RnnTuning {
+    /// Blocks of 64 where they divide (else 48, 32, 16; sizes below 64 are
+    /// one block; else 64 with padding), like [`FcTuning::heuristic`], and
+    /// both per-step loops parallel (`AB`): the step's (n, k) blocks are
+    /// independent.
+    pub fn heuristic(n: usize, c: usize, k: usize) -> RnnTuning {
+        let cands = [64, 48, 32, 16];
+        let pick = |x| crate::fc::pick_block(x, &cands);
+        RnnTuning {
+            bn: pick(n),
+            bc: pick(c),
+            bk: pick(k),
+            fwd: PassConfig::spec("AB"),
+            bwd: PassConfig::spec("AB"),
+        }
+    }
+}
+
+/// What forward keeps for backward, and the outputs.
+#[derive(Debug, Clone)]
+pub struct RnnState {
+    /// h_1 .. h_T (`T*Np x K`).
+    pub h: Blocked,
+    /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
+    pub h_prev: Blocked,
+    /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
+    pub c: Blocked,
+    /// Activated gates of every step (`T*Np x g*Kp`).
+    pub gates: Blocked,
+}
+
+/// Gradients of a backward pass.
+#[derive(Debug, Clone)]
+pub struct RnnGrads {
+    /// dL/dX (`T*Np x C`).
+    pub dx: Blocked,
+    /// dL/dW (layout of W).
+    pub dw: Blocked,
+    /// dL/dR (layout of R).
+    pub dr: Blocked,
+    /// dL/db (length `g*Kp`).
+    pub db: Vec<f32>,
+    /// dL/dh_0 (`Np x K`).
+    pub dh0: Blocked,
+    /// dL/dc_0 (`Np x K`; LSTM only).
+    pub dc0: Blocked,
+    /// Scratch: dL/dG (`T*Np x g*Kp`).
+    dg: Blocked,
+    /// Scratch: dL/dh of the step being processed, accumulated (`T*Np x K`).
+    dh: Blocked,
+    /// Scratch: R transposed (`K x g*Kp` blocked as FC `wt`).
+    rt: Blocked,
+}
+
+/// A planned LSTM or RNN layer for sequences of `t` steps, minibatch `n`,
+/// `c` input features and `k` hidden units.
+pub struct Rnn {
+    /// Cell.
+    pub kind: CellKind,
+    /// Steps.
+    pub t: usize,
+    /// Minibatch.
+    pub n: usize,
+    /// Input features.
+    pub c: usize,
+    /// Hidden units.
+    pub k: usize,
+    tuning: RnnTuning,
+    /// Input projection over all steps: `T*Np x C -> T*Np x g*Kp`.
+    input: Fc,
+    /// The recurrent weights as an FC over all steps (only its
+    /// backward-weights is used: dR = dG^T H_prev).
+    recur: Fc,
+    /// Per-step nests.
+    fwd_nest: LoopNest,
+    bwd_nest: LoopNest,
+    /// G block += R_gate h_(t-1): m = bk, n = bn, k = bk, batch over K blocks.
+    rec_kernel: Arc<Kernel>,
+    /// dh_(t-1) block += R^T dG_t: batch over the g*K/bk gate blocks.
+    rec_t_kernel: Arc<Kernel>,
+    /// As `rec_t_kernel` with beta = 0 (for dh_0, which starts empty).
+    rec_t_kernel0: Arc<Kernel>,
+}
+
+impl std::fmt::Debug for Rnn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rnn")
+            .field("kind", &self.kind)
+            .field("t", &self.t)
+            .field("n", &self.n)
+            .field("c", &self.c)
+            .field("k", &self.k)
+            .field("tuning", &self.tuning)
+            .finish()
+    }
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Rnn {
+    /// Plans a layer with the heuristic tuning.
+    pub fn new(kind: CellKind, t: usize, n: usize, c: usize, k: usize) -> Result<Rnn> {
+        Rnn::with_tuning(kind, t, n, c, k, RnnTuning::heuristic(n, c, k))
+    }
+
+    /// Plans a layer with the given blocking and per-step loop orders.
+    pub fn with_tuning(
+        kind: CellKind,
+        t: usize,
+        n: usize,
+        c: usize,
+        k: usize,
+        tn: RnnTuning,
+    ) -> Result<Rnn> {
+        for (what, v) in [
+            ("t", t),
+            ("n", n),
+            ("c", c),
+            ("k", k),
+            ("bn", tn.bn),
+            ("bc", tn.bc),
+            ("bk", tn.bk),
+        ] {
+            if v == 0 {
+                return Err(shape(what, v, "must be at least 1"));
+            }
+        }
+        let (np, kp) = (n.div_ceil(tn.bn) * tn.bn, k.div_ceil(tn.bk) * tn.bk);
+        let gk = kind.gates() * kp;
+        let fc_t = |bc| FcTuning {
+            bn: tn.bn,
+            bc,
+            bk: tn.bk,
+            ..FcTuning::heuristic(t * np, c, gk)
+        };
+        let input = Fc::with_tuning(t * np, c, gk, Activation::Identity, fc_t(tn.bc))?;
+        let recur = Fc::with_tuning(t * np, k, gk, Activation::Identity, fc_t(tn.bk))?;
+        let (nb, kb) = (np / tn.bn, kp / tn.bk);
+        let step_nest = |which: &str, cfg: &PassConfig| {
+            LoopNest::new(
+                vec![
+                    LoopDef::new("N blocks", nb, 1).blocks(cfg.blocks_a.clone()),
+                    LoopDef::new("K blocks", kb, 1).blocks(cfg.blocks_b.clone()),
+                ],
+                &cfg.spec,
+            )
+            .map_err(|e| match e {
+                crate::Error::Spec { spec, reason } => crate::Error::Spec {
+                    spec,
+                    reason: format!("rnn {which}: {reason}"),
+                },
+                other => other,
+            })
+        };
+        let (bn, bk) = (tn.bn, tn.bk);
+        let rec_kernel =
+            brgemm::dispatch(&Descriptor::new(bk, bn, bk).beta(Beta::One).batch_form(
+                BatchForm::Stride {
+                    a: bk * bk,
+                    b: bn * bk,
+                },
+            ))?;
+        // R^T blocks: [K/bk][g*Kp/bk][bk][bk] (FC wt layout of R).
+        let rt_desc = Descriptor::new(bk, bn, bk).batch_form(BatchForm::Stride {
+            a: bk * bk,
+            b: bn * bk,
+        });
+        Ok(Rnn {
+            kind,
+            t,
+            n,
+            c,
+            k,
+            fwd_nest: step_nest("fwd", &tn.fwd)?,
+            bwd_nest: step_nest("bwd", &tn.bwd)?,
+            tuning: tn,
+            input,
+            recur,
+            rec_kernel,
+            rec_t_kernel: brgemm::dispatch(&rt_desc.beta(Beta::One))?,
+            rec_t_kernel0: brgemm::dispatch(&rt_desc)?,
+        })
+    }
+
+    /// The blocking and specs in use.
+    pub fn tuning(&self) -> &RnnTuning {
+        &self.tuning
+    }
+    /// N rounded up to the minibatch block: rows per step.
+    pub fn padded_n(&self) -> usize {
+        self.n.div_ceil(self.tuning.bn) * self.tuning.bn
+    }
+    /// K rounded up to the hidden block.
+    pub fn padded_k(&self) -> usize {
+        self.k.div_ceil(self.tuning.bk) * self.tuning.bk
+    }
+    /// Length of the bias (`g * Kp`).
+    pub fn bias_len(&self) -> usize {
+        self.kind.gates() * self.padded_k()
+    }
+    /// Floating-point operations of the forward pass (the GEMMs).
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.t * self.n * self.kind.gates() * self.k * (self.c + self.k)) as f64
+    }
+
+    fn seq(&self, cols: usize, bc: usize) -> Blocked {
+        Blocked::zeros(
+            self.t * self.padded_n(),
+            cols,
+            self.tuning.bn,
+            bc,
+            Inner::RowMajor,
+        )
+        .unwrap()
+    }
+    /// A zero input sequence (`T*Np x C`).
+    pub fn x_layout(&self) -> Blocked {
+        self.seq(self.c, self.tuning.bc)
+    }
+    /// A zero hidden sequence (`T*Np x K`), also the output gradient.
+    pub fn h_layout(&self) -> Blocked {
+        self.seq(self.k, self.tuning.bk)
+    }
+    /// A zero state (`Np x K`): h_0, c_0 and their gradients.
+    pub fn state_layout(&self) -> Blocked {
+        Blocked::zeros(
+            self.padded_n(),
+            self.k,
+            self.tuning.bn,
+            self.tuning.bk,
+            Inner::RowMajor,
+        )
+        .unwrap()
+    }
+    /// Zero input weights W (`g*Kp x C`, gates stacked).
+    pub fn w_layout(&self) -> Blocked {
+        self.input.w_layout()
+    }
+    /// Zero recurrent weights R (`g*Kp x K`, gates stacked).
+    pub fn r_layout(&self) -> Blocked {
+        self.recur.w_layout()
+    }
+    /// Writes the plain `[T][N][cols]` sequence `plain` into `seq` (a
+    /// buffer of [`Rnn::x_layout`] or [`Rnn::h_layout`]).
+    pub fn set_sequence(&self, seq: &mut Blocked, plain: &[f32]) -> Result<()> {
+        let cols = seq.cols;
+        check_buf("plain sequence", plain.len(), self.t * self.n * cols)?;
+        let np = self.padded_n();
+        for t in 0..self.t {
+            for n in 0..self.n {
+                for c in 0..cols {
+                    let i = seq.index(t * np + n, c);
+                    seq.data[i] = plain[(t * self.n + n) * cols + c];
+                }
+            }
+        }
+        Ok(())
+    }
+    /// The plain `[T][N][cols]` sequence of `seq`.
+    pub fn sequence(&self, seq: &Blocked) -> Vec<f32> {
+        let (np, cols) = (self.padded_n(), seq.cols);
+        let mut out = vec![0.0; self.t * self.n * cols];
+        for t in 0..self.t {
+            for n in 0..self.n {
+                for c in 0..cols {
+                    out[(t * self.n + n) * cols + c] = seq.data[seq.index(t * np + n, c)];
+                }
+            }
+        }
+        out
+    }
+    /// Sets gate `gate`'s block of a stacked weight matrix (W or R) from a
+    /// plain row-major `[K][cols]` matrix.
+    pub fn set_gate_weights(&self, w: &mut Blocked, gate: usize, plain: &[f32]) -> Result<()> {
+        if gate >= self.kind.gates() {
+            return Err(shape(
+                "gate",
+                gate,
+                format!("a {:?} cell has {} gates", self.kind, self.kind.gates()),
+            ));
+        }
+        check_buf("plain gate weights", plain.len(), self.k * w.cols)?;
+        let kp = self.padded_k();
+        for r in 0..self.k {
+            for c in 0..w.cols {
+                let i = w.index(gate * kp + r, c);
+                w.data[i] = plain[r * w.cols + c];
+            }
+        }
+        Ok(())
+    }
+    /// Gate `gate`'s block of a stacked weight matrix as plain `[K][cols]`.
+    pub fn gate_weights(&self, w: &Blocked, gate: usize) -> Vec<f32> {
+        let kp = self.padded_k();
+        let mut out = vec![0.0; self.k * w.cols];
+        for r in 0..self.k {
+            for c in 0..w.cols {
+                out[r * w.cols + c] = w.data[w.index(gate * kp + r, c)];
+            }
+        }
+        out
+    }
+
+    /// Buffers for [`Rnn::forward`].
+    pub fn state(&self) -> RnnState {
+        RnnState {
+            h: self.h_layout(),
+            h_prev: self.h_layout(),
+            c: match self.kind {
+                CellKind::Lstm => Blocked::zeros(
+                    (self.t + 1) * self.padded_n(),
+                    self.k,
+                    self.tuning.bn,
+                    self.tuning.bk,
+                    Inner::RowMajor,
+                )
+                .unwrap(),
+                CellKind::Rnn => Blocked::zeros(1, 1, 1, 1, Inner::RowMajor).unwrap(),
+            },
+            gates: self.input.y_layout(),
+        }
+    }
+
+    /// Buffers for [`Rnn::backward`].
+    pub fn grads(&self) -> RnnGrads {
+        RnnGrads {
+            dx: self.x_layout(),
+            dw: self.w_layout(),
+            dr: self.r_layout(),
+            db: vec![0.0; self.bias_len()],
+            dh0: self.state_layout(),
+            dc0: self.state_layout(),
+            dg: self.input.y_layout(),
+            dh: self.h_layout(),
+            rt: self.recur.wt_layout(),
+        }
+    }
+
+    fn check(&self, what: &str, b: &Blocked, want: &Blocked) -> Result<()> {
+        if (b.rows, b.cols, b.br, b.bc, b.inner)
+            != (want.rows, want.cols, want.br, want.bc, want.inner)
+        {
+            return Err(shape(
+                what,
+                format!(
+                    "{}x{} in {}x{} {:?} blocks",
+                    b.rows, b.cols, b.br, b.bc, b.inner
+                ),
+                format!(
+                    "layer needs {}x{} in {}x{} {:?} blocks",
+                    want.rows, want.cols, want.br, want.bc, want.inner
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs the whole sequence: `st.h` receives h_1..h_T. `h0`/`c0` are the
+    /// initial states (zero when `None`; `c0` is ignored by the RNN).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        x: &Blocked,
+        w: &Blocked,
+        r: &Blocked,
+        bias: &[f32],
+        h0: Option<&Blocked>,
+        c0: Option<&Blocked>,
+        st: &mut RnnState,
+    ) -> Result<()> {
+        self.check("X", x, &self.x_layout())?;
+        self.check("R", r, &self.r_layout())?;
+        self.check("state h", &st.h, &self.h_layout())?;
+        self.check("state h_prev", &st.h_prev, &self.h_layout())?;
+        for (what, s) in [("h0", h0), ("c0", c0)] {
+            if let Some(s) = s {
+                self.check(what, s, &self.state_layout())?;
+            }
+        }
+        // Input projection of all steps at once (checks W, bias, gates).
+        self.input.forward(pool, x, w, bias, &mut st.gates, None)?;
+        let tn = &self.tuning;
+        let (bn, bk) = (tn.bn, tn.bk);
+        let (nb, kb) = (self.padded_n() / bn, self.padded_k() / bk);
+        let step_len = nb * kb * bn * bk;
+        // h_prev[0] = h0, c[0] = c0.
+        match h0 {
+            Some(h) => st.h_prev.data[..step_len].copy_from_slice(&h.data),
+            None => st.h_prev.data[..step_len].fill(0.0),
+        }
+        if self.kind == CellKind::Lstm {
+            let want = Blocked {
+                data: vec![],
+                ..self.state_layout()
+            };
+            let want = Blocked {
+                rows: (self.t + 1) * self.padded_n(),
+                ..want
+            };
+            self.check("state c", &st.c, &want)?;
+            match c0 {
+                Some(c) => st.c.data[..step_len].copy_from_slice(&c.data),
+                None => st.c.data[..step_len].fill(0.0),
+            }
+        }
+        let g = self.kind.gates();
+        let gkb = g * kb;
+        let (kp, k) = (self.padded_k(), self.k);
+        let rp = r.data.as_ptr() as usize;
+        let gp = SyncPtr(st.gates.data.as_mut_ptr());
+        let hp = SyncPtr(st.h.data.as_mut_ptr());
+        let hpp = SyncPtr(st.h_prev.data.as_mut_ptr());
+        let cp = SyncPtr(st.c.data.as_mut_ptr());
+        let blk = bn * bk;
+        for t in 0..self.t {
+            self.fwd_nest.run(pool, |i| {
+                let (ni, ki) = (i[0], i[1]);
+                let row = t * nb + ni;
+                // SAFETY: all offsets are inside buffers whose shapes were
+                // checked; the (step, n block, k block) blocks of gates, h,
+                // h_prev[t+1] and c[t+1] are written by this item only, and
+                // h_prev[t] (read by every item) was finished by the
+                // previous step (each step's nest returns before the next).
+                unsafe {
+                    let hprev = (hpp.get() as *const f32).add(row * kb * blk);
+                    let gate = |j: usize| gp.get().add((row * gkb + j * kb + ki) * blk);
+                    for j in 0..g {
+                        self.rec_kernel.execute_raw(
+                            RawBatch::Stride {
+                                a: (rp as *const f32).add((j * kb + ki) * kb * bk * bk),
+                                b: hprev,
+                                count: kb,
+                            },
+                            gate(j),
+                            std::ptr::null(),
+                        );
+                    }
+                    let hout =
+                        std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
+                    match self.kind {
+                        CellKind::Rnn => {
+                            let z = std::slice::from_raw_parts_mut(gate(0), blk);
+                            for (zv, h) in z.iter_mut().zip(hout.iter_mut()) {
+                                *zv = zv.tanh();
+                                *h = *zv;
+                            }
+                        }
+                        CellKind::Lstm => {
+                            let (gi, gf, gc, go) = (
+                                std::slice::from_raw_parts_mut(gate(0), blk),
+                                std::slice::from_raw_parts_mut(gate(1), blk),
+                                std::slice::from_raw_parts_mut(gate(2), blk),
+                                std::slice::from_raw_parts_mut(gate(3), blk),
+                            );
+                            let cprev = std::slice::from_raw_parts(
+                                cp.get().add((row * kb + ki) * blk),
+                                blk,
+                            );
+                            let cnew = std::slice::from_raw_parts_mut(
+                                cp.get().add(((row + nb) * kb + ki) * blk),
+                                blk,
+                            );
+                            for e in 0..blk {
+                                let (i_, f_, c_, o_) =
+                                    (sigmoid(gi[e]), sigmoid(gf[e]), gc[e].tanh(), sigmoid(go[e]));
+                                gi[e] = i_;
+                                gf[e] = f_;
+                                gc[e] = c_;
+                                go[e] = o_;
+                                let c = f_ * cprev[e] + i_ * c_;
+                                cnew[e] = c;
+                                hout[e] = o_ * c.tanh();
+                            }
+                        }
+                    }
+                    // Hidden padding columns stay zero (gates there are
+                    // activations of 0 and would leak into h).
+                    if ki + 1 == kb && k < kp {
+                        for rowv in hout.chunks_exact_mut(bk) {
+                            rowv[k % bk..].fill(0.0);
+                        }
+                        if self.kind == CellKind::Lstm {
+                            let cnew = std::slice::from_raw_parts_mut(
+                                cp.get().add(((row + nb) * kb + ki) * blk),
+                                blk,
+                            );
+                            for rowv in cnew.chunks_exact_mut(bk) {
+                                rowv[k % bk..].fill(0.0);
+                            }
+                        }
+                    }
+                    if t + 1 < self.t {
+                        std::ptr::copy_nonoverlapping(
+                            hout.as_ptr(),
+                            hpp.get().add(((row + nb) * kb + ki) * blk),
+                            blk,
+                        );
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Backpropagation through time of the last [`Rnn::forward`] (whose
+    /// state is `st`) for the output gradient `dh` (`T*Np x K`, dL/dh_t of
+    /// every step; zero where the loss does not read h_t), with `dc_t`
+    /// flowing only through the recurrence. Writes every gradient of `gr`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        pool: &Pool,
+        dh: &Blocked,
+        x: &Blocked,
+        w: &Blocked,
+        r: &Blocked,
+        st: &RnnState,
+        gr: &mut RnnGrads,
+    ) -> Result<()> {
+        self.check("dH", dh, &self.h_layout())?;
+        self.check("X", x, &self.x_layout())?;
+        self.check("R", r, &self.r_layout())?;
+        self.check("gradient dh scratch", &gr.dh, &self.h_layout())?;
+        self.check("dh0", &gr.dh0, &self.state_layout())?;
+        self.check("dc0", &gr.dc0, &self.state_layout())?;
+        self.check("gates", &st.gates, &self.input.y_layout())?;
+        self.recur.transpose_weights(pool, r, &mut gr.rt)?;
+        gr.dh.data.copy_from_slice(&dh.data);
+        let tn = &self.tuning;
+        let (bn, bk) = (tn.bn, tn.bk);
+        let (nb, kb) = (self.padded_n() / bn, self.padded_k() / bk);
+        let g = self.kind.gates();
+        let gkb = g * kb;
+        let blk = bn * bk;
+        let lstm = self.kind == CellKind::Lstm;
+        // dc of the step being processed: dc0 doubles as the running buffer.
+        gr.dc0.data.fill(0.0);
+        let (dgp, dhp, dcp) = (
+            SyncPtr(gr.dg.data.as_mut_ptr()),
+            SyncPtr(gr.dh.data.as_mut_ptr()),
+            SyncPtr(gr.dc0.data.as_mut_ptr()),
+        );
+        let dh0p = SyncPtr(gr.dh0.data.as_mut_ptr());
+        let rtp = gr.rt.data.as_ptr() as usize;
+        for t in (0..self.t).rev() {
+            // Gate gradients of step t, block by block.
+            self.bwd_nest.run(pool, |i| {
+                let (ni, ki) = (i[0], i[1]);
+                let row = t * nb + ni;
+                let off = |j: usize| (row * gkb + j * kb + ki) * blk;
+                // SAFETY: shapes checked above; each (n block, k block) of
+                // dG[t], dc and dh[t] belongs to this item.
+                unsafe {
+                    let dht = std::slice::from_raw_parts(dhp.get().add((row * kb + ki) * blk), blk);
+                    let gt = &st.gates.data;
+                    match self.kind {
+                        CellKind::Rnn => {
+                            let dz = std::slice::from_raw_parts_mut(dgp.get().add(off(0)), blk);
+                            for e in 0..blk {
+                                let hv = gt[off(0) + e];
+                                dz[e] = dht[e] * (1.0 - hv * hv);
+                            }
+                        }
+                        CellKind::Lstm => {
+                            let dc = std::slice::from_raw_parts_mut(
+                                dcp.get().add((ni * kb + ki) * blk),
+                                blk,
+                            );
+                            let cnow = &st.c.data[((row + nb) * kb + ki) * blk..][..blk];
+                            let cprev = &st.c.data[(row * kb + ki) * blk..][..blk];
+                            for e in 0..blk {
+                                let (i_, f_, c_, o_) = (
+                                    gt[off(0) + e],
+                                    gt[off(1) + e],
+                                    gt[off(2) + e],
+                                    gt[off(3) + e],
+                                );
+                                let tc = cnow[e].tanh();
+                                let dct = dc[e] + dht[e] * o_ * (1.0 - tc * tc);
+                                *dgp.get().add(off(0) + e) = dct * c_ * i_ * (1.0 - i_);
+                                *dgp.get().add(off(1) + e) = dct * cprev[e] * f_ * (1.0 - f_);
+                                *dgp.get().add(off(2) + e) = dct * i_ * (1.0 - c_ * c_);
+                                *dgp.get().add(off(3) + e) = dht[e] * tc * o_ * (1.0 - o_);
+                                dc[e] = dct * f_;
+                            }
+                        }
+                    }
+                }
+            });
+            // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block.
+            self.bwd_nest.run(pool, |i| {
+                let (ni, kj) = (i[0], i[1]);
+                let row = t * nb + ni;
+                // SAFETY: as above; the (n block, hidden block) of
+                // dh[t-1] / dh0 belongs to this item, dG[t] is complete.
+                unsafe {
+                    let batch = RawBatch::Stride {
+                        a: (rtp as *const f32).add(kj * gkb * bk * bk),
+                        b: dgp.get().add(row * gkb * blk) as *const f32,
+                        count: gkb,
+                    };
+                    if t > 0 {
+                        self.rec_t_kernel.execute_raw(
+                            batch,
+                            dhp.get().add(((row - nb) * kb + kj) * blk),
+                            std::ptr::null(),
+                        );
+                    } else {
+                        self.rec_t_kernel0.execute_raw(
+                            batch,
+                            dh0p.get().add((ni * kb + kj) * blk),
+                            std::ptr::null(),
+                        );
+                    }
+                }
+            });
+        }
+        if !lstm {
+            gr.dc0.data.fill(0.0);
+        }
+        // Reductions over all steps at once.
+        let mut wt = self.input.wt_layout();
+        self.input.transpose_weights(pool, w, &mut wt)?;
+        self.input.backward_data(pool, &gr.dg, &wt, &mut gr.dx)?;
+        self.input
+            .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
+        let mut db_r = vec![0.0; self.bias_len()];
+        self.recur
+            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut db_r)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,426 @@
+//! LSTM and RNN layers against a naive f64 implementation in plain layout:
+//! outputs, and every gradient (the reference gradients are f64 central
+//! differences of the f64 forward, which is exact to ~1e-9 here), plus a
+//! finite-difference check through time of the f32 layer itself.
+
+use brgemm_primitives::fc::PassConfig;
+use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnTuning};
+use proptest::prelude::*;
+
+fn data(len: usize, seed: u64, scale: f64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5) * scale
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    kind: CellKind,
+    t: usize,
+    n: usize,
+    c: usize,
+    k: usize,
+}
+
+/// All parameters and inputs, plain: x [T][N][C], w [G][K][C], r [G][K][K],
+/// b [G][K], h0 [N][K], c0 [N][K]; one flat vector with these offsets.
+struct Params {
+    d: Dims,
+    v: Vec<f64>,
+}
+
+impl Params {
+    fn g(&self) -> usize {
+        self.d.kind.gates()
+    }
+    fn sizes(&self) -> [usize; 6] {
+        let Dims { t, n, c, k, .. } = self.d;
+        let g = self.g();
+        [t * n * c, g * k * c, g * k * k, g * k, n * k, n * k]
+    }
+    fn part(&self, i: usize) -> std::ops::Range<usize> {
+        let s = self.sizes();
+        let lo: usize = s[..i].iter().sum();
+        lo..lo + s[i]
+    }
+    fn new(d: Dims, seed: u64) -> Params {
+        let mut p = Params { d, v: vec![] };
+        let total: usize = p.sizes().iter().sum();
+        p.v = data(total, seed, 1.0);
+        p
+    }
+    fn get(&self, i: usize) -> &[f64] {
+        &self.v[self.part(i)]
+    }
+}
+
+fn sig(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// h_1..h_T as [T][N][K] and c_T.
+fn naive_forward(p: &Params) -> (Vec<f64>, Vec<f64>) {
+    let Dims { kind, t, n, c, k } = p.d;
+    let g = p.g();
+    let (x, w, r, b) = (p.get(0), p.get(1), p.get(2), p.get(3));
+    let mut h = p.get(4).to_vec();
+    let mut cs = p.get(5).to_vec();
+    let mut out = vec![];
+    for ti in 0..t {
+        let mut hn = vec![0.0; n * k];
+        for ni in 0..n {
+            let mut z = vec![0.0; g * k];
+            for gi in 0..g {
+                for ki in 0..k {
+                    let mut s = b[gi * k + ki];
+                    for ci in 0..c {
+                        s += w[(gi * k + ki) * c + ci] * x[(ti * n + ni) * c + ci];
+                    }
+                    for j in 0..k {
+                        s += r[(gi * k + ki) * k + j] * h[ni * k + j];
+                    }
+                    z[gi * k + ki] = s;
+                }
+            }
+            for ki in 0..k {
+                hn[ni * k + ki] = match kind {
+                    CellKind::Rnn => z[ki].tanh(),
+                    CellKind::Lstm => {
+                        let (i_, f_, c_, o_) = (
+                            sig(z[ki]),
+                            sig(z[k + ki]),
+                            z[2 * k + ki].tanh(),
+                            sig(z[3 * k + ki]),
+                        );
+                        let cn = f_ * cs[ni * k + ki] + i_ * c_;
+                        cs[ni * k + ki] = cn;
+                        o_ * cn.tanh()
+                    }
+                };
+            }
+        }
+        h = hn;
+        out.extend_from_slice(&h);
+    }
+    (out, cs)
+}
+
+/// The layer's outputs and gradients for the loss sum(dh * h), plain.
+struct Got {
+    h: Vec<f32>,
+    dx: Vec<f32>,
+    dw: Vec<Vec<f32>>,
+    dr: Vec<Vec<f32>>,
+    db: Vec<f32>,
+    dh0: Vec<f32>,
+    dc0: Vec<f32>,
+}
+
+fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got {
+    let Dims {
+        kind,
+        t: steps,
+        n,
+        c,
+        k,
+    } = p.d;
+    let g = kind.gates();
+    let rnn = Rnn::with_tuning(kind, steps, n, c, k, t).unwrap();
+    let pool = Pool::new(threads).unwrap();
+    let f = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
+    let mut x = rnn.x_layout();
+    rnn.set_sequence(&mut x, &f(p.get(0))).unwrap();
+    let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
+    let mut bias = vec![0.0f32; rnn.bias_len()];
+    let kp = rnn.padded_k();
+    for gi in 0..g {
+        rnn.set_gate_weights(&mut w, gi, &f(&p.get(1)[gi * k * c..][..k * c]))
+            .unwrap();
+        rnn.set_gate_weights(&mut r, gi, &f(&p.get(2)[gi * k * k..][..k * k]))
+            .unwrap();
+        bias[gi * kp..gi * kp + k].copy_from_slice(&f(&p.get(3)[gi * k..][..k]));
+    }
+    let state = |v: &[f64]| {
+        let mut s = rnn.state_layout();
+        for ni in 0..n {
+            for ki in 0..k {
+                let i = s.index(ni, ki);
+                s.data[i] = v[ni * k + ki] as f32;
+            }
+        }
+        s
+    };
+    let (h0, c0) = (state(p.get(4)), state(p.get(5)));
+    let mut st = rnn.state();
+    rnn.forward(&pool, &x, &w, &r, &bias, Some(&h0), Some(&c0), &mut st)
+        .unwrap();
+    let mut dh = rnn.h_layout();
+    rnn.set_sequence(&mut dh, &f(dh_plain)).unwrap();
+    let mut gr = rnn.grads();
+    rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap();
+    let plain_state = |s: &Blocked| {
+        (0..n * k)
+            .map(|i| s.data[s.index(i / k, i % k)])
+            .collect::<Vec<f32>>()
+    };
+    Got {
+        h: rnn.sequence(&st.h),
+        dx: rnn.sequence(&gr.dx),
+        dw: (0..g).map(|gi| rnn.gate_weights(&gr.dw, gi)).collect(),
+        dr: (0..g).map(|gi| rnn.gate_weights(&gr.dr, gi)).collect(),
+        db: (0..g)
+            .flat_map(|gi| gr.db[gi * kp..gi * kp + k].to_vec())
+            .collect(),
+        dh0: plain_state(&gr.dh0),
+        dc0: plain_state(&gr.dc0),
+    }
+}
+
+fn close(what: &str, got: &[f32], want: &[f64]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: length {} vs {}", got.len(), want.len()));
+    }
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if (*g as f64 - w).abs() > 2e-4 * (1.0 + w.abs()) {
+            return Err(format!("{what}[{i}]: got {g}, want {w}"));
+        }
+    }
+    Ok(())
+}
+
+fn check(d: Dims, t: RnnTuning, seed: u64, threads: usize) -> Result<(), String> {
+    let p = Params::new(d, seed);
+    let dh = data(d.t * d.n * d.k, seed + 1, 1.0);
+    let got = run_layer(&p, t, &dh, threads);
+    let (want_h, _) = naive_forward(&p);
+    close("h", &got.h, &want_h)?;
+    // Reference gradients: central differences of the f64 forward.
+    let loss = |v: &[f64]| -> f64 {
+        let q = Params { d, v: v.to_vec() };
+        naive_forward(&q)
+            .0
+            .iter()
+            .zip(&dh)
+            .map(|(a, b)| a * b)
+            .sum()
+    };
+    let mut v = p.v.clone();
+    let mut grad = vec![0.0; v.len()];
+    for i in 0..v.len() {
+        let keep = v[i];
+        v[i] = keep + 1e-6;
+        let up = loss(&v);
+        v[i] = keep - 1e-6;
+        let down = loss(&v);
+        v[i] = keep;
+        grad[i] = (up - down) / 2e-6;
+    }
+    let part = |i: usize| &grad[p.part(i)];
+    let (k, c) = (d.k, d.c);
+    close("dx", &got.dx, part(0))?;
+    for gi in 0..d.kind.gates() {
+        close(
+            &format!("dW gate {gi}"),
+            &got.dw[gi],
+            &part(1)[gi * k * c..][..k * c],
+        )?;
+        close(
+            &format!("dR gate {gi}"),
+            &got.dr[gi],
+            &part(2)[gi * k * k..][..k * k],
+        )?;
+    }
+    close("db", &got.db, part(3))?;
+    close("dh0", &got.dh0, part(4))?;
+    if d.kind == CellKind::Lstm {
+        close("dc0", &got.dc0, part(5))?;
+    }
+    Ok(())
+}
+
+fn tuning(d: &Dims, bn: usize, bc: usize, bk: usize) -> RnnTuning {
+    RnnTuning {
+        bn,
+        bc,
+        bk,
+        ..RnnTuning::heuristic(d.n, d.c, d.k)
+    }
+}
+
+#[test]
+fn lstm_and_rnn_match_the_reference() {
+    for kind in [CellKind::Lstm, CellKind::Rnn] {
+        for (t, n, c, k, bn, bc, bk) in [
+            (3, 4, 5, 6, 2, 3, 4),
+            (1, 1, 1, 1, 1, 1, 1),
+            (4, 3, 7, 5, 2, 4, 2),
+            (2, 5, 3, 8, 4, 2, 8),
+        ] {
+            let d = Dims { kind, t, n, c, k };
+            for threads in [1, 2] {
+                check(d, tuning(&d, bn, bc, bk), 5, threads)
+                    .unwrap_or_else(|e| panic!("{d:?}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_valid_spec_gives_the_same_result() {
+    let d = Dims {
+        kind: CellKind::Lstm,
+        t: 3,
+        n: 4,
+        c: 3,
+        k: 6,
+    };
+    for spec in ["AB", "BA", "ab", "Ab", "aB", "BAA"] {
+        let mut t = tuning(&d, 2, 3, 2);
+        t.fwd = PassConfig {
+            blocks_b: vec![2],
+            ..PassConfig::spec(spec)
+        };
+        t.bwd = t.fwd.clone();
+        if spec == "BAA" {
+            t.fwd.blocks_a = vec![1];
+            t.bwd.blocks_a = vec![1];
+        }
+        check(d, t, 9, 2).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    }
+}
+
+#[test]
+fn bad_shapes_and_specs_are_errors() {
+    let e = Rnn::new(CellKind::Lstm, 0, 4, 4, 4)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("t = 0"), "{e}");
+    let mut t = RnnTuning::heuristic(4, 4, 4);
+    t.fwd = PassConfig::spec("ABc");
+    let e = Rnn::with_tuning(CellKind::Lstm, 2, 4, 4, 4, t)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rnn fwd"), "{e}");
+    let rnn = Rnn::new(CellKind::Lstm, 2, 4, 4, 4).unwrap();
+    let pool = Pool::new(1).unwrap();
+    let wrong = Rnn::new(CellKind::Lstm, 3, 4, 4, 4).unwrap().x_layout();
+    let mut st = rnn.state();
+    let e = rnn
+        .forward(
+            &pool,
+            &wrong,
+            &rnn.w_layout(),
+            &rnn.r_layout(),
+            &vec![0.0; rnn.bias_len()],
+            None,
+            None,
+            &mut st,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("X") && e.contains("12x4"), "{e}");
+    let e = rnn
+        .forward(
+            &pool,
+            &rnn.x_layout(),
+            &rnn.w_layout(),
+            &rnn.r_layout(),
+            &[0.0; 3],
+            None,
+            None,
+            &mut st,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bias"), "{e}");
+    let e = rnn
+        .set_gate_weights(&mut rnn.w_layout(), 4, &[0.0; 16])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gate = 4"), "{e}");
+}
+
+/// The f32 layer's own gradients against finite differences of its own
+/// forward, through several steps.
+#[test]
+fn gradients_through_time_match_finite_differences() {
+    let d = Dims {
+        kind: CellKind::Lstm,
+        t: 5,
+        n: 2,
+        c: 3,
+        k: 4,
+    };
+    let p = Params::new(d, 21);
+    let dh = data(d.t * d.n * d.k, 22, 1.0);
+    let t = tuning(&d, 2, 3, 4);
+    let got = run_layer(&p, t.clone(), &dh, 2);
+    let loss = |v: &[f64]| -> f64 {
+        let q = Params { d, v: v.to_vec() };
+        let h = run_layer(&q, t.clone(), &dh, 1).h;
+        h.iter().zip(&dh).map(|(a, b)| *a as f64 * b).sum()
+    };
+    let mut v = p.v.clone();
+    // A sample of W, R and x entries (the earliest steps' inputs reach the
+    // loss through the whole recurrence).
+    let wr = p.part(1).start;
+    for i in [
+        0,
+        1,
+        7,
+        wr,
+        wr + 5,
+        p.part(2).start + 3,
+        p.part(4).start + 1,
+    ] {
+        let keep = v[i];
+        v[i] = keep + 1e-2;
+        let up = loss(&v);
+        v[i] = keep - 1e-2;
+        let down = loss(&v);
+        v[i] = keep;
+        let fd = (up - down) / 2e-2;
+        let an = if i < wr {
+            got.dx[i] as f64
+        } else if i < p.part(2).start {
+            let j = i - wr;
+            got.dw[j / (d.k * d.c)][j % (d.k * d.c)] as f64
+        } else if i < p.part(3).start {
+            let j = i - p.part(2).start;
+            got.dr[j / (d.k * d.k)][j % (d.k * d.k)] as f64
+        } else {
+            got.dh0[i - p.part(4).start] as f64
+        };
+        assert!(
+            (fd - an).abs() < 2e-2 * (1.0 + an.abs()),
+            "param {i}: fd {fd} vs backward {an}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32)))]
+    #[test]
+    fn any_shape_matches_the_reference(
+        lstm in any::<bool>(),
+        t in 1usize..4,
+        n in 1usize..5,
+        c in 1usize..6,
+        k in 1usize..6,
+        bn in 1usize..4,
+        bc in 1usize..4,
+        bk in 1usize..4,
+        seed in 0u64..100,
+    ) {
+        let kind = if lstm { CellKind::Lstm } else { CellKind::Rnn };
+        let d = Dims { kind, t, n, c, k };
+        check(d, tuning(&d, bn, bc, bk), seed, 2).map_err(TestCaseError::fail)?;
+    }
+}
