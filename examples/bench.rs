@@ -4,6 +4,7 @@
 //! cargo run --release --example bench -- brgemm [--quick]
 //! cargo run --release --example bench -- fc [--quick]
 //! cargo run --release --example bench -- conv [--quick] [--layer NAME]
+//! cargo run --release --example bench -- lstm [--quick]
 //! cargo run --release --example bench -- loops
 //! cargo build --release --features mpi --example bench
 //! mpirun -np R target/release/examples/bench mpi
@@ -67,10 +68,11 @@ fn main() {
             }
             "fc" => bench_fc(&opts),
             "conv" => bench_conv(&opts),
+            "lstm" => bench_lstm(&opts),
             "loops" => bench_loops(),
             "mpi" => bench_mpi(),
             other => {
-                eprintln!("unknown bench {other:?}; known: brgemm, fc, conv, loops, mpi");
+                eprintln!("unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, mpi");
                 std::process::exit(2);
             }
         }
@@ -364,6 +366,76 @@ fn bench_conv(o: &Opts) {
                 samples,
             );
             line("upd", &t.upd.spec, sec, pk);
+        }
+    }
+}
+
+/// LSTM forward and backward+update (BPTT, dX, dW, dR, db) on the paper's
+/// shapes. FLOPs are the GEMMs': 2*T*N*4K*(C+K) forward, twice that for
+/// backward+update.
+fn bench_lstm(o: &Opts) {
+    use brgemm_primitives::{CellKind, Rnn};
+    let isa = Isa::selected().expect("ISA");
+    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let samples = if o.quick { 3 } else { 7 };
+    for (t, n, c, k) in [
+        (50usize, 64usize, 512usize, 512usize),
+        (25, 64, 1024, 1024),
+        (50, 16, 256, 256),
+    ] {
+        let rnn = Rnn::new(CellKind::Lstm, t, n, c, k).expect("plan");
+        let tn = rnn.tuning().clone();
+        let mut x = rnn.x_layout();
+        x.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+        let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
+        w.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+        r.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 64.0);
+        let bias = vec![0.0f32; rnn.bias_len()];
+        let mut dh = rnn.h_layout();
+        dh.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        let mut st = rnn.state();
+        let mut gr = rnn.grads();
+        for threads in [1usize, 2] {
+            let pool = Pool::new(threads).expect("pool");
+            let line = |pass: &str, flops: f64, sec: f64, peak: f64| {
+                let gf = flops / sec / 1e9;
+                println!(
+                    r#"{{"bench":"lstm","pass":"{pass}","t":{t},"n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},"peak_gflops":{peak:.1},"pct_peak":{:.1}}}"#,
+                    tn.bn,
+                    tn.bc,
+                    tn.bk,
+                    100.0 * gf / peak
+                );
+            };
+            let (sec, pk) = measure_pool(
+                || {
+                    rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
+                        .unwrap()
+                },
+                &pool,
+                &probe,
+                samples,
+            );
+            line("fwd", rnn.flops(), sec, pk);
+            let (sec, pk) = measure_pool(
+                || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
+                &pool,
+                &probe,
+                samples,
+            );
+            line("bwd_upd", 2.0 * rnn.flops(), sec, pk);
         }
     }
 }

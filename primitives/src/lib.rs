@@ -32,6 +32,7 @@ pub mod init;
 pub mod layout;
 pub mod loops;
 pub mod loss;
+pub mod math;
 pub mod model;
 pub mod norm;
 pub mod optim;

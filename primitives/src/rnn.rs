@@ -175,10 +175,7 @@ impl std::fmt::Debug for Rnn {
     }
 }
 
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
+use crate::math::{sigmoid, tanh};
 
 impl Rnn {
     /// Plans a layer with the heuristic tuning.
@@ -236,18 +233,31 @@ impl Rnn {
             })
         };
         let (bn, bk) = (tn.bn, tn.bk);
-        let rec_kernel =
-            brgemm::dispatch(&Descriptor::new(bk, bn, bk).beta(Beta::One).batch_form(
-                BatchForm::Stride {
+        // Software prefetch of the next recurrent block pays once R streams
+        // from L3 every step; measured (same process, alternating): +8-14%
+        // at K = 1024 (R 16 MiB), 2-15% slower at K = 512 (R 4 MiB).
+        let r_bytes = 4 * kind.gates() * kp * kp;
+        let pf = if r_bytes > 8 << 20 {
+            brgemm::Prefetch::NextPair
+        } else {
+            brgemm::Prefetch::None
+        };
+        let rec_kernel = brgemm::dispatch(
+            &Descriptor::new(bk, bn, bk)
+                .beta(Beta::One)
+                .prefetch(pf)
+                .batch_form(BatchForm::Stride {
                     a: bk * bk,
                     b: bn * bk,
-                },
-            ))?;
+                }),
+        )?;
         // R^T blocks: [K/bk][g*Kp/bk][bk][bk] (FC wt layout of R).
-        let rt_desc = Descriptor::new(bk, bn, bk).batch_form(BatchForm::Stride {
-            a: bk * bk,
-            b: bn * bk,
-        });
+        let rt_desc = Descriptor::new(bk, bn, bk)
+            .prefetch(pf)
+            .batch_form(BatchForm::Stride {
+                a: bk * bk,
+                b: bn * bk,
+            });
         Ok(Rnn {
             kind,
             t,
@@ -525,7 +535,7 @@ impl Rnn {
                         CellKind::Rnn => {
                             let z = std::slice::from_raw_parts_mut(gate(0), blk);
                             for (zv, h) in z.iter_mut().zip(hout.iter_mut()) {
-                                *zv = zv.tanh();
+                                *zv = tanh(*zv);
                                 *h = *zv;
                             }
                         }
@@ -546,14 +556,14 @@ impl Rnn {
                             );
                             for e in 0..blk {
                                 let (i_, f_, c_, o_) =
-                                    (sigmoid(gi[e]), sigmoid(gf[e]), gc[e].tanh(), sigmoid(go[e]));
+                                    (sigmoid(gi[e]), sigmoid(gf[e]), tanh(gc[e]), sigmoid(go[e]));
                                 gi[e] = i_;
                                 gf[e] = f_;
                                 gc[e] = c_;
                                 go[e] = o_;
                                 let c = f_ * cprev[e] + i_ * c_;
                                 cnew[e] = c;
-                                hout[e] = o_ * c.tanh();
+                                hout[e] = o_ * tanh(c);
                             }
                         }
                     }
@@ -652,19 +662,24 @@ impl Rnn {
                             );
                             let cnow = &st.c.data[((row + nb) * kb + ki) * blk..][..blk];
                             let cprev = &st.c.data[(row * kb + ki) * blk..][..blk];
+                            let (gi, gf, gc, go) = (
+                                &gt[off(0)..][..blk],
+                                &gt[off(1)..][..blk],
+                                &gt[off(2)..][..blk],
+                                &gt[off(3)..][..blk],
+                            );
+                            let dgate = |j: usize| {
+                                std::slice::from_raw_parts_mut(dgp.get().add(off(j)), blk)
+                            };
+                            let (di, df, dcc, dout) = (dgate(0), dgate(1), dgate(2), dgate(3));
                             for e in 0..blk {
-                                let (i_, f_, c_, o_) = (
-                                    gt[off(0) + e],
-                                    gt[off(1) + e],
-                                    gt[off(2) + e],
-                                    gt[off(3) + e],
-                                );
-                                let tc = cnow[e].tanh();
+                                let (i_, f_, c_, o_) = (gi[e], gf[e], gc[e], go[e]);
+                                let tc = tanh(cnow[e]);
                                 let dct = dc[e] + dht[e] * o_ * (1.0 - tc * tc);
-                                *dgp.get().add(off(0) + e) = dct * c_ * i_ * (1.0 - i_);
-                                *dgp.get().add(off(1) + e) = dct * cprev[e] * f_ * (1.0 - f_);
-                                *dgp.get().add(off(2) + e) = dct * i_ * (1.0 - c_ * c_);
-                                *dgp.get().add(off(3) + e) = dht[e] * tc * o_ * (1.0 - o_);
+                                di[e] = dct * c_ * i_ * (1.0 - i_);
+                                df[e] = dct * cprev[e] * f_ * (1.0 - f_);
+                                dcc[e] = dct * i_ * (1.0 - c_ * c_);
+                                dout[e] = dht[e] * tc * o_ * (1.0 - o_);
                                 dc[e] = dct * f_;
                             }
                         }
