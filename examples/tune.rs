@@ -21,6 +21,14 @@
 //! Sweeps channel blocks (bc, bk), pixel runs (bq), loop specs and chunks of
 //! the three convolution passes the same way (`bn` in the table and CSV is
 //! `bq` there) and prints the best `ConvTuning` for `Conv::with_tuning`.
+//!
+//! ```text
+//! cargo run --release --example tune -- lstm --t 50 --n 64 --c 512 --k 512 [--threads T] [--quick]
+//! ```
+//!
+//! Sweeps the LSTM's blocks (bn, bc, bk) and per-step loop specs of forward
+//! and backward (BPTT plus the weight gradients) and prints the best
+//! `RnnTuning` for `Rnn::with_tuning`.
 
 use brgemm::peak::Probe;
 use brgemm::Isa;
@@ -68,9 +76,11 @@ fn main() {
     match args.first().map(|s| s.as_str()) {
         Some("fc") => tune_fc(&args[1..]),
         Some("conv") => tune_conv(&args[1..]),
+        Some("lstm") => tune_lstm(&args[1..]),
         _ => fail(
             "usage: tune fc --n N --c C --k K [--threads T] [--quick] [--out DIR] [--save FILE]\n       \
-             tune conv --n N --c C --k K --h H --w W --r R --s S [--stride U] [--pad P] [--threads T] [--quick] [--out DIR]",
+             tune conv --n N --c C --k K --h H --w W --r R --s S [--stride U] [--pad P] [--threads T] [--quick] [--out DIR]\n       \
+             tune lstm --t T --n N --c C --k K [--threads T] [--quick] [--out DIR]",
         ),
     }
 }
@@ -552,6 +562,168 @@ fn tune_conv(args: &[String]) {
     );
     println!("\nwrote {} and {}", csv.display(), svg.display());
     println!("fastest per pass (blocking from the fastest forward): {best:?}\nheuristic default: {heur:?}");
+}
+
+fn tune_lstm(args: &[String]) {
+    use brgemm_primitives::{CellKind, Rnn, RnnTuning};
+    let (t, n, c, k) = (
+        num(args, "--t", 50),
+        num(args, "--n", 64),
+        num(args, "--c", 512),
+        num(args, "--k", 512),
+    );
+    let threads = num(args, "--threads", Pool::global().threads());
+    let quick = args.iter().any(|a| a == "--quick");
+    let out_dir =
+        std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
+    std::fs::create_dir_all(&out_dir)
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
+    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
+    let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
+    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let peak = {
+        let mut v: Vec<f64> = (0..5)
+            .map(|_| {
+                let tot = std::sync::Mutex::new(0.0);
+                pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
+                tot.into_inner().unwrap()
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    eprintln!("lstm t={t} n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
+    let heur = RnnTuning::heuristic(n, c, k);
+    let blocks: Vec<usize> = if quick { vec![0] } else { vec![0, 32, 64] };
+    let specs = ["AB", "BA", "aB", "Ab"];
+    let mut rows: Vec<Row> = vec![];
+    let t0 = Instant::now();
+    for &bn in &blocks {
+        for &bk in &blocks {
+            let tn = RnnTuning {
+                bn: if bn == 0 { heur.bn } else { bn.min(n) },
+                bk: if bk == 0 { heur.bk } else { bk.min(k) },
+                ..heur.clone()
+            };
+            for spec in specs {
+                let tt = RnnTuning {
+                    fwd: PassConfig::spec(spec),
+                    bwd: PassConfig::spec(spec),
+                    ..tn.clone()
+                };
+                let Ok(rnn) = Rnn::with_tuning(CellKind::Lstm, t, n, c, k, tt) else {
+                    continue;
+                };
+                let mut x = rnn.x_layout();
+                x.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+                let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
+                w.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+                r.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 64.0);
+                let bias = vec![0.0f32; rnn.bias_len()];
+                let mut dh = rnn.h_layout();
+                dh.data
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+                let mut st = rnn.state();
+                let mut gr = rnn.grads();
+                let samples = if quick { 3 } else { 5 };
+                let fsec = median_secs(
+                    || {
+                        rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
+                            .unwrap()
+                    },
+                    samples,
+                );
+                let bsec = median_secs(
+                    || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
+                    samples,
+                );
+                for (pass, secs, flops) in
+                    [("fwd", fsec, rnn.flops()), ("upd", bsec, 2.0 * rnn.flops())]
+                {
+                    let gflops = flops / secs / 1e9;
+                    rows.push(Row {
+                        pass,
+                        bn: tn.bn,
+                        bc: tn.bc,
+                        bk: tn.bk,
+                        spec: spec.into(),
+                        chunk: 0,
+                        secs,
+                        gflops,
+                        pct: 100.0 * gflops / peak,
+                    });
+                }
+                eprint!(
+                    "\r{:5.1}s  bn={} bk={} {spec}",
+                    t0.elapsed().as_secs_f64(),
+                    tn.bn,
+                    tn.bk
+                );
+            }
+        }
+    }
+    eprintln!();
+    let mut best = heur.clone();
+    for (pass, label) in [("fwd", "fwd"), ("upd", "bwd+upd")] {
+        let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
+        r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
+        println!("\n{label}: rank  bn  bc  bk  spec   ms      GFLOP/s  %peak");
+        for (i, x) in r.iter().take(8).enumerate() {
+            println!(
+                "     {:4}  {:3} {:3} {:3}  {:4}  {:8.3}  {:7.1}  {:5.1}",
+                i + 1,
+                x.bn,
+                x.bc,
+                x.bk,
+                x.spec,
+                x.secs * 1e3,
+                x.gflops,
+                x.pct
+            );
+        }
+        if let Some(top) = r.first() {
+            if pass == "fwd" {
+                (best.bn, best.bk) = (top.bn, top.bk);
+                best.fwd = PassConfig::spec(&top.spec);
+            } else {
+                best.bwd = PassConfig::spec(&top.spec);
+            }
+        }
+    }
+    let stem = format!("tune_lstm_t{t}_n{n}_c{c}_k{k}_t{threads}");
+    let csv = out_dir.join(format!("{stem}.csv"));
+    let mut f =
+        std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
+    writeln!(f, "pass,bn,bc,bk,spec,seconds,gflops,pct_peak").unwrap();
+    for r in &rows {
+        let pass = if r.pass == "upd" { "bwd_upd" } else { r.pass };
+        writeln!(
+            f,
+            "{pass},{},{},{},{},{:.6},{:.2},{:.2}",
+            r.bn, r.bc, r.bk, r.spec, r.secs, r.gflops, r.pct
+        )
+        .unwrap();
+    }
+    let svg = out_dir.join(format!("{stem}.svg"));
+    chart(
+        &svg,
+        &rows,
+        peak,
+        &format!("LSTM t={t} n={n} c={c} k={k}, {threads} thread(s)"),
+    );
+    println!("\nwrote {} and {}", csv.display(), svg.display());
+    println!("fastest (blocks from the fastest forward): {best:?}\nheuristic default: {heur:?}");
 }
 
 /// One bar per configuration, grouped by pass, best first within each pass.

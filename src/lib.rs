@@ -9,7 +9,8 @@
 //!   the FC layer, losses, optimizers and the [`primitives::Mlp`] model.
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
-//! - [`train`], [`train_cnn`]: the MLP and CNN training loops the examples use.
+//! - [`train`], [`train_cnn`], [`train_lstm`]: the MLP, CNN and sequence
+//!   (LSTM/RNN) training loops the examples use.
 //!
 //! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
 //! data-parallel training over MPI (needs OpenMPI). The `cuda` feature
@@ -25,3 +26,4 @@ pub mod data;
 pub mod idx;
 pub mod train;
 pub mod train_cnn;
+pub mod train_lstm;

@@ -18,6 +18,8 @@
 //!   normalisation, ReLU, dropout and flattening into the FC layout.
 //! - [`rnn`]: LSTM and tanh-RNN layers ([`Rnn`]) over whole sequences,
 //!   forward and backward through time.
+//! - [`seqnet`]: [`SeqClassifier`], stacked/bidirectional recurrent layers
+//!   with an MLP head.
 //! - [`cnn`]: [`Cnn`], convolution stages and an MLP head trained end to end.
 //! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
 //!   gradients and optimizer state, with save and load.
@@ -38,6 +40,7 @@ pub mod norm;
 pub mod optim;
 pub mod pool2d;
 pub mod rnn;
+pub mod seqnet;
 pub mod tensor;
 pub mod threads;
 
@@ -53,5 +56,6 @@ pub use norm::BatchNorm;
 pub use optim::Optimizer;
 pub use pool2d::{Pool2d, PoolKind};
 pub use rnn::{CellKind, Rnn, RnnGrads, RnnState, RnnTuning};
+pub use seqnet::{SeqClassifier, SeqSpec};
 pub use tensor::{Filter, Tensor4};
 pub use threads::Pool;

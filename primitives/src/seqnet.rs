@@ -1,0 +1,370 @@
+//! [`SeqClassifier`]: stacked, optionally bidirectional LSTM/RNN layers
+//! whose final hidden states feed an [`Mlp`] head, trained end to end.
+//!
+//! Layer `l > 0` reads, at every step, the concatenated outputs of layer
+//! `l - 1`'s directions (forward h_t, and the backward direction's output
+//! for the same time t). The head reads the final state of each direction of
+//! the top layer (forward: after step T-1; backward: after reading step 0).
+
+use crate::error::{shape, Result};
+use crate::init::Rng;
+use crate::layout::Blocked;
+use crate::model::{LayerSpec, Mlp};
+use crate::optim::{OptState, Optimizer};
+use crate::rnn::{CellKind, Rnn, RnnGrads, RnnState};
+use crate::threads::Pool;
+use crate::{loss, Activation};
+
+/// What a sequence classifier looks like.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqSpec {
+    /// LSTM or RNN cells.
+    pub kind: CellKind,
+    /// Steps per sequence.
+    pub steps: usize,
+    /// Features per step.
+    pub features: usize,
+    /// Hidden units per direction.
+    pub hidden: usize,
+    /// Stacked layers.
+    pub layers: usize,
+    /// Run every layer in both directions.
+    pub bidirectional: bool,
+    /// Hidden FC layers of the head (ReLU).
+    pub head: Vec<usize>,
+    /// Classes.
+    pub classes: usize,
+}
+
+struct Dir {
+    rnn: Rnn,
+    w: Blocked,
+    r: Blocked,
+    b: Vec<f32>,
+    /// This direction's input sequence (reversed in time for backward).
+    x: Blocked,
+    st: RnnState,
+    gr: RnnGrads,
+    /// dL/dh for every step.
+    dh: Blocked,
+    ow: OptState,
+    or: OptState,
+    ob: OptState,
+}
+
+/// A planned sequence classifier with parameters, gradients and optimizer
+/// state, for minibatch `batch`.
+pub struct SeqClassifier {
+    spec: SeqSpec,
+    batch: usize,
+    /// layers x directions.
+    dirs: Vec<Vec<Dir>>,
+    /// Head input: the final states.
+    feat: Blocked,
+    mlp: Mlp,
+}
+
+/// Copies column block `cols` of every row of `src` into `dst` at column
+/// offset `at` (plain indices; the layouts may block differently).
+fn copy_cols(
+    src: &Blocked,
+    rows: std::ops::Range<usize>,
+    dst: &mut Blocked,
+    dst_row0: usize,
+    at: usize,
+    cols: usize,
+) {
+    for (i, r) in rows.enumerate() {
+        for c in 0..cols {
+            let v = src.data[src.index(r, c)];
+            let j = dst.index(dst_row0 + i, at + c);
+            dst.data[j] = v;
+        }
+    }
+}
+
+impl SeqClassifier {
+    /// Plans every layer; weights uniform in ±1/sqrt(hidden) (the usual
+    /// LSTM initialisation), forget-gate bias 1, from `seed`.
+    pub fn new(spec: &SeqSpec, batch: usize, seed: u64) -> Result<SeqClassifier> {
+        if spec.layers == 0 {
+            return Err(shape("layers", 0, "at least one recurrent layer"));
+        }
+        let mut rng = Rng::new(seed);
+        let nd = if spec.bidirectional { 2 } else { 1 };
+        let mut dirs = vec![];
+        let mut inputs = spec.features;
+        for _ in 0..spec.layers {
+            let mut layer = vec![];
+            for _ in 0..nd {
+                let rnn = Rnn::new(spec.kind, spec.steps, batch, inputs, spec.hidden)?;
+                let lim = 1.0 / (spec.hidden as f32).sqrt();
+                let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
+                let mut b = vec![0.0; rnn.bias_len()];
+                for g in 0..spec.kind.gates() {
+                    let mut draw = |n: usize| {
+                        (0..n)
+                            .map(|_| lim * (2.0 * rng.uniform() - 1.0))
+                            .collect::<Vec<f32>>()
+                    };
+                    let (pw, pr) = (draw(spec.hidden * inputs), draw(spec.hidden * spec.hidden));
+                    rnn.set_gate_weights(&mut w, g, &pw)?;
+                    rnn.set_gate_weights(&mut r, g, &pr)?;
+                }
+                if spec.kind == CellKind::Lstm {
+                    let kp = rnn.padded_k();
+                    b[kp..kp + spec.hidden].fill(1.0);
+                }
+                layer.push(Dir {
+                    x: rnn.x_layout(),
+                    st: rnn.state(),
+                    gr: rnn.grads(),
+                    dh: rnn.h_layout(),
+                    ow: OptState::default(),
+                    or: OptState::default(),
+                    ob: OptState::default(),
+                    w,
+                    r,
+                    b,
+                    rnn,
+                });
+            }
+            dirs.push(layer);
+            inputs = nd * spec.hidden;
+        }
+        let mut head: Vec<LayerSpec> = spec
+            .head
+            .iter()
+            .map(|&out| LayerSpec {
+                out,
+                act: Activation::Relu,
+            })
+            .collect();
+        head.push(LayerSpec {
+            out: spec.classes,
+            act: Activation::Identity,
+        });
+        let mut mlp = Mlp::new(nd * spec.hidden, batch, &head, rng.next_u64())?;
+        mlp.set_input_gradient(true);
+        Ok(SeqClassifier {
+            feat: mlp.input_layout(),
+            spec: spec.clone(),
+            batch,
+            dirs,
+            mlp,
+        })
+    }
+
+    /// Minibatch size.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+    /// The specification.
+    pub fn spec(&self) -> &SeqSpec {
+        &self.spec
+    }
+    /// A zero input sequence in the layout the first layer reads (see
+    /// [`Rnn::set_sequence`] via [`SeqClassifier::set_input`]).
+    pub fn input_layout(&self) -> Blocked {
+        self.dirs[0][0].rnn.x_layout()
+    }
+    /// Writes a plain `[T][N][features]` minibatch into `x`.
+    pub fn set_input(&self, x: &mut Blocked, plain: &[f32]) -> Result<()> {
+        self.dirs[0][0].rnn.set_sequence(x, plain)
+    }
+    /// Floating-point operations of a training step (recurrent layers:
+    /// forward plus twice that for backward; the head's own count).
+    pub fn train_flops(&self) -> f64 {
+        self.dirs
+            .iter()
+            .flatten()
+            .map(|d| 3.0 * d.rnn.flops())
+            .sum::<f64>()
+            + self.mlp.train_flops()
+    }
+
+    /// Layer `l`, direction `d`'s input: x itself or reversed in time.
+    fn fill_input(&mut self, l: usize, x: &Blocked) {
+        let t = self.spec.steps;
+        let (done, rest) = self.dirs.split_at_mut(l);
+        for (d, dir) in rest[0].iter_mut().enumerate() {
+            let np = dir.rnn.padded_n();
+            let src_of = |s: usize| if d == 0 { s } else { t - 1 - s };
+            if l == 0 {
+                if d == 0 {
+                    dir.x.data.copy_from_slice(&x.data);
+                } else {
+                    // Row blocks of one step are contiguous: copy them reversed.
+                    let step = dir.x.data.len() / t;
+                    for s in 0..t {
+                        dir.x.data[s * step..][..step]
+                            .copy_from_slice(&x.data[src_of(s) * step..][..step]);
+                    }
+                }
+            } else {
+                // Concatenate the directions of layer l-1 at the same time.
+                let k = self.spec.hidden;
+                for s in 0..t {
+                    let time = src_of(s);
+                    for (pd, prev) in done[l - 1].iter().enumerate() {
+                        let ps = if pd == 0 { time } else { t - 1 - time };
+                        copy_cols(
+                            &prev.st.h,
+                            ps * np..ps * np + np,
+                            &mut dir.x,
+                            s * np,
+                            pd * k,
+                            k,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn forward_layers(&mut self, pool: &Pool, x: &Blocked) -> Result<()> {
+        for l in 0..self.dirs.len() {
+            self.fill_input(l, x);
+            for dir in &mut self.dirs[l] {
+                dir.rnn.forward(
+                    pool,
+                    &dir.x,
+                    &dir.w,
+                    &dir.r,
+                    &dir.b,
+                    None,
+                    None,
+                    &mut dir.st,
+                )?;
+            }
+        }
+        let (t, k) = (self.spec.steps, self.spec.hidden);
+        for (d, dir) in self.dirs.last().unwrap().iter().enumerate() {
+            let np = dir.rnn.padded_n();
+            let last = (t - 1) * np;
+            copy_cols(
+                &dir.st.h,
+                last..last + self.batch,
+                &mut self.feat,
+                0,
+                d * k,
+                k,
+            );
+        }
+        Ok(())
+    }
+
+    /// Predicted classes of the first `rows` sequences of `x`.
+    pub fn predict(&mut self, pool: &Pool, x: &Blocked, rows: usize) -> Result<Vec<usize>> {
+        self.forward_layers(pool, x)?;
+        let logits = self.mlp.forward(pool, &self.feat)?;
+        loss::argmax_rows(logits, rows)
+    }
+
+    /// Forward, loss on the first `labels.len()` sequences, backward
+    /// through time; leaves every gradient in the model and returns the
+    /// mean loss.
+    pub fn compute_gradients(&mut self, pool: &Pool, x: &Blocked, labels: &[usize]) -> Result<f32> {
+        self.forward_layers(pool, x)?;
+        let loss = self.mlp.compute_gradients(pool, &self.feat, labels)?;
+        let (t, k) = (self.spec.steps, self.spec.hidden);
+        let nl = self.dirs.len();
+        // Top layer: only the final state of each direction is read.
+        let dfeat = self.mlp.input_gradient();
+        for (d, dir) in self.dirs[nl - 1].iter_mut().enumerate() {
+            dir.dh.data.fill(0.0);
+            let np = dir.rnn.padded_n();
+            copy_cols_from(dfeat, 0..self.batch, d * k, &mut dir.dh, (t - 1) * np, k);
+        }
+        for l in (0..nl).rev() {
+            for dir in &mut self.dirs[l] {
+                dir.rnn
+                    .backward(pool, &dir.dh, &dir.x, &dir.w, &dir.r, &dir.st, &mut dir.gr)?;
+            }
+            if l > 0 {
+                // dL/d(layer l-1 outputs): sum over this layer's directions
+                // of the matching columns of their dX, un-reversed.
+                let (below, here) = self.dirs.split_at_mut(l);
+                for prev in below[l - 1].iter_mut() {
+                    prev.dh.data.fill(0.0);
+                }
+                for (d, dir) in here[0].iter().enumerate() {
+                    let np = dir.rnn.padded_n();
+                    for s in 0..t {
+                        let time = if d == 0 { s } else { t - 1 - s };
+                        for (pd, prev) in below[l - 1].iter_mut().enumerate() {
+                            let ps = if pd == 0 { time } else { t - 1 - time };
+                            for n in 0..np {
+                                for c in 0..k {
+                                    let v = dir.gr.dx.data[dir.gr.dx.index(s * np + n, pd * k + c)];
+                                    let j = prev.dh.index(ps * np + n, c);
+                                    prev.dh.data[j] += v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(loss)
+    }
+
+    /// Applies the optimizer to every parameter.
+    pub fn apply_gradients(&mut self, opt: &Optimizer) {
+        for dir in self.dirs.iter_mut().flatten() {
+            dir.ow.step(opt, &mut dir.w.data, &dir.gr.dw.data);
+            dir.or.step(opt, &mut dir.r.data, &dir.gr.dr.data);
+            dir.ob.step(opt, &mut dir.b, &dir.gr.db);
+        }
+        self.mlp.apply_gradients(opt);
+    }
+
+    /// Mutable W, R and bias of layer `l`, direction `d` (0 forward, 1
+    /// backward), e.g. to load weights.
+    pub fn parameters_mut(
+        &mut self,
+        l: usize,
+        d: usize,
+    ) -> (&mut Blocked, &mut Blocked, &mut [f32]) {
+        let dir = &mut self.dirs[l][d];
+        (&mut dir.w, &mut dir.r, &mut dir.b)
+    }
+
+    /// dW, dR and db of layer `l`, direction `d`, from the last backward.
+    pub fn gradients(&self, l: usize, d: usize) -> (&Blocked, &Blocked, &[f32]) {
+        let g = &self.dirs[l][d].gr;
+        (&g.dw, &g.dr, &g.db)
+    }
+
+    /// One training step; returns the loss.
+    pub fn train_step(
+        &mut self,
+        pool: &Pool,
+        x: &Blocked,
+        labels: &[usize],
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        let loss = self.compute_gradients(pool, x, labels)?;
+        self.apply_gradients(opt);
+        Ok(loss)
+    }
+}
+
+/// Copies columns `at..at+cols` of rows `rows` of `src` into columns
+/// `0..cols` of `dst` starting at row `dst_row0`.
+fn copy_cols_from(
+    src: &Blocked,
+    rows: std::ops::Range<usize>,
+    at: usize,
+    dst: &mut Blocked,
+    dst_row0: usize,
+    cols: usize,
+) {
+    for (i, r) in rows.enumerate() {
+        for c in 0..cols {
+            let v = src.data[src.index(r, at + c)];
+            let j = dst.index(dst_row0 + i, c);
+            dst.data[j] = v;
+        }
+    }
+}
