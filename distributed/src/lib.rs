@@ -1,13 +1,17 @@
 //! # brgemm-distributed: data-parallel training over MPI
 //!
-//! Each rank holds a full replica of an [`Mlp`]; every global minibatch is
+//! Each rank holds a full replica of a model (a [`Replica`]: the [`Mlp`] or
+//! the [`Cnn`]); every global minibatch is
 //! split across the ranks ([`DataParallel::shard`], uneven splits allowed).
 //! [`DataParallel::train_step`] runs forward and backward on the local shard
 //! and, as soon as a layer's weight gradient is complete (the model's
 //! `compute_gradients_with` hook, last layer first), copies it into a bucket;
 //! a full bucket starts a non-blocking all-reduce (`MPI_Iallreduce` through
 //! rsmpi's `immediate_all_reduce_into`) while backward goes on for the
-//! earlier layers. The optimizer step waits for all buckets.
+//! earlier layers. The optimizer step waits for all buckets. (With batch
+//! norm each rank normalises with its own shard's statistics, as
+//! unsynchronised data-parallel batch norm does: the one-rank equivalence
+//! below holds for models without it.)
 //!
 //! Each rank scales its local mean gradient by `local_rows / global_rows`
 //! before the sum, so the result is the gradient of the mean loss over the
@@ -24,7 +28,7 @@
 pub use mpi;
 
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Blocked, Error, Mlp, Pool, Result};
+use brgemm_primitives::{Blocked, Cnn, Error, Mlp, Pool, Result, Tensor4};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -80,14 +84,98 @@ impl CommStats {
     }
 }
 
-/// Where one layer's gradients sit in the flat communication buffer.
-#[derive(Debug, Clone, Copy)]
+/// A model [`DataParallel`] can train: parameter groups whose gradients
+/// become ready one group at a time during backward, highest group first.
+pub trait Replica {
+    /// What one minibatch looks like.
+    type Input;
+    /// Number of parameter groups.
+    fn groups(&self) -> usize;
+    /// Parameter buffers of group `g`.
+    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]>;
+    /// Gradient buffers of group `g` (same lengths as its parameters).
+    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]>;
+    /// Forward, loss and backward on the first `labels.len()` rows, calling
+    /// `ready(g, grads)` as each group's gradients complete.
+    fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &Self::Input,
+        labels: &[usize],
+        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
+    ) -> Result<f32>;
+    /// The optimizer step on the stored gradients.
+    fn apply_gradients(&mut self, opt: &Optimizer);
+}
+
+impl Replica for Mlp {
+    type Input = Blocked;
+    fn groups(&self) -> usize {
+        self.depth()
+    }
+    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        let (w, b) = Mlp::parameters_mut(self, g);
+        vec![&mut w.data[..], b]
+    }
+    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        let (w, b) = Mlp::gradients_mut(self, g);
+        vec![&mut w.data[..], b]
+    }
+    fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &Blocked,
+        labels: &[usize],
+        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
+    ) -> Result<f32> {
+        Mlp::compute_gradients_with(self, pool, x, labels, |i, dw, db| {
+            ready(i, &mut [&mut dw.data[..], db])
+        })
+    }
+    fn apply_gradients(&mut self, opt: &Optimizer) {
+        Mlp::apply_gradients(self, opt)
+    }
+}
+
+impl Replica for Cnn {
+    type Input = Tensor4;
+    fn groups(&self) -> usize {
+        self.param_groups()
+    }
+    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        self.group_parameters_mut(g)
+    }
+    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        self.group_gradients_mut(g)
+    }
+    fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4,
+        labels: &[usize],
+        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
+    ) -> Result<f32> {
+        Cnn::compute_gradients_with(self, pool, x, labels, ready)
+    }
+    fn apply_gradients(&mut self, opt: &Optimizer) {
+        Cnn::apply_gradients(self, opt)
+    }
+}
+
+/// Where one group's gradients sit in the flat communication buffer.
+#[derive(Debug, Clone)]
 struct Slot {
-    layer: usize,
+    group: usize,
     offset: usize,
-    w_len: usize,
-    b_len: usize,
+    /// Length of each of the group's buffers.
+    lens: Vec<usize>,
     bucket: usize,
+}
+
+impl Slot {
+    fn len(&self) -> usize {
+        self.lens.iter().sum()
+    }
 }
 
 /// A data-parallel trainer bound to a communicator and a model's shape.
@@ -107,24 +195,27 @@ pub struct DataParallel {
 
 impl DataParallel {
     /// Plans the buckets for `model` (at least `bucket_bytes` per bucket, cut
-    /// at layer boundaries, in the order backward produces the gradients).
-    pub fn new(world: SimpleCommunicator, model: &mut Mlp, bucket_bytes: usize) -> DataParallel {
+    /// at group boundaries, in the order backward produces the gradients).
+    pub fn new<R: Replica>(
+        world: SimpleCommunicator,
+        model: &mut R,
+        bucket_bytes: usize,
+    ) -> DataParallel {
         let (rank, size) = (world.rank() as usize, world.size() as usize);
         let mut slots = Vec::new();
         let mut buckets = Vec::new();
         let (mut offset, mut start) = (0usize, 0usize);
-        for layer in (0..model.depth()).rev() {
-            let (dw, db) = model.gradients_mut(layer);
-            let (w_len, b_len) = (dw.data.len(), db.len());
-            slots.push(Slot {
-                layer,
+        for group in (0..model.groups()).rev() {
+            let lens: Vec<usize> = model.gradients_mut(group).iter().map(|g| g.len()).collect();
+            let slot = Slot {
+                group,
                 offset,
-                w_len,
-                b_len,
+                lens,
                 bucket: buckets.len(),
-            });
-            offset += w_len + b_len;
-            if (offset - start) * 4 >= bucket_bytes || layer == 0 {
+            };
+            offset += slot.len();
+            slots.push(slot);
+            if (offset - start) * 4 >= bucket_bytes || group == 0 {
                 buckets.push(start..offset);
                 start = offset;
             }
@@ -164,12 +255,12 @@ impl DataParallel {
     }
 
     /// Copies rank 0's parameters to every rank.
-    pub fn broadcast_parameters(&self, model: &mut Mlp) {
+    pub fn broadcast_parameters<R: Replica>(&self, model: &mut R) {
         let root = self.world.process_at_rank(0);
-        for i in 0..model.depth() {
-            let (w, b) = model.parameters_mut(i);
-            root.broadcast_into(&mut w.data[..]);
-            root.broadcast_into(b);
+        for g in 0..model.groups() {
+            for buf in model.parameters_mut(g) {
+                root.broadcast_into(buf);
+            }
         }
     }
 
@@ -220,11 +311,11 @@ impl DataParallel {
     /// One data-parallel step on this rank's rows: `x` holds them in its
     /// first `labels.len()` rows, `global_rows` is the size of the global
     /// minibatch. Returns the mean loss over the global minibatch.
-    pub fn train_step(
+    pub fn train_step<R: Replica>(
         &mut self,
-        model: &mut Mlp,
+        model: &mut R,
         pool: &Pool,
-        x: &Blocked,
+        x: &R::Input,
         labels: &[usize],
         global_rows: usize,
         opt: &Optimizer,
@@ -241,7 +332,9 @@ impl DataParallel {
         if self.size == 1 {
             // Nothing to reduce: exactly the single-process step, so weak
             // scaling is measured against the real one-rank baseline.
-            return model.train_step(pool, x, labels, opt);
+            let loss = model.compute_gradients_with(pool, x, labels, &mut |_, _| {})?;
+            model.apply_gradients(opt);
+            return Ok(loss);
         }
         let scale = labels.len() as f32 / global_rows as f32;
         let (slots, buckets) = (&self.slots, &self.buckets);
@@ -263,26 +356,23 @@ impl DataParallel {
             }
             let mut pending = Vec::new();
             let mut filled = vec![0usize; buckets.len()];
-            let loss = model.compute_gradients_with(pool, x, labels, |layer, dw, db| {
+            let loss = model.compute_gradients_with(pool, x, labels, &mut |group, grads| {
                 let slot = slots
                     .iter()
-                    .find(|s| s.layer == layer)
-                    .expect("every layer has a slot");
+                    .find(|s| s.group == group)
+                    .expect("every group has a slot");
                 let b = slot.bucket;
-                let base = slot.offset - buckets[b].start;
+                let mut at = slot.offset - buckets[b].start;
                 let dst = sends[b]
                     .as_mut()
-                    .expect("bucket not started before its layers are in");
-                for (d, v) in dst[base..base + slot.w_len].iter_mut().zip(&dw.data) {
-                    *d = v * scale;
+                    .expect("bucket not started before its groups are in");
+                for g in grads.iter() {
+                    for (d, v) in dst[at..at + g.len()].iter_mut().zip(g.iter()) {
+                        *d = v * scale;
+                    }
+                    at += g.len();
                 }
-                for (d, v) in dst[base + slot.w_len..base + slot.w_len + slot.b_len]
-                    .iter_mut()
-                    .zip(db.iter())
-                {
-                    *d = v * scale;
-                }
-                filled[b] += slot.w_len + slot.b_len;
+                filled[b] += slot.len();
                 if filled[b] == buckets[b].len() {
                     let s: &[f32] = sends[b].take().unwrap();
                     let r = recvs[b].take().unwrap();
@@ -313,12 +403,12 @@ impl DataParallel {
         }
         // The summed (already scaled) gradients replace the local ones.
         for slot in &self.slots {
-            let (dw, db) = model.gradients_mut(slot.layer);
-            dw.data
-                .copy_from_slice(&self.recv[slot.offset..slot.offset + slot.w_len]);
-            db.copy_from_slice(
-                &self.recv[slot.offset + slot.w_len..slot.offset + slot.w_len + slot.b_len],
-            );
+            let mut at = slot.offset;
+            for g in model.gradients_mut(slot.group) {
+                let n = g.len();
+                g.copy_from_slice(&self.recv[at..at + n]);
+                at += n;
+            }
         }
         model.apply_gradients(opt);
         let mut global_loss = 0.0f32;

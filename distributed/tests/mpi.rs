@@ -30,13 +30,27 @@ fn mpirun(np: usize, args: &[&str]) -> (bool, String, Duration) {
 }
 
 fn params(np: usize, global: usize, tag: &str) -> Vec<f64> {
+    params_of("mlp", np, global, tag)
+}
+
+fn params_of(model: &str, np: usize, global: usize, tag: &str) -> Vec<f64> {
     let path: PathBuf =
-        std::env::temp_dir().join(format!("ddp-{tag}-{np}-{}.txt", std::process::id()));
+        std::env::temp_dir().join(format!("ddp-{model}-{tag}-{np}-{}.txt", std::process::id()));
     let p = path.to_str().unwrap();
     let g = global.to_string();
     let (ok, text, _) = mpirun(
         np,
-        &["train", "--steps", "6", "--global-batch", &g, "--out", p],
+        &[
+            "train",
+            "--model",
+            model,
+            "--steps",
+            "6",
+            "--global-batch",
+            &g,
+            "--out",
+            p,
+        ],
     );
     assert!(ok, "mpirun -np {np} failed:\n{text}");
     let v = std::fs::read_to_string(&path)
@@ -71,6 +85,16 @@ fn three_ranks_with_an_uneven_split() {
     let one = params(1, 25, "uneven");
     let three = params(3, 25, "uneven");
     assert_close(&three, &one, "3 ranks (9+8+8 rows) vs 1");
+}
+
+#[test]
+fn cnn_two_and_three_ranks_end_with_the_weights_of_one() {
+    let one = params_of("cnn", 1, 24, "even");
+    let two = params_of("cnn", 2, 24, "even");
+    assert_close(&two, &one, "CNN 2 ranks vs 1");
+    let one = params_of("cnn", 1, 25, "uneven");
+    let three = params_of("cnn", 3, 25, "uneven");
+    assert_close(&three, &one, "CNN 3 ranks (9+8+8 images) vs 1");
 }
 
 #[test]

@@ -280,6 +280,63 @@ impl Cnn {
     /// Forward (training mode), loss on the first `labels.len()` images and
     /// backward; leaves every gradient in the model and returns the mean loss.
     pub fn compute_gradients(&mut self, pool: &Pool, x: &Tensor4, labels: &[usize]) -> Result<f32> {
+        self.compute_gradients_with(pool, x, labels, |_, _| {})
+    }
+
+    /// Parameter groups: one per convolution stage (filter, bias, and
+    /// batch-norm gamma and beta when present), then one per FC layer of
+    /// the head (weights, bias).
+    pub fn param_groups(&self) -> usize {
+        self.stages.len() + self.mlp.depth()
+    }
+
+    /// The parameter buffers of group `g` (blocked, padding included).
+    pub fn group_parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        let ns = self.stages.len();
+        if g < ns {
+            let s = &mut self.stages[g];
+            let mut v: Vec<&mut [f32]> = vec![&mut s.w.data[..], &mut s.b[..]];
+            if let Some(b) = &mut s.bn {
+                v.push(&mut b.bn.gamma[..]);
+                v.push(&mut b.bn.beta[..]);
+            }
+            v
+        } else {
+            let (w, b) = self.mlp.parameters_mut(g - ns);
+            vec![&mut w.data[..], b]
+        }
+    }
+
+    /// The gradient buffers of group `g`, matching
+    /// [`Cnn::group_parameters_mut`].
+    pub fn group_gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        let ns = self.stages.len();
+        if g < ns {
+            let s = &mut self.stages[g];
+            let mut v: Vec<&mut [f32]> = vec![&mut s.dw.data[..], &mut s.db[..]];
+            if let Some(b) = &mut s.bn {
+                v.push(&mut b.dgamma[..]);
+                v.push(&mut b.dbeta[..]);
+            }
+            v
+        } else {
+            let (w, b) = self.mlp.gradients_mut(g - ns);
+            vec![&mut w.data[..], b]
+        }
+    }
+
+    /// As [`Cnn::compute_gradients`], calling `ready(group, grads)` as soon
+    /// as a parameter group's gradients are complete (highest group first:
+    /// the head's last layer, ..., the first convolution), while backward
+    /// goes on below: the place to start communication. The hook may
+    /// rewrite the gradients.
+    pub fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4,
+        labels: &[usize],
+        mut ready: impl FnMut(usize, &mut [&mut [f32]]),
+    ) -> Result<f32> {
         self.forward_stages(pool, x, true)?;
         let head_in = match &mut self.dropout {
             Some(d) => {
@@ -288,7 +345,12 @@ impl Cnn {
             }
             None => &self.flat,
         };
-        let loss = self.mlp.compute_gradients(pool, head_in, labels)?;
+        let ns = self.stages.len();
+        let loss = self
+            .mlp
+            .compute_gradients_with(pool, head_in, labels, |i, dw, db| {
+                ready(ns + i, &mut [&mut dw.data[..], db])
+            })?;
         let dflat = match &self.dropout {
             Some(d) => {
                 d.backward(pool, &self.mlp.input_gradient().data, &mut self.dflat.data)?;
@@ -319,6 +381,18 @@ impl Cnn {
             }
             s.conv
                 .backward_weights(pool, &s.dy, input, &mut s.dw, &mut s.db)?;
+            match &mut s.bn {
+                Some(b) => ready(
+                    i,
+                    &mut [
+                        &mut s.dw.data[..],
+                        &mut s.db[..],
+                        &mut b.dgamma[..],
+                        &mut b.dbeta[..],
+                    ],
+                ),
+                None => ready(i, &mut [&mut s.dw.data[..], &mut s.db[..]]),
+            }
             if i > 0 {
                 s.conv.transpose_filter(pool, &s.w, &mut s.wt)?;
                 s.conv

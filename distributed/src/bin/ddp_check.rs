@@ -1,16 +1,16 @@
-//! Driver for the MPI tests (run under `mpirun`): trains a small MLP on
-//! seeded synthetic data for a few data-parallel steps and writes rank 0's
-//! final parameters, so runs on different rank counts can be compared.
+//! Driver for the MPI tests (run under `mpirun`): trains a small MLP or CNN
+//! on seeded synthetic data for a few data-parallel steps and writes rank
+//! 0's final parameters, so runs on different rank counts can be compared.
 //!
 //! ```text
-//! ddp_check train --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R]
+//! ddp_check train [--model mlp|cnn] --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R]
 //! ddp_check allreduce            (bucketed all-reduce vs the local sum)
 //! ```
 
-use brgemm_distributed::{install_abort_on_panic, DataParallel};
+use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Activation, LayerSpec, Mlp, Pool};
+use brgemm_primitives::{Activation, Cnn, CnnSpec, LayerSpec, Mlp, Pool, StageSpec, Tensor4};
 use mpi::traits::*;
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {
@@ -63,6 +63,109 @@ fn check_allreduce(world: mpi::topology::SimpleCommunicator) {
 }
 
 fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
+    let global = arg(args, "--global-batch", 24);
+    let size = world.size() as usize;
+    // Every rank plans for the largest shard; different seeds per rank prove
+    // the broadcast replaces them with rank 0's weights.
+    let local_max = global.div_ceil(size);
+    let seed = 100 + world.rank() as u64;
+    let cnn = args
+        .iter()
+        .position(|a| a == "--model")
+        .and_then(|i| args.get(i + 1))
+        .is_some_and(|m| m == "cnn");
+    // Seeded synthetic data: 97 rows of 2x6x6 = 72 features, 5 classes.
+    let (rows, feats, classes) = (97usize, 72usize, 5usize);
+    let mut r = Rng::new(7);
+    let data: Vec<f32> = (0..rows * feats).map(|_| 2.0 * r.uniform() - 1.0).collect();
+    let labels: Vec<usize> = (0..rows).map(|_| r.below(classes)).collect();
+    if cnn {
+        let spec = CnnSpec {
+            input: (2, 6, 6),
+            stages: vec![
+                StageSpec {
+                    channels: 5,
+                    kernel: 3,
+                    batchnorm: false,
+                    pool: 2,
+                },
+                StageSpec {
+                    channels: 6,
+                    kernel: 3,
+                    batchnorm: false,
+                    pool: 1,
+                },
+            ],
+            hidden: vec![12],
+            classes,
+            dropout: 0.0,
+        };
+        let model = Cnn::new(&spec, local_max, seed).unwrap();
+        let x = model.input_tensor();
+        drive(
+            world,
+            args,
+            model,
+            x,
+            |x: &mut Tensor4, row, i| {
+                for c in 0..2 {
+                    for p in 0..36 {
+                        let at = x.index(row, c, p / 6, p % 6);
+                        x.data[at] = data[i * feats + c * 36 + p];
+                    }
+                }
+            },
+            &labels,
+            rows,
+        );
+    } else {
+        let specs = [
+            LayerSpec {
+                out: 48,
+                act: Activation::Tanh,
+            },
+            LayerSpec {
+                out: 40,
+                act: Activation::Relu,
+            },
+            LayerSpec {
+                out: classes,
+                act: Activation::Identity,
+            },
+        ];
+        let model = Mlp::new(feats, local_max, &specs, seed).unwrap();
+        let x = model.input_layout();
+        drive(
+            world,
+            args,
+            model,
+            x,
+            |x: &mut brgemm_primitives::Blocked, row, i| {
+                for c in 0..feats {
+                    let at = x.index(row, c);
+                    x.data[at] = data[i * feats + c];
+                }
+            },
+            &labels,
+            rows,
+        );
+    }
+}
+
+/// Data-parallel steps of `model` on the synthetic rows; rank 0 writes the
+/// final parameters (every group's buffers, one value per line).
+#[allow(clippy::too_many_arguments)]
+fn drive<R: Replica>(
+    world: mpi::topology::SimpleCommunicator,
+    args: &[String],
+    mut model: R,
+    mut x: R::Input,
+    fill: impl Fn(&mut R::Input, usize, usize),
+    labels: &[usize],
+    rows: usize,
+) where
+    R::Input: Zero,
+{
     let steps = arg(args, "--steps", 5);
     let global = arg(args, "--global-batch", 24);
     let bucket = arg(args, "--bucket-kb", 4) << 10;
@@ -73,31 +176,6 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
         .and_then(|i| args.get(i + 1))
         .cloned();
     let size = world.size() as usize;
-
-    // Seeded synthetic data: 97 rows, 20 features, 5 classes.
-    let (rows, feats, classes) = (97usize, 20usize, 5usize);
-    let mut r = Rng::new(7);
-    let data: Vec<f32> = (0..rows * feats).map(|_| 2.0 * r.uniform() - 1.0).collect();
-    let labels: Vec<usize> = (0..rows).map(|_| r.below(classes)).collect();
-
-    let specs = [
-        LayerSpec {
-            out: 48,
-            act: Activation::Tanh,
-        },
-        LayerSpec {
-            out: 40,
-            act: Activation::Relu,
-        },
-        LayerSpec {
-            out: classes,
-            act: Activation::Identity,
-        },
-    ];
-    // Every rank plans for the largest shard; different seeds per rank prove
-    // the broadcast replaces them with rank 0's weights.
-    let local_max = global.div_ceil(size);
-    let mut model = Mlp::new(feats, local_max, &specs, 100 + world.rank() as u64).unwrap();
     let mut dp = DataParallel::new(world, &mut model, bucket);
     dp.broadcast_parameters(&mut model);
     dp.calibrate(3);
@@ -106,20 +184,16 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
         lr: 0.1,
         momentum: 0.9,
     };
-    let mut x = model.input_layout();
     for step in 0..steps {
         if step == 1 && dp.rank() == panic_rank {
             panic!("deliberate panic on rank {panic_rank} (fault test)");
         }
         let shard = dp.shard(global);
-        x.data.fill(0.0);
+        x.zero();
         let mut lab = Vec::new();
         for (row, g) in shard.clone().enumerate() {
             let i = (step * global + g) % rows;
-            for c in 0..feats {
-                let at = x.index(row, c);
-                x.data[at] = data[i * feats + c];
-            }
+            fill(&mut x, row, i);
             lab.push(labels[i]);
         }
         let loss = dp
@@ -132,10 +206,11 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
     if dp.rank() == 0 {
         if let Some(path) = out {
             let mut text = String::new();
-            for i in 0..model.depth() {
-                let (w, b) = model.parameters(i);
-                for v in w.iter().chain(&b) {
-                    text.push_str(&format!("{v:e}\n"));
+            for g in 0..model.groups() {
+                for buf in model.parameters_mut(g) {
+                    for v in buf.iter() {
+                        text.push_str(&format!("{v:e}\n"));
+                    }
                 }
             }
             std::fs::write(&path, text).unwrap();
@@ -145,5 +220,20 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
             dp.buckets(),
             dp.stats.hidden_fraction()
         );
+    }
+}
+
+/// Clearing a minibatch buffer.
+trait Zero {
+    fn zero(&mut self);
+}
+impl Zero for brgemm_primitives::Blocked {
+    fn zero(&mut self) {
+        self.data.fill(0.0);
+    }
+}
+impl Zero for Tensor4 {
+    fn zero(&mut self) {
+        self.data.fill(0.0);
     }
 }
