@@ -483,19 +483,18 @@ fn bench_mpi() {
     std::process::exit(2);
 }
 
-/// Weak scaling of data-parallel MLP training: a fixed batch per rank, one
-/// thread per rank; rank 0 prints the global samples/s, the all-reduce time of
-/// one step run alone, and the share of it hidden under backward.
+/// Weak scaling of data-parallel training of the MLP and the CNN: a fixed
+/// batch per rank, one thread per rank; rank 0 prints the global samples/s,
+/// the all-reduce time of one step run alone, and the share of it hidden
+/// under backward.
 #[cfg(feature = "mpi")]
 fn bench_mpi() {
-    use brgemm_distributed::{install_abort_on_panic, mpi, DataParallel};
-    use brgemm_primitives::optim::Optimizer;
+    use brgemm_distributed::{install_abort_on_panic, mpi};
     use brgemm_primitives::{Activation, LayerSpec, Mlp};
     use mpi::traits::*;
     let universe = mpi::initialize().expect("MPI");
     install_abort_on_panic();
-    let world = universe.world();
-    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let rank = universe.world().rank() as usize;
     let (per_rank, feats, hidden, classes) = (64usize, 1024usize, 1024usize, 10usize);
     let specs = [
         LayerSpec {
@@ -515,23 +514,76 @@ fn bench_mpi() {
             act: Activation::Identity,
         },
     ];
-    let pool = Pool::new(1).expect("pool");
     let mut model = Mlp::new(feats, per_rank, &specs, 1).expect("model");
-    let mut dp = DataParallel::new(world, &mut model, 1 << 20);
-    dp.broadcast_parameters(&mut model);
     let mut x = model.input_layout();
     x.data
         .iter_mut()
         .enumerate()
         .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);
     let labels: Vec<usize> = (0..per_rank).map(|i| (i + rank) % classes).collect();
+    let desc = format!(r#""model":"mlp","layers":"{feats}-{hidden}x3-{classes}""#);
+    mpi_line(&universe, &mut model, &x, &labels, per_rank, &desc);
+
+    // The CNN of train_cnn (conv 1->32, pool, conv 32->64, pool, FC 128, FC 10)
+    // on 28x28 images.
+    let cnn_rank = 32usize;
+    let spec = brgemm_primitives::CnnSpec {
+        input: (1, 28, 28),
+        stages: [32, 64]
+            .iter()
+            .map(|&channels| brgemm_primitives::StageSpec {
+                channels,
+                kernel: 3,
+                batchnorm: false,
+                pool: 2,
+            })
+            .collect(),
+        hidden: vec![128],
+        classes,
+        dropout: 0.0,
+    };
+    let mut cnn = brgemm_primitives::Cnn::new(&spec, cnn_rank, 1).expect("cnn");
+    let mut xi = cnn.input_tensor();
+    xi.data
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);
+    let labels: Vec<usize> = (0..cnn_rank).map(|i| (i + rank) % classes).collect();
+    mpi_line(
+        &universe,
+        &mut cnn,
+        &xi,
+        &labels,
+        cnn_rank,
+        r#""model":"cnn","layers":"conv3x3-32,pool,conv3x3-64,pool,fc128,fc10""#,
+    );
+}
+
+/// Weak-scaling figures of one model: rank 0 prints the JSON line.
+#[cfg(feature = "mpi")]
+fn mpi_line<R: brgemm_distributed::Replica>(
+    universe: &brgemm_distributed::mpi::environment::Universe,
+    model: &mut R,
+    x: &R::Input,
+    labels: &[usize],
+    per_rank: usize,
+    desc: &str,
+) {
+    use brgemm_distributed::{mpi::traits::*, DataParallel};
+    use brgemm_primitives::optim::Optimizer;
+    let world = universe.world();
+    let size = world.size() as usize;
+    let rank = world.rank();
+    let pool = Pool::new(1).expect("pool");
+    let mut dp = DataParallel::new(world, model, 1 << 20);
+    dp.broadcast_parameters(model);
     let opt = Optimizer::Sgd {
         lr: 1e-3,
         momentum: 0.9,
     };
     let global = per_rank * size;
     for _ in 0..3 {
-        dp.train_step(&mut model, &pool, &x, &labels, global, &opt)
+        dp.train_step(model, &pool, x, labels, global, &opt)
             .expect("step");
     }
     // Hidden share from step times, not from when requests started: over
@@ -539,22 +591,24 @@ fn bench_mpi() {
     // it can slow backward without ever being waited for.
     let steps = 20;
     let timed = |f: &mut dyn FnMut()| {
-        dp_barrier(&universe);
+        dp_barrier(universe);
         let t = std::time::Instant::now();
         for _ in 0..steps {
             f();
         }
         t.elapsed().as_secs_f64() / steps as f64
     };
-    // Every rank computes alone, concurrently (same memory and core contention).
+    // Every rank runs the same step alone (gradients and optimizer, no
+    // communication), concurrently: same memory and core contention.
     let local = timed(&mut || {
         model
-            .compute_gradients(&pool, &x, &labels)
+            .compute_gradients_with(&pool, x, labels, &mut |_, _| {})
             .expect("gradients");
+        model.apply_gradients(&opt);
     });
     let standalone = dp.calibrate(7);
     let ddp = timed(&mut || {
-        dp.train_step(&mut model, &pool, &x, &labels, global, &opt)
+        dp.train_step(model, &pool, x, labels, global, &opt)
             .expect("step");
     });
     if rank == 0 {
@@ -565,14 +619,13 @@ fn bench_mpi() {
             1.0
         };
         println!(
-            r#"{{"bench":"mpi","model":"mlp","layers":"{feats}-{hidden_w}x3-{classes}","batch_per_rank":{per_rank},"ranks":{size},"threads":1,"buckets":{},"samples_per_s":{:.1},"step_ms":{:.3},"local_step_ms":{:.3},"allreduce_ms":{:.3},"waited_after_backward_ms":{:.3},"hidden":{hid:.2}}}"#,
+            r#"{{"bench":"mpi",{desc},"batch_per_rank":{per_rank},"ranks":{size},"threads":1,"buckets":{},"samples_per_s":{:.1},"step_ms":{:.3},"local_step_ms":{:.3},"allreduce_ms":{:.3},"waited_after_backward_ms":{:.3},"hidden":{hid:.2}}}"#,
             dp.buckets(),
             global as f64 / ddp,
             1e3 * ddp,
             1e3 * local,
             1e3 * standalone,
             1e3 * s.exposed_s / s.steps.max(1) as f64,
-            hidden_w = hidden,
         );
     }
 }

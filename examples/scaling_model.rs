@@ -21,11 +21,13 @@
 //! for every other layer, the node count from which its all-reduce no longer
 //! finishes under backward. Defaults model a 100 Gb/s fabric.
 //!
-//! The models: the MLP of `bench mpi` (1024-1024x3-10). The CNN joins when the
-//! convolution primitives land.
+//! The models (`--model mlp|cnn|both`, default both): the MLP of `bench mpi`
+//! (1024-1024x3-10) and the CNN of `train_cnn` (conv3x3 1->32 + pool, conv3x3
+//! 32->64 + pool, FC 3136->128, FC 128->10 on 28x28 images; a conv layer's
+//! times include its ReLU and pooling).
 
 use brgemm_primitives::optim::{OptState, Optimizer};
-use brgemm_primitives::{Activation, Fc, Pool};
+use brgemm_primitives::{Activation, Conv, ConvParams, Fc, Pool, Pool2d, PoolKind};
 use std::time::Instant;
 
 fn arg(args: &[String], name: &str, default: f64) -> f64 {
@@ -62,7 +64,9 @@ fn median(mut f: impl FnMut()) -> f64 {
     v[3]
 }
 
-fn measure(pool: &Pool, batch: usize, dims: &[usize]) -> (Vec<LayerCost>, f64) {
+/// FC layers `dims[0] -> dims[1] -> ...`; the first needs no input gradient
+/// unless `input_grad` (a network below it).
+fn measure(pool: &Pool, batch: usize, dims: &[usize], input_grad: bool) -> (Vec<LayerCost>, f64) {
     let mut layers = vec![];
     let mut opt_s = 0.0;
     for (l, w) in dims.windows(2).enumerate() {
@@ -99,8 +103,8 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize]) -> (Vec<LayerCost>, f64) {
             fc.backward_weights(pool, &dz, &x, &mut dw, &mut db)
                 .unwrap();
         });
-        // Layer 0 needs no gradient for its input.
-        let bwd = if l == 0 {
+        // Layer 0 needs no gradient for its input (unless a network is below).
+        let bwd = if l == 0 && !input_grad {
             0.0
         } else {
             median(|| {
@@ -120,6 +124,66 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize]) -> (Vec<LayerCost>, f64) {
         });
     }
     (layers, opt_s)
+}
+
+/// The CNN's layers: convolutions (with their pooling) then the FC head.
+fn measure_cnn(pool: &Pool, batch: usize) -> (Vec<LayerCost>, f64) {
+    let mut layers = vec![];
+    let mut opt_s = 0.0;
+    for (l, (c, k, hw)) in [(1usize, 32usize, 28usize), (32, 64, 14)]
+        .into_iter()
+        .enumerate()
+    {
+        let conv = Conv::new(
+            ConvParams::new(batch, c, k, hw, hw, 3, 3).pad(1),
+            Activation::Relu,
+        )
+        .expect("plan");
+        let mut x = conv.x_tensor();
+        x.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 7) as f32 / 8.0);
+        let (w, mut wt, mut dw) = (conv.filter(), conv.filter_t(), conv.filter());
+        let b = vec![0.0; conv.padded_k()];
+        let mut db = b.clone();
+        let (mut y, mut dz, mut dx) = (conv.y_tensor(), conv.y_tensor(), conv.x_tensor());
+        let mp = Pool2d::new(PoolKind::Max, &y, 2, 2, 0).expect("pool");
+        let (mut py, mut am) = (mp.output(), vec![0u32; mp.output().data.len()]);
+        let fwd = median(|| {
+            conv.forward(pool, &x, &w, &b, &mut y).unwrap();
+            mp.forward(pool, &y, &mut py, Some(&mut am)).unwrap();
+        });
+        let upd = median(|| {
+            mp.backward(pool, &py, Some(&am), &mut dz).unwrap();
+            conv.backward_weights(pool, &dz, &x, &mut dw, &mut db)
+                .unwrap();
+        });
+        let bwd = if l == 0 {
+            0.0
+        } else {
+            median(|| {
+                conv.transpose_filter(pool, &w, &mut wt).unwrap();
+                conv.backward_data(pool, &dz, &wt, &mut dx).unwrap();
+            })
+        };
+        let mut st = OptState::default();
+        let mut p = w.data.clone();
+        opt_s += median(|| st.step(&Optimizer::adam(1e-3), &mut p, &dw.data));
+        layers.push(LayerCost {
+            name: format!("conv{l} {c}->{k}"),
+            fwd,
+            bwd,
+            upd,
+            grad_bytes: 4.0 * (dw.data.len() + db.len()) as f64,
+        });
+    }
+    let (fc, fc_opt) = measure(pool, batch, &[64 * 7 * 7, 128, 10], true);
+    for (i, mut l) in fc.into_iter().enumerate() {
+        l.name = format!("fc{} {}", i + 2, l.name.split_once(' ').map_or("", |x| x.1));
+        layers.push(l);
+    }
+    (layers, opt_s + fc_opt)
 }
 
 struct Projection {
@@ -166,16 +230,37 @@ fn main() {
     let max_nodes = arg(&args, "--max-nodes", 256.0) as usize;
     let threads = arg(&args, "--threads", Pool::global().threads() as f64) as usize;
     let pool = Pool::new(threads.max(1)).expect("pool");
-    let dims = [1024usize, 1024, 1024, 1024, 10];
-    println!(
-        "model mlp {dims:?}, batch {batch} per node, {threads} thread(s) per node; ring all-reduce at {:.1} GB/s, {:.1} us latency",
-        bw / 1e9,
-        lat * 1e6
-    );
-    let (layers, opt_s) = measure(&pool, batch, &dims);
+    let which = args
+        .iter()
+        .position(|a| a == "--model")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| "both".into());
+    if which == "mlp" || which == "both" {
+        let dims = [1024usize, 1024, 1024, 1024, 10];
+        println!(
+            "model mlp {dims:?}, batch {batch} per node, {threads} thread(s) per node; ring all-reduce at {:.1} GB/s, {:.1} us latency",
+            bw / 1e9,
+            lat * 1e6
+        );
+        let (layers, opt_s) = measure(&pool, batch, &dims, false);
+        report(&layers, opt_s, batch, max_nodes, lat, bw);
+    }
+    if which == "cnn" || which == "both" {
+        println!(
+            "\nmodel cnn (conv3x3 1->32, pool, conv3x3 32->64, pool, fc 3136->128, fc 128->10), batch {batch} per node, {threads} thread(s) per node; ring all-reduce at {:.1} GB/s, {:.1} us latency",
+            bw / 1e9,
+            lat * 1e6
+        );
+        let (layers, opt_s) = measure_cnn(&pool, batch);
+        report(&layers, opt_s, batch, max_nodes, lat, bw);
+    }
+}
+
+fn report(layers: &[LayerCost], opt_s: f64, batch: usize, max_nodes: usize, lat: f64, bw: f64) {
     println!("\nmeasured per step on this machine (ms):");
     println!("  layer              fwd     bwd-data  bwd-weights  gradient MB");
-    for l in &layers {
+    for l in layers {
         println!(
             "  {:16} {:7.3}  {:8.3}  {:11.3}  {:10.2}",
             l.name,
@@ -186,12 +271,12 @@ fn main() {
         );
     }
     println!("  optimizer        {:7.3}", opt_s * 1e3);
-    let base = project(&layers, opt_s, 1, lat, bw);
+    let base = project(layers, opt_s, 1, lat, bw);
     println!("\nnodes  step ms  samples/s    efficiency  exposed comm ms  layers whose all-reduce is not hidden");
     let mut first_unhidden: Vec<Option<usize>> = vec![None; layers.len()];
     let mut p = 1;
     while p <= max_nodes {
-        let pr = project(&layers, opt_s, p, lat, bw);
+        let pr = project(layers, opt_s, p, lat, bw);
         let names: Vec<&str> = layers
             .iter()
             .zip(&pr.exposed)
