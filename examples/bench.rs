@@ -258,6 +258,75 @@ fn bench_fc(o: &Opts) {
                 samples,
             );
             line("upd", &t.upd.spec, s, s, p);
+            // Mixed precision: the bf16 passes on the same shape, in the same
+            // run; `gflops_with_convert` adds rounding the activations (or
+            // output gradients) to bf16 and packing the weights, as one
+            // training step does.
+            if let Ok(fb) = brgemm_primitives::fc_bf16::FcBf16::new(&fc) {
+                use brgemm_primitives::fc_bf16::to_bf16;
+                let (mut wv, mut wtv, mut xb, mut dzb) = (vec![], vec![], vec![], vec![]);
+                fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
+                to_bf16(&pool, &x.data, &mut xb);
+                to_bf16(&pool, &dz.data, &mut dzb);
+                let bline = |pass: &str, s: f64, s_conv: f64, peak: f64, f32_s: f64| {
+                    let gf = flops / s / 1e9;
+                    println!(
+                        r#"{{"bench":"fc","pass":"{pass}","dtype":"bf16","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{:?}","threads":{threads},"gflops":{gf:.1},"gflops_with_convert":{:.1},"vs_f32":{:.2},"fp32_peak_gflops":{peak:.1},"pct_fp32_peak":{:.1}}}"#,
+                        t.bn,
+                        t.bc,
+                        t.bk,
+                        fb.isa(),
+                        flops / s_conv / 1e9,
+                        f32_s / s,
+                        100.0 * gf / peak
+                    );
+                };
+                let (f32_fwd, _) = measure_pool(
+                    || fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                let (sb, pb) = measure_pool(
+                    || fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap(),
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                let (sc, _) = measure_pool(
+                    || {
+                        fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
+                        to_bf16(&pool, &x.data, &mut xb);
+                        fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap()
+                    },
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                bline("fwd", sb, sc, pb, f32_fwd);
+                let (f32_bwd, _) = measure_pool(
+                    || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                let (sb, pb) = measure_pool(
+                    || fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap(),
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                let (sc, _) = measure_pool(
+                    || {
+                        to_bf16(&pool, &dz.data, &mut dzb);
+                        fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap()
+                    },
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                bline("bwd", sb, sc, pb, f32_bwd);
+            }
         }
         x.data.clear();
     }

@@ -3,7 +3,7 @@
 //! samples/s, and ends with `test_accuracy=<fraction>`.
 //!
 //! ```text
-//! cargo run --release --example train_mlp [-- --epochs N --batch B --seed S --save FILE]
+//! cargo run --release --example train_mlp [-- --epochs N --batch B --seed S --save FILE --dtype f32|bf16]
 //! ```
 //!
 //! Data: E. Alpaydin and C. Kaynak (1998), UCI Machine Learning Repository, CC BY 4.0.
@@ -31,6 +31,15 @@ fn main() {
     cfg.epochs = arg(&args, "--epochs", cfg.epochs);
     cfg.batch = arg(&args, "--batch", cfg.batch);
     cfg.seed = arg(&args, "--seed", cfg.seed);
+    let dtype: String = arg(&args, "--dtype", "f32".to_string());
+    cfg.bf16 = match dtype.as_str() {
+        "f32" => false,
+        "bf16" => true,
+        other => {
+            eprintln!("--dtype {other:?}: expected f32 or bf16");
+            std::process::exit(2)
+        }
+    };
     let save: Option<String> = args
         .iter()
         .position(|a| a == "--save")
@@ -40,7 +49,7 @@ fn main() {
     let (tr, te) = all.split(0.2, 42);
     let pool = Pool::global();
     println!(
-        "digits: {} train / {} test images, {} features, {} classes; MLP {} -> {:?} -> {}; batch {}, {} thread(s)",
+        "digits: {} train / {} test images, {} features, {} classes; MLP {} -> {:?} -> {}; batch {}, {} thread(s), {dtype}",
         tr.len(),
         te.len(),
         all.features,
@@ -65,6 +74,9 @@ fn main() {
         std::process::exit(1)
     });
     println!("trained in {:.2} s", t.elapsed().as_secs_f64());
+    if let Some(isa) = model.bf16_isa() {
+        println!("bf16 kernel of the first layer: {isa:?}");
+    }
     if let Some(path) = save {
         model.save(std::path::Path::new(&path)).expect("save");
         println!("saved weights to {path}");

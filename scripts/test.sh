@@ -67,6 +67,15 @@ echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi printed no test_acc
 say "bf16: AMX permission refused (BRGEMM_AMX_DENY) falls back"
 BRGEMM_AMX_DENY=1 cargo test -q -p brgemm --test bf16
 
+say "mixed-precision FC on every bf16 kernel this CPU has"
+bf16_isas=reference
+if [ "$(uname -m)" = x86_64 ] && grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512_bf16; then
+  bf16_isas+=" avx512bf16"
+fi
+for isa in $bf16_isas; do
+  BRGEMM_BF16_ISA=$isa cargo test -q -p brgemm-primitives --test fc_bf16
+done
+
 say "BRGEMM_ISA override, one run per ISA"
 for isa in avx512 avx2 neon portable reference bogus; do
   BRGEMM_ISA=$isa cargo test -q -p brgemm --test env_isa --test exact

@@ -19,6 +19,9 @@ pub struct TrainConfig {
     pub optimizer: Optimizer,
     /// Seed of the weights and the shuffles.
     pub seed: u64,
+    /// Mixed precision: bf16 operands in forward and backward-data, f32
+    /// master weights, optimizer and loss ([`Mlp::set_bf16`]).
+    pub bf16: bool,
 }
 
 impl Default for TrainConfig {
@@ -29,6 +32,7 @@ impl Default for TrainConfig {
             epochs: 30,
             optimizer: Optimizer::adam(3e-3),
             seed: 1,
+            bf16: false,
         }
     }
 }
@@ -60,7 +64,9 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
         out: data.classes,
         act: Activation::Identity,
     });
-    Mlp::new(data.features, cfg.batch, &specs, cfg.seed)
+    let mut m = Mlp::new(data.features, cfg.batch, &specs, cfg.seed)?;
+    m.set_bf16(cfg.bf16)?;
+    Ok(m)
 }
 
 /// Accuracy of `model` on `data`, in minibatches.

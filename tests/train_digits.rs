@@ -34,3 +34,19 @@ fn malformed_csv_is_refused_with_its_line() {
         .to_string();
     assert!(e.contains("label 11"), "{e}");
 }
+
+#[test]
+fn mixed_precision_training_is_within_one_point_of_f32() {
+    let (tr, te) = data::digits().unwrap().split(0.2, 42);
+    let pool = Pool::new(2).unwrap();
+    let mut acc = [0.0; 2];
+    for (i, bf16) in [false, true].into_iter().enumerate() {
+        let cfg = train::TrainConfig {
+            epochs: 12,
+            bf16,
+            ..Default::default()
+        };
+        train::train(&cfg, &pool, &tr, &te, |r| acc[i] = r.test_accuracy).unwrap();
+    }
+    assert!(acc[1] >= acc[0] - 0.01, "f32 {} vs bf16 {}", acc[0], acc[1]);
+}

@@ -9,7 +9,8 @@
 //! - [`threads`]: the pinned rayon [`Pool`] the nests run on (`BRGEMM_NUM_THREADS`).
 //! - [`layout`]: [`Blocked`] layouts and conversions from and to plain ones.
 //! - [`fc`]: the fully-connected layer [`Fc`] (forward with fused bias and
-//!   activation, backward-data, backward-weights) and its [`FcTuning`].
+//!   activation, backward-data, backward-weights) and its [`FcTuning`];
+//!   [`fc_bf16`]: its mixed-precision (bf16 operand) forward and backward-data.
 //! - [`loss`], [`optim`], [`init`]: softmax cross-entropy, SGD with momentum,
 //!   Adam, Kaiming/Xavier initialisation from a seeded RNG.
 //! - [`tensor`], [`conv`]: blocked 4-D tensors ([`Tensor4`], [`Filter`]) and
@@ -30,6 +31,7 @@ pub mod conv;
 pub mod eltwise;
 pub mod error;
 pub mod fc;
+pub mod fc_bf16;
 pub mod init;
 pub mod layout;
 pub mod loops;

@@ -6,11 +6,13 @@
 
 use crate::error::{shape, Error, Result};
 use crate::fc::{Fc, FcTuning};
+use crate::fc_bf16::{to_bf16, FcBf16};
 use crate::init::{self, Init, Rng};
 use crate::layout::Blocked;
 use crate::loss;
 use crate::optim::{OptState, Optimizer};
 use crate::threads::Pool;
+use brgemm::bf16::bf16;
 use brgemm::Activation;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -38,6 +40,19 @@ struct Layer {
     dx: Blocked,
     ow: OptState,
     ob: OptState,
+    /// Mixed precision (see [`Mlp::set_bf16`]).
+    bf: Option<Bf16Layer>,
+}
+
+/// The bf16 side of a layer: its passes and bf16 copies of the operands.
+struct Bf16Layer {
+    fc: FcBf16,
+    wv: Vec<bf16>,
+    wtv: Vec<bf16>,
+    xb: Vec<bf16>,
+    dzb: Vec<bf16>,
+    /// Whether `wv`/`wtv` match the f32 master weights.
+    packed: bool,
 }
 
 /// A multi-layer perceptron on blocked layouts.
@@ -133,6 +148,7 @@ impl Mlp {
                 dx: fc.x_layout(),
                 ow: OptState::default(),
                 ob: OptState::default(),
+                bf: None,
                 w,
                 fc,
             });
@@ -173,13 +189,53 @@ impl Mlp {
         self.layers.iter().map(|l| 3.0 * l.fc.flops()).sum()
     }
 
+    /// Mixed precision: with `on`, forward and backward-data run on bf16
+    /// operands (AMX tiles where the blocks allow, else AVX512-BF16, else
+    /// the reference kernel), from f32 master weights packed once per step;
+    /// losses, gradients, weight gradients and the optimizer stay f32 (see
+    /// [`crate::fc_bf16`]). Errors if a layer cannot (odd blocks, GELU).
+    pub fn set_bf16(&mut self, on: bool) -> Result<()> {
+        for l in &mut self.layers {
+            l.bf = if on {
+                Some(Bf16Layer {
+                    fc: FcBf16::new(&l.fc)?,
+                    wv: vec![],
+                    wtv: vec![],
+                    xb: vec![],
+                    dzb: vec![],
+                    packed: false,
+                })
+            } else {
+                None
+            };
+        }
+        Ok(())
+    }
+
+    /// The bf16 kernel of the first layer when mixed precision is on.
+    pub fn bf16_isa(&self) -> Option<brgemm::bf16::Bf16Isa> {
+        self.layers[0].bf.as_ref().map(|b| b.fc.isa())
+    }
+
     /// Forward pass; returns the logits (N x classes, blocked).
     pub fn forward(&mut self, pool: &Pool, x: &Blocked) -> Result<&Blocked> {
         for i in 0..self.layers.len() {
             let (done, rest) = self.layers.split_at_mut(i);
             let l = &mut rest[0];
             let input = if i == 0 { x } else { &done[i - 1].y };
-            l.fc.forward(pool, input, &l.w, &l.b, &mut l.y, l.z.as_mut())?;
+            match &mut l.bf {
+                Some(b) => {
+                    if !b.packed {
+                        b.fc.pack_weights(pool, &l.w, &mut b.wv, &mut b.wtv)?;
+                        b.packed = true;
+                    }
+                    to_bf16(pool, &input.data, &mut b.xb);
+                    b.fc.forward(pool, &b.xb, &b.wv, &l.b, &mut l.y)?;
+                }
+                None => {
+                    l.fc.forward(pool, input, &l.w, &l.b, &mut l.y, l.z.as_mut())?
+                }
+            }
         }
         Ok(&self.layers.last().unwrap().y)
     }
@@ -207,8 +263,16 @@ impl Mlp {
             l.fc.backward_weights(pool, &l.dz, input, &mut l.dw, &mut l.db)?;
             ready(i, &mut l.dw, &mut l.db);
             if i > 0 || self.input_grad {
-                l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
-                l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
+                match &mut l.bf {
+                    Some(b) => {
+                        to_bf16(pool, &l.dz.data, &mut b.dzb);
+                        b.fc.backward_data(pool, &b.dzb, &b.wtv, &mut l.dx)?;
+                    }
+                    None => {
+                        l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
+                        l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
+                    }
+                }
             }
         }
         Ok(())
@@ -263,6 +327,9 @@ impl Mlp {
     /// e.g. to broadcast them.
     pub fn parameters_mut(&mut self, i: usize) -> (&mut Blocked, &mut [f32]) {
         let l = &mut self.layers[i];
+        if let Some(b) = &mut l.bf {
+            b.packed = false;
+        }
         (&mut l.w, &mut l.b)
     }
 
@@ -271,6 +338,9 @@ impl Mlp {
         for l in &mut self.layers {
             l.ow.step(opt, &mut l.w.data, &l.dw.data);
             l.ob.step(opt, &mut l.b, &l.db);
+            if let Some(b) = &mut l.bf {
+                b.packed = false;
+            }
         }
     }
 
@@ -317,6 +387,9 @@ impl Mlp {
             ));
         }
         l.w.set_plain(w)?;
+        if let Some(b) = &mut l.bf {
+            b.packed = false;
+        }
         l.b[..b.len()].copy_from_slice(b);
         Ok(())
     }

@@ -1,0 +1,257 @@
+//! Mixed-precision FC passes: forward and backward-data with bf16 operands
+//! on the bf16 BRGEMM (AMX tiles where the blocks are multiples of 32, else
+//! AVX512-BF16, else the reference), f32 accumulation and f32 outputs.
+//!
+//! The f32 weights stay the master copy (the optimizer updates them); each
+//! step packs them once into the VNNI layout the bf16 kernel reads for A
+//! (pairs along k: `[K/bk][C/bc][bc/2][bk][2]` for forward, and the
+//! transposed `[C/bc][K/bk][bk/2][bc][2]` for backward-data), rounding to
+//! nearest even. Activations and output gradients are rounded to bf16 in
+//! their blocked layouts (B operands keep the f32 kernel's layout). The
+//! weight gradient stays an f32 BRGEMM on the f32 activations: its sums run
+//! over the whole minibatch, where bf16 inputs would cost accuracy for
+//! little time (it is one of three passes).
+
+use crate::error::{shape, Result};
+use crate::fc::Fc;
+use crate::layout::{Blocked, SyncPtr};
+use crate::loops::{LoopDef, LoopNest};
+use crate::threads::Pool;
+use brgemm::bf16::{bf16, Bf16Kernel};
+use brgemm::{Activation, BatchForm, DataType, Descriptor, Epilogue, RawBatch};
+
+/// The bf16 forward and backward-data of an [`Fc`] layer.
+pub struct FcBf16 {
+    fwd: Bf16Kernel,
+    bwd: Bf16Kernel,
+    nest_fwd: LoopNest,
+    nest_bwd: LoopNest,
+    bn: usize,
+    bc: usize,
+    bk: usize,
+    nb: usize,
+    cb: usize,
+    kb: usize,
+    k: usize,
+    act: Activation,
+}
+
+/// Rounds `src` to bf16 (nearest even) into `dst`, split over the pool.
+pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut Vec<bf16>) {
+    dst.resize(src.len(), bf16::ZERO);
+    let len = src.len();
+    let p = dst.as_mut_ptr() as usize;
+    let threads = pool.threads();
+    pool.broadcast(|t| {
+        let (lo, hi) = (t * len / threads, (t + 1) * len / threads);
+        // SAFETY: disjoint ranges per thread of a buffer of `len` elements.
+        let out = unsafe { std::slice::from_raw_parts_mut((p as *mut bf16).add(lo), hi - lo) };
+        for (o, v) in out.iter_mut().zip(&src[lo..hi]) {
+            *o = bf16::from_f32(*v);
+        }
+    });
+}
+
+impl FcBf16 {
+    /// Plans the bf16 passes for `fc`'s shape and blocking. The blocks bc
+    /// and bk must be even (VNNI pairs); GELU is not fused here.
+    pub fn new(fc: &Fc) -> Result<FcBf16> {
+        let t = fc.tuning();
+        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
+        for (what, v) in [("bc", bc), ("bk", bk)] {
+            if v % 2 != 0 {
+                return Err(shape(
+                    what,
+                    v,
+                    "bf16 FC passes need even blocks (VNNI pairs along k)",
+                ));
+            }
+        }
+        if fc.act == Activation::Gelu {
+            return Err(shape(
+                "activation",
+                "Gelu",
+                "the bf16 FC fuses Identity, Relu, Sigmoid or Tanh",
+            ));
+        }
+        let (nb, cb, kb) = (fc.n.div_ceil(bn), fc.c.div_ceil(bc), fc.k.div_ceil(bk));
+        let fwd = Bf16Kernel::new(
+            &Descriptor::new(bk, bn, bc)
+                .dtype(DataType::Bf16)
+                .batch_form(BatchForm::Stride {
+                    a: bc * bk,
+                    b: bn * bc,
+                })
+                .epilogue(Epilogue {
+                    bias: true,
+                    activation: fc.act,
+                }),
+        )?;
+        let bwd = Bf16Kernel::new(
+            &Descriptor::new(bc, bn, bk)
+                .dtype(DataType::Bf16)
+                .batch_form(BatchForm::Stride {
+                    a: bc * bk,
+                    b: bn * bk,
+                }),
+        )?;
+        let nest = |a, b| {
+            LoopNest::new(
+                vec![LoopDef::new("N blocks", nb, 1), LoopDef::new(a, b, 1)],
+                "BA",
+            )
+        };
+        Ok(FcBf16 {
+            fwd,
+            bwd,
+            nest_fwd: nest("K blocks", kb)?,
+            nest_bwd: nest("C blocks", cb)?,
+            bn,
+            bc,
+            bk,
+            nb,
+            cb,
+            kb,
+            k: fc.k,
+            act: fc.act,
+        })
+    }
+
+    /// The bf16 kernel in use (forward), e.g. `Amx`.
+    pub fn isa(&self) -> brgemm::bf16::Bf16Isa {
+        self.fwd.isa()
+    }
+
+    /// Packs the f32 weights `w` (`[K/bk][C/bc][bc][bk]`) into the VNNI
+    /// layouts of forward (`wv`) and backward-data (`wtv`).
+    pub fn pack_weights(
+        &self,
+        pool: &Pool,
+        w: &Blocked,
+        wv: &mut Vec<bf16>,
+        wtv: &mut Vec<bf16>,
+    ) -> Result<()> {
+        let (bc, bk, cb, kb) = (self.bc, self.bk, self.cb, self.kb);
+        if w.data.len() != kb * cb * bc * bk || w.br != bk || w.bc != bc {
+            return Err(shape(
+                "W",
+                format!("{}x{} in {}x{} blocks", w.rows, w.cols, w.br, w.bc),
+                "does not match the layer",
+            ));
+        }
+        let blk = bc * bk;
+        wv.resize(w.data.len(), bf16::ZERO);
+        wtv.resize(w.data.len(), bf16::ZERO);
+        let (pv, pt) = (wv.as_mut_ptr() as usize, wtv.as_mut_ptr() as usize);
+        let threads = pool.threads();
+        pool.broadcast(|th| {
+            for b in (th * kb * cb / threads)..((th + 1) * kb * cb / threads) {
+                let (ki, ci) = (b / cb, b % cb);
+                let src = &w.data[b * blk..][..blk];
+                // SAFETY: block b of wv and block (ci, ki) of wtv are written
+                // by this thread only; both buffers hold kb*cb blocks.
+                let (dv, dt) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut((pv as *mut bf16).add(b * blk), blk),
+                        std::slice::from_raw_parts_mut(
+                            (pt as *mut bf16).add((ci * kb + ki) * blk),
+                            blk,
+                        ),
+                    )
+                };
+                for i in 0..bc {
+                    for j in 0..bk {
+                        let v = bf16::from_f32(src[i * bk + j]);
+                        // forward A: m = bk (j), k = bc (i)
+                        dv[(i / 2) * 2 * bk + 2 * j + i % 2] = v;
+                        // backward A: m = bc (i), k = bk (j)
+                        dt[(j / 2) * 2 * bc + 2 * i + j % 2] = v;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Y = act(X W^T + b) from bf16 X (the blocked layout of `fc.x_layout`,
+    /// rounded by [`to_bf16`]) and packed weights; `y` in `fc.y_layout`.
+    pub fn forward(
+        &self,
+        pool: &Pool,
+        x: &[bf16],
+        wv: &[bf16],
+        bias: &[f32],
+        y: &mut Blocked,
+    ) -> Result<()> {
+        let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
+        crate::error::check_buf("bf16 X", x.len(), nb * cb * bn * bc)?;
+        crate::error::check_buf("packed W", wv.len(), kb * cb * bc * bk)?;
+        crate::error::check_buf("bias", bias.len(), kb * bk)?;
+        crate::error::check_buf("Y", y.data.len(), nb * kb * bn * bk)?;
+        let (xp, wp, bp) = (
+            x.as_ptr() as usize,
+            wv.as_ptr() as usize,
+            bias.as_ptr() as usize,
+        );
+        let yp = SyncPtr(y.data.as_mut_ptr());
+        self.nest_fwd.run(pool, |i| {
+            let (ni, ki) = (i[0], i[1]);
+            // SAFETY: lengths checked above; block (ni, ki) of Y belongs to
+            // this item.
+            unsafe {
+                self.fwd.execute_raw(
+                    RawBatch::Stride {
+                        a: (wp as *const bf16).add(ki * cb * bc * bk),
+                        b: (xp as *const bf16).add(ni * cb * bn * bc),
+                        count: cb,
+                    },
+                    yp.get().add((ni * kb + ki) * bn * bk),
+                    (bp as *const f32).add(ki * bk),
+                )
+            };
+        });
+        if !self.k.is_multiple_of(bk) && self.act.apply(0.0) != 0.0 {
+            let tail = self.k % bk;
+            for ni in 0..nb {
+                let blk = &mut y.data[(ni * kb + kb - 1) * bn * bk..][..bn * bk];
+                for row in blk.chunks_exact_mut(bk) {
+                    row[tail..].fill(0.0);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// dX = dZ W from bf16 dZ (the layout of `fc.y_layout`) and the packed
+    /// transposed weights; `dx` in `fc.x_layout`.
+    pub fn backward_data(
+        &self,
+        pool: &Pool,
+        dz: &[bf16],
+        wtv: &[bf16],
+        dx: &mut Blocked,
+    ) -> Result<()> {
+        let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
+        crate::error::check_buf("bf16 dZ", dz.len(), nb * kb * bn * bk)?;
+        crate::error::check_buf("packed Wt", wtv.len(), kb * cb * bc * bk)?;
+        crate::error::check_buf("dX", dx.data.len(), nb * cb * bn * bc)?;
+        let (dzp, wp) = (dz.as_ptr() as usize, wtv.as_ptr() as usize);
+        let dxp = SyncPtr(dx.data.as_mut_ptr());
+        self.nest_bwd.run(pool, |i| {
+            let (ni, ci) = (i[0], i[1]);
+            // SAFETY: as in forward; block (ni, ci) of dX belongs to this item.
+            unsafe {
+                self.bwd.execute_raw(
+                    RawBatch::Stride {
+                        a: (wp as *const bf16).add(ci * kb * bc * bk),
+                        b: (dzp as *const bf16).add(ni * kb * bn * bk),
+                        count: kb,
+                    },
+                    dxp.get().add((ni * cb + ci) * bn * bc),
+                    std::ptr::null(),
+                )
+            };
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! Mixed-precision FC passes against an f64 reference computed from the
+//! same bf16-rounded operands, and mixed-precision MLP training.
+
+use brgemm::bf16::bf16;
+use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
+use brgemm_primitives::{Activation, Fc, FcTuning, LayerSpec, Mlp, Optimizer, Pool};
+
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+fn round(v: &[f32]) -> Vec<f64> {
+    v.iter()
+        .map(|x| bf16::from_f32(*x).to_f32() as f64)
+        .collect()
+}
+
+#[test]
+fn forward_and_backward_data_match_the_rounded_reference() {
+    let pool = Pool::new(2).unwrap();
+    // (n, c, k, blocks): AMX-sized blocks, AVX512-BF16 tails, small blocks.
+    for (n, c, k, b) in [
+        (64, 128, 64, 64),
+        (40, 70, 30, 16),
+        (8, 6, 10, 0),
+        (33, 64, 96, 32),
+    ] {
+        let mut t = FcTuning::heuristic(n, c, k);
+        if b > 0 {
+            (t.bn, t.bc, t.bk) = (b, b, b);
+        }
+        for act in [Activation::Identity, Activation::Relu, Activation::Sigmoid] {
+            let fc = Fc::with_tuning(n, c, k, act, t.clone()).unwrap();
+            let fb = FcBf16::new(&fc).unwrap();
+            let (xs, ws, bs, gs) = (data(n * c, 1), data(k * c, 2), data(k, 3), data(n * k, 4));
+            let mut x = fc.x_layout();
+            x.set_plain(&xs).unwrap();
+            let mut w = fc.w_layout();
+            w.set_plain(&ws).unwrap();
+            let mut bias = vec![0.0; fc.padded_k()];
+            bias[..k].copy_from_slice(&bs);
+            let (mut wv, mut wtv, mut xb) = (vec![], vec![], vec![]);
+            fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
+            to_bf16(&pool, &x.data, &mut xb);
+            let mut y = fc.y_layout();
+            fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap();
+            let (xr, wr) = (round(&xs), round(&ws));
+            let got = y.to_plain();
+            for r in 0..n {
+                for j in 0..k {
+                    let s: f64 =
+                        (0..c).map(|i| xr[r * c + i] * wr[j * c + i]).sum::<f64>() + bs[j] as f64;
+                    let want = act.apply(s as f32) as f64;
+                    let g = got[r * k + j] as f64;
+                    assert!(
+                        (g - want).abs() < 1e-4 * (1.0 + c as f64 * 0.05),
+                        "{n}x{c}x{k} {act:?} Y[{r}][{j}]: {g} vs {want}"
+                    );
+                }
+            }
+            // Output-feature padding stays zero.
+            let rows = n.div_ceil(fc.tuning().bn) * fc.tuning().bn;
+            for r in 0..rows {
+                for j in k..fc.padded_k() {
+                    assert_eq!(y.data[y.index(r, j)], 0.0, "Y padding [{r}][{j}]");
+                }
+            }
+            let mut dz = fc.y_layout();
+            dz.set_plain(&gs).unwrap();
+            let mut dzb = vec![];
+            to_bf16(&pool, &dz.data, &mut dzb);
+            let mut dx = fc.x_layout();
+            fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap();
+            let gr = round(&gs);
+            let got = dx.to_plain();
+            for r in 0..n {
+                for i in 0..c {
+                    let want: f64 = (0..k).map(|j| gr[r * k + j] * wr[j * c + i]).sum();
+                    let g = got[r * c + i] as f64;
+                    assert!(
+                        (g - want).abs() < 1e-4 * (1.0 + k as f64 * 0.05),
+                        "{n}x{c}x{k} dX[{r}][{i}]: {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn odd_blocks_and_gelu_are_refused() {
+    let t = FcTuning {
+        bc: 7,
+        ..FcTuning::heuristic(8, 7, 8)
+    };
+    let fc = Fc::with_tuning(8, 7, 8, Activation::Relu, t).unwrap();
+    let e = FcBf16::new(&fc).err().unwrap().to_string();
+    assert!(e.contains("bc = 7") && e.contains("even"), "{e}");
+    let fc = Fc::new(8, 8, 8, Activation::Gelu).unwrap();
+    assert!(FcBf16::new(&fc).err().unwrap().to_string().contains("Gelu"));
+}
+
+/// bf16 training follows f32 training closely on a separable toy problem.
+#[test]
+fn mixed_precision_mlp_trains_like_f32() {
+    let pool = Pool::new(2).unwrap();
+    let (n, c, classes) = (64usize, 32usize, 4usize);
+    let xs = data(n * c, 9);
+    let labels: Vec<usize> = (0..n)
+        .map(|r| {
+            (0..classes)
+                .max_by(|&a, &b| xs[r * c + a].total_cmp(&xs[r * c + b]))
+                .unwrap()
+        })
+        .collect();
+    let specs = [
+        LayerSpec {
+            out: 64,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: classes,
+            act: Activation::Identity,
+        },
+    ];
+    let mut losses = vec![];
+    for bf in [false, true] {
+        let mut m = Mlp::new(c, n, &specs, 5).unwrap();
+        m.set_bf16(bf).unwrap();
+        let mut x = m.input_layout();
+        x.set_plain(&xs).unwrap();
+        let opt = Optimizer::adam(1e-2);
+        let mut last = 0.0;
+        for _ in 0..80 {
+            last = m.train_step(&pool, &x, &labels, &opt).unwrap();
+        }
+        let pred = m.predict(&pool, &x, n).unwrap();
+        let acc = pred.iter().zip(&labels).filter(|(p, l)| p == l).count() as f64 / n as f64;
+        assert!(acc > 0.95, "bf16 {bf}: accuracy {acc}");
+        losses.push(last);
+    }
+    assert!(
+        losses[1] < 0.1 && losses[0] < 0.1,
+        "losses f32/bf16 {losses:?}"
+    );
+}
