@@ -9,7 +9,12 @@
 //! Kernels, strongest first ([`Bf16Isa`]): AMX (`tdpbf16ps` on resident tiles;
 //! m, n, k multiples of 32), AVX512-BF16 (`vdpbf16ps`; any shape), then the
 //! reference (bf16 widened to f32 in plain loops).
-//! `BRGEMM_BF16_ISA=amx|avx512bf16|reference` forces one. bf16 output comes next.
+//! `BRGEMM_BF16_ISA=amx|avx512bf16|reference` forces one.
+//!
+//! C is f32, or bf16 with `Descriptor::c_dtype(DataType::Bf16)`: the sum,
+//! alpha, beta (the old bf16 C widened), bias and activation are computed in
+//! f32 on an L1-hot scratch block, then rounded to nearest even
+//! ([`Bf16Kernel::execute_bf16_out`]).
 
 use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
 use crate::desc::{Activation, BatchForm, Beta, DataType, Descriptor};
@@ -120,6 +125,9 @@ pub fn pack_a_vnni(a: &[bf16], m: usize, k: usize, ld: usize, lda: usize) -> Res
 pub struct Bf16Kernel {
     desc: Descriptor,
     isa: Bf16Isa,
+    /// For a bf16 C: the same kernel with an f32 C of leading dimension m
+    /// (the scratch block the result is rounded from).
+    f32_twin: Option<Box<Bf16Kernel>>,
 }
 
 impl Bf16Kernel {
@@ -167,7 +175,22 @@ impl Bf16Kernel {
                 "the AMX kernel needs m, n and k multiples of 32",
             ));
         }
-        Ok(Bf16Kernel { desc: d, isa })
+        let f32_twin = (d.c_dtype == DataType::Bf16).then(|| {
+            Box::new(Bf16Kernel {
+                desc: Descriptor {
+                    ldc: d.m,
+                    c_dtype: DataType::F32,
+                    ..d
+                },
+                isa,
+                f32_twin: None,
+            })
+        });
+        Ok(Bf16Kernel {
+            desc: d,
+            isa,
+            f32_twin,
+        })
     }
 
     /// The kernel in use.
@@ -183,12 +206,54 @@ impl Bf16Kernel {
         2 * self.desc.lda * (self.desc.k.div_ceil(2) - 1) + 2 * self.desc.m
     }
 
-    /// Runs on checked slices (as [`crate::Kernel::execute`]).
+    /// Runs on checked slices (as [`crate::Kernel::execute`]), f32 C.
     pub fn execute(
         &self,
         batch: Batch<'_, bf16>,
         c: &mut [f32],
         bias: Option<&[f32]>,
+    ) -> Result<()> {
+        if self.desc.c_dtype != DataType::F32 {
+            return Err(invalid(
+                "c_dtype",
+                "Bf16",
+                "this kernel writes a bf16 C: use execute_bf16_out",
+            ));
+        }
+        // SAFETY (of the callback): `checked` hands it pointers it checked.
+        self.checked(batch, c, bias, |k, b, c, bias| unsafe {
+            k.execute_raw(b, c, bias)
+        })
+    }
+
+    /// Runs on checked slices with a bf16 C (`c_dtype` Bf16): f32 epilogue,
+    /// then rounding to nearest even.
+    pub fn execute_bf16_out(
+        &self,
+        batch: Batch<'_, bf16>,
+        c: &mut [bf16],
+        bias: Option<&[f32]>,
+    ) -> Result<()> {
+        if self.desc.c_dtype != DataType::Bf16 {
+            return Err(invalid(
+                "c_dtype",
+                "F32",
+                "this kernel writes an f32 C: use execute",
+            ));
+        }
+        // SAFETY (of the callback): `checked` hands it pointers it checked.
+        self.checked(batch, c, bias, |k, b, c, bias| unsafe {
+            k.execute_raw_bf16_out(b, c, bias)
+        })
+    }
+
+    /// The length checks of a call, then `run` on the raw pointers.
+    fn checked<C>(
+        &self,
+        batch: Batch<'_, bf16>,
+        c: &mut [C],
+        bias: Option<&[f32]>,
+        run: impl Fn(&Self, RawBatch<bf16>, *mut C, *const f32),
     ) -> Result<()> {
         // The same checks as the f32 call, with the VNNI extent of A.
         use crate::plan::{check_len, check_len_at, offset_need, strided_need, with_ptrs};
@@ -245,18 +310,16 @@ impl Bf16Kernel {
                     check_len_at("B", i, y.len(), be)?;
                 }
                 return with_ptrs(a, b, |pa, pb| {
-                    // SAFETY: every slice checked above.
-                    unsafe {
-                        self.execute_raw(
-                            RawBatch::Address {
-                                a: pa,
-                                b: pb,
-                                count: a.len(),
-                            },
-                            c.as_mut_ptr(),
-                            bias_ptr,
-                        )
-                    };
+                    run(
+                        self,
+                        RawBatch::Address {
+                            a: pa,
+                            b: pb,
+                            count: a.len(),
+                        },
+                        c.as_mut_ptr(),
+                        bias_ptr,
+                    );
                     Ok(())
                 });
             }
@@ -266,16 +329,57 @@ impl Bf16Kernel {
                 ))
             }
         };
-        // SAFETY: lengths checked above.
-        unsafe { self.execute_raw(raw, c.as_mut_ptr(), bias_ptr) };
+        run(self, raw, c.as_mut_ptr(), bias_ptr);
         Ok(())
     }
 
-    /// Runs with no checks.
+    /// As [`Bf16Kernel::execute_raw`] with a bf16 C: the f32 result of the
+    /// block (old C widened when beta = 1) is rounded to nearest even.
+    ///
+    /// # Safety
+    /// As [`Bf16Kernel::execute_raw`], C holding bf16 elements.
+    ///
+    /// # Panics
+    /// If the descriptor's `c_dtype` is not Bf16, or the batch form differs.
+    pub unsafe fn execute_raw_bf16_out(
+        &self,
+        batch: RawBatch<bf16>,
+        c: *mut bf16,
+        bias: *const f32,
+    ) {
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let twin = self
+            .f32_twin
+            .as_ref()
+            .expect("execute_raw_bf16_out needs a descriptor with c_dtype Bf16");
+        let d = &self.desc;
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            s.resize(d.m * d.n, 0.0);
+            if d.beta == Beta::One {
+                for j in 0..d.n {
+                    for r in 0..d.m {
+                        s[j * d.m + r] = (*c.add(j * d.ldc + r)).to_f32();
+                    }
+                }
+            }
+            twin.execute_raw(batch, s.as_mut_ptr(), bias);
+            for j in 0..d.n {
+                for r in 0..d.m {
+                    *c.add(j * d.ldc + r) = bf16::from_f32(s[j * d.m + r]);
+                }
+            }
+        });
+    }
+
+    /// Runs with no checks, f32 C.
     ///
     /// # Safety
     /// As [`crate::Kernel::execute_raw`], with A_i valid for
-    /// [`Bf16Kernel::a_extent`] elements.
+    /// [`Bf16Kernel::a_extent`] elements, and the descriptor's `c_dtype` F32
+    /// (a bf16 C goes through [`Bf16Kernel::execute_raw_bf16_out`]).
     ///
     /// # Panics
     /// If `batch` is not of the descriptor's form.

@@ -140,8 +140,11 @@ pub struct Descriptor {
     pub b_row_major: bool,
     /// Leading dimension of C (>= m).
     pub ldc: usize,
-    /// Element types.
+    /// Element type of A and B.
     pub dtype: DataType,
+    /// Element type of C: f32, or bf16 (with bf16 inputs) rounded to nearest
+    /// even after the epilogue.
+    pub c_dtype: DataType,
     /// How A_i and B_i are found.
     pub batch_form: BatchForm,
     /// Scale of the sum of products.
@@ -167,6 +170,7 @@ impl Descriptor {
             b_row_major: false,
             ldc: m,
             dtype: DataType::F32,
+            c_dtype: DataType::F32,
             batch_form: BatchForm::Packed,
             alpha: 1.0,
             beta: Beta::Zero,
@@ -219,6 +223,11 @@ impl Descriptor {
     /// Sets the epilogue.
     pub fn epilogue(mut self, e: Epilogue) -> Self {
         self.epilogue = e;
+        self
+    }
+    /// Sets the element type of C (bf16 needs bf16 inputs).
+    pub fn c_dtype(mut self, d: DataType) -> Self {
+        self.c_dtype = d;
         self
     }
     /// Sets the element type.
@@ -287,6 +296,13 @@ impl Descriptor {
         };
         let a_ext = extent("lda", self.lda, self.k, self.m)?;
         let b_ext = extent("ldb", self.ldb, b_outer, b_inner)?;
+        if self.c_dtype == DataType::Bf16 && self.dtype != DataType::Bf16 {
+            return Err(invalid(
+                "c_dtype",
+                "Bf16",
+                "a bf16 C needs bf16 inputs (dtype Bf16)",
+            ));
+        }
         if self.b_row_major && self.dtype != DataType::F32 {
             return Err(invalid(
                 "b_row_major",
@@ -335,6 +351,7 @@ impl PartialEq for Descriptor {
             self.b_row_major,
         ) == (o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.b_row_major)
             && self.dtype == o.dtype
+            && self.c_dtype == o.c_dtype
             && self.batch_form == o.batch_form
             && self.alpha.to_bits() == o.alpha.to_bits()
             && self.beta == o.beta
@@ -356,6 +373,7 @@ impl Hash for Descriptor {
         )
             .hash(h);
         self.dtype.hash(h);
+        self.c_dtype.hash(h);
         self.batch_form.hash(h);
         self.alpha.to_bits().hash(h);
         self.beta.hash(h);

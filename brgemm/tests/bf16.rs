@@ -321,3 +321,120 @@ fn bad_bf16_plans_name_the_value() {
         );
     }
 }
+
+/// bf16 C: exactly the f32 result of the same kernel (old C widened from
+/// bf16 when beta = 1), rounded to nearest even; every kernel, every form.
+#[test]
+fn bf16_output_is_the_f32_result_rounded_to_nearest_even() {
+    let mut checked = 0;
+    for (m, n, k, amx_shape) in [
+        (7, 5, 9, false),
+        (33, 17, 4, false),
+        (64, 32, 32, true),
+        (32, 64, 96, true),
+    ] {
+        for isa in Bf16Isa::ALL {
+            if !isa.is_supported() || (isa == Bf16Isa::Amx && !amx_shape) {
+                continue;
+            }
+            for (form, beta, relu) in [
+                (0u8, Beta::Zero, false),
+                (1, Beta::One, true),
+                (2, Beta::One, false),
+            ] {
+                let mut c = Case::new(m, n, k, 3, 2, (m * 131 + n * 7 + k) as u64);
+                let c_b16: Vec<bf16> = c.c0.iter().map(|v| bf16::from_f32(*v)).collect();
+                c.c0 = c_b16.iter().map(|v| v.to_f32()).collect();
+                let ep = Epilogue {
+                    bias: relu,
+                    activation: if relu {
+                        Activation::Relu
+                    } else {
+                        Activation::Identity
+                    },
+                };
+                let d = desc(&c, beta, 0.5, ep);
+                let f32_out = c.run(&d, isa, form);
+                // The same call with a bf16 C.
+                let (asz, bsz) = (c.a_vnni[0].len(), c.k * c.n);
+                let flat_a: Vec<bf16> = c.a_vnni.iter().flatten().copied().collect();
+                let flat_b: Vec<bf16> = c.b.iter().flatten().copied().collect();
+                let mut cb = c_b16.clone();
+                let bias = relu.then_some(&c.bias[..]);
+                let db = d.c_dtype(DataType::Bf16);
+                match form {
+                    0 => {
+                        let kern = Bf16Kernel::with_isa(
+                            &db.batch_form(BatchForm::Stride { a: asz, b: bsz }),
+                            isa,
+                        )
+                        .unwrap();
+                        kern.execute_bf16_out(
+                            Batch::Stride {
+                                a: &flat_a,
+                                b: &flat_b,
+                                count: c.count,
+                            },
+                            &mut cb,
+                            bias,
+                        )
+                        .unwrap();
+                    }
+                    1 => {
+                        let kern =
+                            Bf16Kernel::with_isa(&db.batch_form(BatchForm::Offset), isa).unwrap();
+                        let offs = Offsets::new(
+                            (0..c.count).rev().map(|i| i * asz).collect(),
+                            (0..c.count).rev().map(|i| i * bsz).collect(),
+                        )
+                        .unwrap();
+                        kern.execute_bf16_out(
+                            Batch::Offset {
+                                a: &flat_a,
+                                b: &flat_b,
+                                offsets: &offs,
+                            },
+                            &mut cb,
+                            bias,
+                        )
+                        .unwrap();
+                        // An f32 C is refused by name for this plan, and vice versa.
+                        let e = kern.execute(
+                            Batch::Offset {
+                                a: &flat_a,
+                                b: &flat_b,
+                                offsets: &offs,
+                            },
+                            &mut c.c0.clone(),
+                            bias,
+                        );
+                        assert!(e.unwrap_err().to_string().contains("c_dtype"));
+                    }
+                    _ => {
+                        let kern =
+                            Bf16Kernel::with_isa(&db.batch_form(BatchForm::Address), isa).unwrap();
+                        let a: Vec<&[bf16]> = c.a_vnni.iter().map(|v| &v[..]).collect();
+                        let b: Vec<&[bf16]> = c.b.iter().map(|v| &v[..]).collect();
+                        kern.execute_bf16_out(Batch::Address { a: &a, b: &b }, &mut cb, bias)
+                            .unwrap();
+                    }
+                }
+                for (i, (g, w)) in cb.iter().zip(&f32_out).enumerate() {
+                    assert_eq!(
+                        *g,
+                        bf16::from_f32(*w),
+                        "{isa:?} {m}x{n}x{k} form {form}: C[{i}]"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 12, "only {checked} combinations ran");
+    let e = Descriptor::new(4, 4, 4)
+        .c_dtype(DataType::Bf16)
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c_dtype"), "{e}");
+}
