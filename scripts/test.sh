@@ -68,7 +68,7 @@ say "bf16: AMX permission refused (BRGEMM_AMX_DENY) falls back"
 BRGEMM_AMX_DENY=1 cargo test -q -p brgemm --test bf16
 
 say "mixed-precision FC on every bf16 kernel this CPU has"
-bf16_isas=reference
+bf16_isas="reference fp32"
 if [ "$(uname -m)" = x86_64 ] && grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512_bf16; then
   bf16_isas+=" avx512bf16"
 fi

@@ -7,9 +7,10 @@
 //! column-major layout of the f32 kernel.
 //!
 //! Kernels, strongest first ([`Bf16Isa`]): AMX (`tdpbf16ps` on resident tiles;
-//! m, n, k multiples of 32), AVX512-BF16 (`vdpbf16ps`; any shape), then the
+//! m, n, k multiples of 32), AVX512-BF16 (`vdpbf16ps`; any shape), the f32
+//! BRGEMM on inputs widened per call (any shape, any CPU), then the
 //! reference (bf16 widened to f32 in plain loops).
-//! `BRGEMM_BF16_ISA=amx|avx512bf16|reference` forces one.
+//! `BRGEMM_BF16_ISA=amx|avx512bf16|fp32|reference` forces one.
 //!
 //! C is f32, or bf16 with `Descriptor::c_dtype(DataType::Bf16)`: the sum,
 //! alpha, beta (the old bf16 C widened), bias and activation are computed in
@@ -31,19 +32,28 @@ pub enum Bf16Isa {
     Amx,
     /// AVX512-BF16 (`vdpbf16ps`), any shape.
     Avx512Bf16,
+    /// The f32 BRGEMM (the best f32 ISA here) on inputs widened per call:
+    /// any shape, any CPU, no bf16 arithmetic needed.
+    Fp32,
     /// Plain loops on widened values: any shape, any CPU.
     Reference,
 }
 
 impl Bf16Isa {
     /// All bf16 kernels, strongest first.
-    pub const ALL: [Bf16Isa; 3] = [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Reference];
+    pub const ALL: [Bf16Isa; 4] = [
+        Bf16Isa::Amx,
+        Bf16Isa::Avx512Bf16,
+        Bf16Isa::Fp32,
+        Bf16Isa::Reference,
+    ];
 
     /// Name as `BRGEMM_BF16_ISA` takes it.
     pub fn name(self) -> &'static str {
         match self {
             Bf16Isa::Amx => "amx",
             Bf16Isa::Avx512Bf16 => "avx512bf16",
+            Bf16Isa::Fp32 => "fp32",
             Bf16Isa::Reference => "reference",
         }
     }
@@ -57,7 +67,7 @@ impl Bf16Isa {
             Bf16Isa::Avx512Bf16 => crate::kernels::avx512bf16_bf16::available(),
             #[cfg(not(target_arch = "x86_64"))]
             Bf16Isa::Amx | Bf16Isa::Avx512Bf16 => false,
-            Bf16Isa::Reference => true,
+            Bf16Isa::Fp32 | Bf16Isa::Reference => true,
         }
     }
     /// `BRGEMM_BF16_ISA` if set (error if unknown or unsupported), else None.
@@ -128,6 +138,8 @@ pub struct Bf16Kernel {
     /// For a bf16 C: the same kernel with an f32 C of leading dimension m
     /// (the scratch block the result is rounded from).
     f32_twin: Option<Box<Bf16Kernel>>,
+    /// For [`Bf16Isa::Fp32`]: the f32 kernel over the widened, packed batch.
+    fp32: Option<std::sync::Arc<crate::Kernel>>,
 }
 
 impl Bf16Kernel {
@@ -138,7 +150,7 @@ impl Bf16Kernel {
             Some(i) => i,
             None if Bf16Isa::Amx.is_supported() && Self::amx_fits(desc) => Bf16Isa::Amx,
             None if Bf16Isa::Avx512Bf16.is_supported() => Bf16Isa::Avx512Bf16,
-            None => Bf16Isa::Reference,
+            None => Bf16Isa::Fp32,
         };
         Self::with_isa(desc, isa)
     }
@@ -175,22 +187,45 @@ impl Bf16Kernel {
                 "the AMX kernel needs m, n and k multiples of 32",
             ));
         }
-        let f32_twin = (d.c_dtype == DataType::Bf16).then(|| {
-            Box::new(Bf16Kernel {
-                desc: Descriptor {
+        let f32_twin = (d.c_dtype == DataType::Bf16)
+            .then(|| {
+                let t = Descriptor {
                     ldc: d.m,
                     c_dtype: DataType::F32,
                     ..d
-                },
-                isa,
-                f32_twin: None,
+                };
+                Ok::<_, Error>(Box::new(Bf16Kernel {
+                    desc: t,
+                    isa,
+                    f32_twin: None,
+                    fp32: Self::fp32_kernel(&t, isa)?,
+                }))
             })
-        });
+            .transpose()?;
         Ok(Bf16Kernel {
             desc: d,
             isa,
             f32_twin,
+            fp32: Self::fp32_kernel(&d, isa)?,
         })
+    }
+
+    /// The f32 kernel [`Bf16Isa::Fp32`] runs on the widened batch (packed
+    /// back to back: A_i plain m x k, B_i k x n).
+    fn fp32_kernel(d: &Descriptor, isa: Bf16Isa) -> Result<Option<std::sync::Arc<crate::Kernel>>> {
+        if isa != Bf16Isa::Fp32 || d.c_dtype != DataType::F32 {
+            return Ok(None);
+        }
+        let f = Descriptor::new(d.m, d.n, d.k)
+            .ldc(d.ldc)
+            .alpha(d.alpha)
+            .beta(d.beta)
+            .epilogue(d.epilogue)
+            .batch_form(BatchForm::Stride {
+                a: d.m * d.k,
+                b: d.k * d.n,
+            });
+        crate::dispatch(&f).map(Some)
     }
 
     /// The kernel in use.
@@ -464,6 +499,44 @@ impl Bf16Kernel {
             Bf16Isa::Avx512Bf16 => {
                 use crate::kernels::avx512bf16_bf16 as k;
                 k::run(&k::Call { d, count, c, bias }, src)
+            }
+            Bf16Isa::Fp32 => {
+                thread_local! {
+                    static WIDE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+                }
+                let (m, n, k) = (d.m, d.n, d.k);
+                let kern = self.fp32.as_ref().expect("fp32 plan has its f32 kernel");
+                WIDE.with(|w| {
+                    let mut w = w.borrow_mut();
+                    let (sa, sb) = (m * k, k * n);
+                    w.resize(count * (sa + sb), 0.0);
+                    let (wa, wb) = w.split_at_mut(count * sa);
+                    for i in 0..count {
+                        let (a, b) = (src.a(i), src.b(i));
+                        let da = &mut wa[i * sa..][..sa];
+                        for p in 0..k {
+                            for r in 0..m {
+                                da[p * m + r] =
+                                    (*a.add((p / 2) * 2 * d.lda + 2 * r + p % 2)).to_f32();
+                            }
+                        }
+                        let db = &mut wb[i * sb..][..sb];
+                        for j in 0..n {
+                            for p in 0..k {
+                                db[j * k + p] = (*b.add(p + j * d.ldb)).to_f32();
+                            }
+                        }
+                    }
+                    kern.execute_raw(
+                        RawBatch::Stride {
+                            a: wa.as_ptr(),
+                            b: wb.as_ptr(),
+                            count,
+                        },
+                        c,
+                        bias,
+                    );
+                });
             }
             _ => reference(d, src, count, c, bias),
         }

@@ -196,7 +196,7 @@ proptest! {
         let c = c.with_count(count);
         let ep = Epilogue { bias: relu, activation: if relu { Activation::Relu } else { Activation::Identity } };
         let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, 0.75, ep);
-        for isa in [Bf16Isa::Avx512Bf16, Bf16Isa::Reference] {
+        for isa in [Bf16Isa::Avx512Bf16, Bf16Isa::Fp32, Bf16Isa::Reference] {
             if isa.is_supported() {
                 c.check(&d, isa, form).map_err(TestCaseError::fail)?;
             }
@@ -239,7 +239,7 @@ fn amx_is_used_where_available_and_falls_back_when_refused() {
     let next = if Bf16Isa::Avx512Bf16.is_supported() {
         Bf16Isa::Avx512Bf16
     } else {
-        Bf16Isa::Reference
+        Bf16Isa::Fp32
     };
     if cpu_has && !denied {
         assert!(
