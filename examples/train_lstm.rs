@@ -18,18 +18,9 @@ use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::{CellKind, Pool};
 use std::time::Instant;
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("{name} needs a value");
-                std::process::exit(2)
-            }),
-        None => default,
-    }
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

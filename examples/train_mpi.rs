@@ -14,7 +14,7 @@
 //! under backward. Ends with `test_accuracy=<fraction>` (rank 0).
 
 use brgemm_distributed::mpi;
-use brgemm_distributed::{install_abort_on_panic, DataParallel};
+use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
 use brgemm_dl::{data, train, train_cnn};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::Pool;
@@ -64,30 +64,78 @@ fn main() {
             dp.buckets()
         );
     }
-    let mut order: Vec<usize> = (0..tr.len()).collect();
-    let mut rng = Rng::new(cfg.seed ^ 0x5eed);
-    let mut x = model.input_layout();
+    let x = model.input_layout();
+    let plan = Plan {
+        epochs,
+        global,
+        len: tr.len(),
+        whole_batches: false,
+        seed: cfg.seed ^ 0x5eed,
+        unit: "samples",
+    };
+    run(
+        &mut dp,
+        &mut model,
+        x,
+        &plan,
+        &cfg.optimizer,
+        |idx, x| tr.fill_batch(idx, x),
+        |m| train::accuracy(m, pool, &te).expect("eval"),
+    );
+}
+
+/// What a data-parallel run walks.
+struct Plan {
+    epochs: usize,
+    /// Global minibatch.
+    global: usize,
+    /// Training items.
+    len: usize,
+    /// Leave out a short last global batch (batch norm).
+    whole_batches: bool,
+    seed: u64,
+    /// What the items are called in the throughput line.
+    unit: &'static str,
+}
+
+/// The epoch loop of both models: every rank walks the same shuffled global
+/// batches and trains on its shard; rank 0 reports per epoch, every rank its
+/// throughput and communication, rank 0 the final `test_accuracy=` line.
+fn run<R: Replica>(
+    dp: &mut DataParallel,
+    model: &mut R,
+    mut x: R::Input,
+    plan: &Plan,
+    opt: &brgemm_primitives::optim::Optimizer,
+    mut fill: impl FnMut(&[usize], &mut R::Input) -> Vec<usize>,
+    mut evaluate: impl FnMut(&mut R) -> f64,
+) {
+    let (rank, size) = (dp.rank(), dp.size());
+    let pool = Pool::global();
+    let mut order: Vec<usize> = (0..plan.len).collect();
+    let mut rng = Rng::new(plan.seed);
     let (mut samples, mut secs) = (0usize, 0.0f64);
     let mut acc = 0.0;
-    for epoch in 1..=epochs {
+    for epoch in 1..=plan.epochs {
         rng.shuffle(&mut order);
         let t = Instant::now();
         let (mut loss_sum, mut steps) = (0.0f64, 0usize);
-        for batch in order.chunks(global) {
-            // The last global batch may be short; skip it if a rank would get no rows.
-            if batch.len() < size {
+        for batch in order.chunks(plan.global) {
+            // A short last global batch: skipped when a rank would get no
+            // rows, or when only whole batches are wanted.
+            if batch.len() < size || (plan.whole_batches && batch.len() < plan.global) {
                 continue;
             }
             let mine = &batch[dp.shard(batch.len())];
-            let labels = tr.fill_batch(mine, &mut x);
+            let labels = fill(mine, &mut x);
             loss_sum += dp
-                .train_step(&mut model, pool, &x, &labels, batch.len(), &cfg.optimizer)
+                .train_step(model, pool, &x, &labels, batch.len(), opt)
                 .expect("step") as f64;
             samples += mine.len();
             steps += 1;
         }
         secs += t.elapsed().as_secs_f64();
-        acc = train::accuracy(&mut model, pool, &te).expect("eval");
+        acc = evaluate(model);
         if rank == 0 {
             println!(
                 "epoch {epoch:3}  loss {:.4}  test_acc {acc:.4}",
@@ -97,8 +145,9 @@ fn main() {
     }
     let s = dp.stats;
     println!(
-        "rank {rank}: {:.0} samples/s, all-reduce alone {:.3} ms/step, not waited for after backward {:.2} (upper bound of the hidden share; bench mpi measures it from step times)",
+        "rank {rank}: {:.0} {}/s, all-reduce alone {:.3} ms/step, not waited for after backward {:.2} (upper bound of the hidden share; bench mpi measures it from step times)",
         samples as f64 / secs,
+        plan.unit,
         1e3 * s.standalone_s,
         s.hidden_fraction()
     );
@@ -145,42 +194,22 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &[String]) {
             dp.buckets()
         );
     }
-    let mut order: Vec<usize> = (0..tr.data.len()).collect();
-    let mut rng = Rng::new(cfg.seed ^ 0xc22);
-    let mut x = model.input_tensor();
-    let (mut samples, mut secs) = (0usize, 0.0f64);
-    let mut acc = 0.0;
-    for epoch in 1..=epochs {
-        rng.shuffle(&mut order);
-        let t = Instant::now();
-        let (mut loss_sum, mut steps) = (0.0f64, 0usize);
-        for batch in order.chunks_exact(global) {
-            let mine = &batch[dp.shard(batch.len())];
-            let labels = train_cnn::fill_images(&tr, mine, &mut x);
-            loss_sum += dp
-                .train_step(&mut model, pool, &x, &labels, batch.len(), &cfg.optimizer)
-                .expect("step") as f64;
-            samples += mine.len();
-            steps += 1;
-        }
-        secs += t.elapsed().as_secs_f64();
-        acc = train_cnn::accuracy(&mut model, pool, &te).expect("eval");
-        if rank == 0 {
-            println!(
-                "epoch {epoch:3}  loss {:.4}  test_acc {acc:.4}",
-                loss_sum / steps.max(1) as f64
-            );
-        }
-    }
-    let s = dp.stats;
-    println!(
-        "rank {rank}: {:.0} images/s, all-reduce alone {:.3} ms/step, not waited for after backward {:.2} (upper bound of the hidden share)",
-        samples as f64 / secs,
-        1e3 * s.standalone_s,
-        s.hidden_fraction()
+    let x = model.input_tensor();
+    let plan = Plan {
+        epochs,
+        global,
+        len: tr.data.len(),
+        whole_batches: true,
+        seed: cfg.seed ^ 0xc22,
+        unit: "images",
+    };
+    run(
+        &mut dp,
+        &mut model,
+        x,
+        &plan,
+        &cfg.optimizer,
+        |idx, x| train_cnn::fill_images(&tr, idx, x),
+        |m| train_cnn::accuracy(m, pool, &te).expect("eval"),
     );
-    dp.world().barrier();
-    if rank == 0 {
-        println!("test_accuracy={acc:.4}");
-    }
 }

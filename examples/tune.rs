@@ -58,6 +58,45 @@ fn fail(msg: &str) -> ! {
     std::process::exit(2)
 }
 
+/// What every sweep needs: threads, the pool on them, the ISA, this run's
+/// peak on all the pool's threads (median of 5 probes), the output folder.
+struct Setup {
+    threads: usize,
+    quick: bool,
+    out_dir: std::path::PathBuf,
+    pool: Pool,
+    isa: Isa,
+    peak: f64,
+}
+
+fn setup(args: &[String]) -> Setup {
+    let threads = num(args, "--threads", Pool::global().threads());
+    let quick = args.iter().any(|a| a == "--quick");
+    let out_dir =
+        std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
+    std::fs::create_dir_all(&out_dir)
+        .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
+    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
+    let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
+    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let tot = std::sync::Mutex::new(0.0);
+            pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
+            tot.into_inner().unwrap()
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    Setup {
+        threads,
+        quick,
+        out_dir,
+        pool,
+        isa,
+        peak: v[v.len() / 2],
+    }
+}
+
 #[derive(Clone)]
 struct Row {
     pass: &'static str,
@@ -91,26 +130,14 @@ fn tune_fc(args: &[String]) {
         num(args, "--c", 1024),
         num(args, "--k", 1024),
     );
-    let threads = num(args, "--threads", Pool::global().threads());
-    let quick = args.iter().any(|a| a == "--quick");
-    let out_dir =
-        std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
-    std::fs::create_dir_all(&out_dir)
-        .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
-    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
-    let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
-    let peak = {
-        let s = std::sync::Mutex::new(vec![]);
-        for _ in 0..5 {
-            let tot = std::sync::Mutex::new(0.0);
-            pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
-            s.lock().unwrap().push(tot.into_inner().unwrap());
-        }
-        let mut v = s.into_inner().unwrap();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let Setup {
+        threads,
+        quick,
+        out_dir,
+        pool,
+        isa,
+        peak,
+    } = setup(args);
     eprintln!("fc n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
 
     let blocks: &[usize] = if quick { &[64] } else { &[32, 64] };
@@ -349,26 +376,14 @@ fn tune_conv(args: &[String]) {
     .stride(num(args, "--stride", 1))
     .pad(num(args, "--pad", r / 2));
     p.validate().unwrap_or_else(|e| fail(&e.to_string()));
-    let threads = num(args, "--threads", Pool::global().threads());
-    let quick = args.iter().any(|a| a == "--quick");
-    let out_dir =
-        std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
-    std::fs::create_dir_all(&out_dir)
-        .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
-    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
-    let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
-    let peak = {
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let tot = std::sync::Mutex::new(0.0);
-                pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
-                tot.into_inner().unwrap()
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let Setup {
+        threads,
+        quick,
+        out_dir,
+        pool,
+        isa,
+        peak,
+    } = setup(args);
     eprintln!("conv {p:?}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = ConvTuning::heuristic(&p);
     let cands = |x: usize| -> Vec<usize> {
@@ -572,26 +587,14 @@ fn tune_lstm(args: &[String]) {
         num(args, "--c", 512),
         num(args, "--k", 512),
     );
-    let threads = num(args, "--threads", Pool::global().threads());
-    let quick = args.iter().any(|a| a == "--quick");
-    let out_dir =
-        std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
-    std::fs::create_dir_all(&out_dir)
-        .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
-    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
-    let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
-    let peak = {
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let tot = std::sync::Mutex::new(0.0);
-                pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
-                tot.into_inner().unwrap()
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let Setup {
+        threads,
+        quick,
+        out_dir,
+        pool,
+        isa,
+        peak,
+    } = setup(args);
     eprintln!("lstm t={t} n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = RnnTuning::heuristic(n, c, k);
     let blocks: Vec<usize> = if quick { vec![0] } else { vec![0, 32, 64] };

@@ -72,14 +72,76 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
 /// Accuracy of `model` on `data`, in minibatches.
 pub fn accuracy(model: &mut Mlp, pool: &Pool, data: &Dataset) -> Result<f64> {
     let mut x = model.input_layout();
-    let mut right = 0usize;
-    let idx: Vec<usize> = (0..data.len()).collect();
-    for chunk in idx.chunks(model.batch()) {
+    let batch = model.batch();
+    accuracy_in_batches(model, data.len(), batch, |m, chunk| {
         let labels = data.fill_batch(chunk, &mut x);
-        let pred = model.predict(pool, &x, chunk.len())?;
+        Ok((m.predict(pool, &x, chunk.len())?, labels))
+    })
+}
+
+/// Share of right predictions over `len` items in chunks of `batch`;
+/// `predict(model, chunk)` returns the predictions and the labels.
+pub(crate) fn accuracy_in_batches<M>(
+    model: &mut M,
+    len: usize,
+    batch: usize,
+    mut predict: impl FnMut(&mut M, &[usize]) -> Result<(Vec<usize>, Vec<usize>)>,
+) -> Result<f64> {
+    let idx: Vec<usize> = (0..len).collect();
+    let mut right = 0usize;
+    for chunk in idx.chunks(batch) {
+        let (pred, labels) = predict(model, chunk)?;
         right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
     }
-    Ok(right as f64 / data.len().max(1) as f64)
+    Ok(right as f64 / len.max(1) as f64)
+}
+
+/// How the epochs of a training run walk the training set.
+pub(crate) struct EpochPlan {
+    pub epochs: usize,
+    /// Training items.
+    pub len: usize,
+    pub batch: usize,
+    /// Leave out the last partial minibatch (batch norm needs full ones).
+    pub whole_batches: bool,
+    /// Seed of the shuffles.
+    pub seed: u64,
+}
+
+/// The epoch loop the training loops share: a new shuffle per epoch,
+/// `step(model, minibatch)` (returns its loss), then `evaluate(model)`, then
+/// `report` with the epoch's mean loss, test accuracy and items/s.
+pub(crate) fn run_epochs<M>(
+    model: &mut M,
+    plan: EpochPlan,
+    mut step: impl FnMut(&mut M, &[usize]) -> Result<f32>,
+    mut evaluate: impl FnMut(&mut M) -> Result<f64>,
+    report: &mut dyn FnMut(&EpochReport),
+) -> Result<()> {
+    let mut rng = Rng::new(plan.seed);
+    let mut order: Vec<usize> = (0..plan.len).collect();
+    for epoch in 1..=plan.epochs {
+        rng.shuffle(&mut order);
+        let (mut loss_sum, mut steps, mut seen) = (0.0f64, 0usize, 0usize);
+        let t = Instant::now();
+        for chunk in order.chunks(plan.batch) {
+            if plan.whole_batches && chunk.len() < plan.batch {
+                continue;
+            }
+            loss_sum += step(model, chunk)? as f64;
+            steps += 1;
+            seen += chunk.len();
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let test_accuracy = evaluate(model)?;
+        report(&EpochReport {
+            epoch,
+            loss: (loss_sum / steps.max(1) as f64) as f32,
+            test_accuracy,
+            samples_per_s: seen as f64 / secs,
+        });
+    }
+    Ok(())
 }
 
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
@@ -92,26 +154,23 @@ pub fn train(
     mut report: impl FnMut(&EpochReport),
 ) -> Result<Mlp> {
     let mut model = build(cfg, train)?;
-    let mut rng = Rng::new(cfg.seed ^ 0x5eed);
     let mut x = model.input_layout();
-    let mut order: Vec<usize> = (0..train.len()).collect();
-    for epoch in 1..=cfg.epochs {
-        rng.shuffle(&mut order);
-        let (mut loss_sum, mut steps) = (0.0f64, 0usize);
-        let t = Instant::now();
-        for chunk in order.chunks(cfg.batch) {
+    let plan = EpochPlan {
+        epochs: cfg.epochs,
+        len: train.len(),
+        batch: cfg.batch,
+        whole_batches: false,
+        seed: cfg.seed ^ 0x5eed,
+    };
+    run_epochs(
+        &mut model,
+        plan,
+        |m, chunk| {
             let labels = train.fill_batch(chunk, &mut x);
-            loss_sum += model.train_step(pool, &x, &labels, &cfg.optimizer)? as f64;
-            steps += 1;
-        }
-        let secs = t.elapsed().as_secs_f64();
-        let test_accuracy = accuracy(&mut model, pool, test)?;
-        report(&EpochReport {
-            epoch,
-            loss: (loss_sum / steps.max(1) as f64) as f32,
-            test_accuracy,
-            samples_per_s: train.len() as f64 / secs,
-        });
-    }
+            m.train_step(pool, &x, &labels, &cfg.optimizer)
+        },
+        |m| accuracy(m, pool, test),
+        &mut report,
+    )?;
     Ok(model)
 }

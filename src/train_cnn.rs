@@ -2,10 +2,8 @@
 
 use crate::data::ImageSet;
 use crate::train::EpochReport;
-use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::{Cnn, CnnSpec, Pool, Result, StageSpec, Tensor4};
-use std::time::Instant;
 
 /// What to train, and how.
 #[derive(Debug, Clone)]
@@ -83,14 +81,11 @@ pub fn fill_images(set: &ImageSet, idx: &[usize], x: &mut Tensor4) -> Vec<usize>
 /// Accuracy of `model` on `set` (inference mode), in minibatches.
 pub fn accuracy(model: &mut Cnn, pool: &Pool, set: &ImageSet) -> Result<f64> {
     let mut x = model.input_tensor();
-    let mut right = 0usize;
-    let idx: Vec<usize> = (0..set.data.len()).collect();
-    for chunk in idx.chunks(model.batch()) {
+    let batch = model.batch();
+    crate::train::accuracy_in_batches(model, set.data.len(), batch, |m, chunk| {
         let labels = fill_images(set, chunk, &mut x);
-        let pred = model.predict(pool, &x, chunk.len())?;
-        right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
-    }
-    Ok(right as f64 / set.data.len().max(1) as f64)
+        Ok((m.predict(pool, &x, chunk.len())?, labels))
+    })
 }
 
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
@@ -104,26 +99,23 @@ pub fn train(
     mut report: impl FnMut(&EpochReport),
 ) -> Result<Cnn> {
     let mut model = build(cfg, train)?;
-    let mut rng = Rng::new(cfg.seed ^ 0xc22);
     let mut x = model.input_tensor();
-    let mut order: Vec<usize> = (0..train.data.len()).collect();
-    for epoch in 1..=cfg.epochs {
-        rng.shuffle(&mut order);
-        let (mut loss_sum, mut steps) = (0.0f64, 0usize);
-        let t = Instant::now();
-        for chunk in order.chunks_exact(cfg.batch) {
+    let plan = crate::train::EpochPlan {
+        epochs: cfg.epochs,
+        len: train.data.len(),
+        batch: cfg.batch,
+        whole_batches: true,
+        seed: cfg.seed ^ 0xc22,
+    };
+    crate::train::run_epochs(
+        &mut model,
+        plan,
+        |m, chunk| {
             let labels = fill_images(train, chunk, &mut x);
-            loss_sum += model.train_step(pool, &x, &labels, &cfg.optimizer)? as f64;
-            steps += 1;
-        }
-        let secs = t.elapsed().as_secs_f64();
-        let test_accuracy = accuracy(&mut model, pool, test)?;
-        report(&EpochReport {
-            epoch,
-            loss: (loss_sum / steps.max(1) as f64) as f32,
-            test_accuracy,
-            samples_per_s: (steps * cfg.batch) as f64 / secs,
-        });
-    }
+            m.train_step(pool, &x, &labels, &cfg.optimizer)
+        },
+        |m| accuracy(m, pool, test),
+        &mut report,
+    )?;
     Ok(model)
 }

@@ -3,10 +3,8 @@
 
 use crate::data::Dataset;
 use crate::train::EpochReport;
-use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::{Blocked, CellKind, Pool, Result, SeqClassifier, SeqSpec};
-use std::time::Instant;
 
 /// What to train, and how.
 #[derive(Debug, Clone)]
@@ -103,14 +101,11 @@ pub fn fill_sequences(
 pub fn accuracy(model: &mut SeqClassifier, pool: &Pool, data: &Dataset) -> Result<f64> {
     let mut x = model.input_layout();
     let mut plain = vec![];
-    let mut right = 0usize;
-    let idx: Vec<usize> = (0..data.len()).collect();
-    for chunk in idx.chunks(model.batch()) {
-        let labels = fill_sequences(model, data, chunk, &mut plain, &mut x)?;
-        let pred = model.predict(pool, &x, chunk.len())?;
-        right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
-    }
-    Ok(right as f64 / data.len().max(1) as f64)
+    let batch = model.batch();
+    crate::train::accuracy_in_batches(model, data.len(), batch, |m, chunk| {
+        let labels = fill_sequences(m, data, chunk, &mut plain, &mut x)?;
+        Ok((m.predict(pool, &x, chunk.len())?, labels))
+    })
 }
 
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
@@ -123,28 +118,24 @@ pub fn train(
     mut report: impl FnMut(&EpochReport),
 ) -> Result<SeqClassifier> {
     let mut model = build(cfg, train)?;
-    let mut rng = Rng::new(cfg.seed ^ 0x157);
     let mut x = model.input_layout();
     let mut plain = vec![];
-    let mut order: Vec<usize> = (0..train.len()).collect();
-    for epoch in 1..=cfg.epochs {
-        rng.shuffle(&mut order);
-        let (mut loss_sum, mut steps, mut seen) = (0.0f64, 0usize, 0usize);
-        let t = Instant::now();
-        for chunk in order.chunks(cfg.batch) {
-            let labels = fill_sequences(&model, train, chunk, &mut plain, &mut x)?;
-            loss_sum += model.train_step(pool, &x, &labels, &cfg.optimizer)? as f64;
-            steps += 1;
-            seen += chunk.len();
-        }
-        let secs = t.elapsed().as_secs_f64();
-        let test_accuracy = accuracy(&mut model, pool, test)?;
-        report(&EpochReport {
-            epoch,
-            loss: (loss_sum / steps.max(1) as f64) as f32,
-            test_accuracy,
-            samples_per_s: seen as f64 / secs,
-        });
-    }
+    let plan = crate::train::EpochPlan {
+        epochs: cfg.epochs,
+        len: train.len(),
+        batch: cfg.batch,
+        whole_batches: false,
+        seed: cfg.seed ^ 0x157,
+    };
+    crate::train::run_epochs(
+        &mut model,
+        plan,
+        |m, chunk| {
+            let labels = fill_sequences(m, train, chunk, &mut plain, &mut x)?;
+            m.train_step(pool, &x, &labels, &cfg.optimizer)
+        },
+        |m| accuracy(m, pool, test),
+        &mut report,
+    )?;
     Ok(model)
 }

@@ -4,17 +4,8 @@ use brgemm_primitives::fc::PassConfig;
 use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
 use proptest::prelude::*;
 
-fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+mod common;
+use common::data;
 
 /// (input row, input column) a tap reads, or None in the padding.
 fn src(p: &ConvParams, o: (usize, usize), t: (usize, usize)) -> Option<(usize, usize)> {

@@ -5,17 +5,8 @@ use brgemm::bf16::bf16;
 use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::{Activation, Fc, FcTuning, LayerSpec, Mlp, Optimizer, Pool};
 
-fn data(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+mod common;
+use common::data;
 
 fn round(v: &[f32]) -> Vec<f64> {
     v.iter()

@@ -7,17 +7,8 @@ use brgemm_primitives::fc::PassConfig;
 use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnTuning};
 use proptest::prelude::*;
 
-fn data(len: usize, seed: u64, scale: f64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5) * scale
-        })
-        .collect()
-}
+mod common;
+use common::data_f64 as data;
 
 #[derive(Clone, Copy, Debug)]
 struct Dims {

@@ -1,0 +1,23 @@
+//! Test data shared by the primitives' integration tests.
+#![allow(dead_code)]
+
+/// `len` deterministic values in [-scale/2, scale/2) (xorshift from `seed`).
+pub fn data_f64(len: usize, seed: u64, scale: f64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (((s >> 40) as f64 / (1u64 << 24) as f64) - 0.5) * scale
+        })
+        .collect()
+}
+
+/// As [`data_f64`] with scale 1, in f32 (the values are exact in both).
+pub fn data(len: usize, seed: u64) -> Vec<f32> {
+    data_f64(len, seed, 1.0)
+        .into_iter()
+        .map(|v| v as f32)
+        .collect()
+}
