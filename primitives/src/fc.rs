@@ -27,7 +27,7 @@
 //! valid spec gives the same result (the tests check every one).
 
 use crate::error::{check_buf, shape, Error, Result};
-use crate::layout::{Blocked, Inner, SyncPtr};
+use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch};
@@ -168,9 +168,6 @@ impl Chunked {
         }
     }
 }
-
-/// (rows, cols, block rows, block cols, inner order) of a blocked buffer.
-type Shape = (usize, usize, usize, usize, Inner);
 
 struct Pass {
     nest: LoopNest,
@@ -451,18 +448,7 @@ impl Fc {
     /// Compares a buffer's shape with what the layer needs, allocating
     /// nothing (these checks run on every call).
     fn check(&self, what: &str, b: &Blocked, want: Shape) -> Result<()> {
-        let (rows, cols, br, bc, inner) = want;
-        if (b.rows, b.cols, b.br, b.bc, b.inner) != want {
-            return Err(shape(
-                what,
-                format!(
-                    "{}x{} in {}x{} {:?} blocks",
-                    b.rows, b.cols, b.br, b.bc, b.inner
-                ),
-                format!("layer needs {rows}x{cols} in {br}x{bc} {inner:?} blocks"),
-            ));
-        }
-        Ok(())
+        check_shape(what, b, want)
     }
 
     /// Y = act(X W^T + b). With `z`, also keeps Z = X W^T + b when the

@@ -302,6 +302,34 @@ fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
     }
 }
 
+/// (rows, cols, block rows, block cols, inner order) of a blocked buffer:
+/// what a primitive compares a buffer against on every call, allocating
+/// nothing.
+pub(crate) type Shape = (usize, usize, usize, usize, Inner);
+
+impl Blocked {
+    /// This buffer's [`Shape`].
+    pub(crate) fn shape(&self) -> Shape {
+        (self.rows, self.cols, self.br, self.bc, self.inner)
+    }
+}
+
+/// An error naming `what` unless `b` has the shape `want`.
+pub(crate) fn check_shape(what: &str, b: &Blocked, want: Shape) -> crate::Result<()> {
+    let (rows, cols, br, bc, inner) = want;
+    if b.shape() != want {
+        return Err(shape(
+            what,
+            format!(
+                "{}x{} in {}x{} {:?} blocks",
+                b.rows, b.cols, b.br, b.bc, b.inner
+            ),
+            format!("layer needs {rows}x{cols} in {br}x{bc} {inner:?} blocks"),
+        ));
+    }
+    Ok(())
+}
+
 /// A raw pointer that may cross threads: each thread of a loop nest writes
 /// only the blocks its indices own.
 #[derive(Clone, Copy)]

@@ -37,7 +37,7 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::fc::{Fc, FcTuning, PassConfig};
-use crate::layout::{Blocked, Inner, SyncPtr};
+use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Kernel, RawBatch};
@@ -130,6 +130,8 @@ pub struct RnnGrads {
     dh: Blocked,
     /// Scratch: R transposed (`K x g*Kp` blocked as FC `wt`).
     rt: Blocked,
+    /// Scratch: W transposed, for dX.
+    wt: Blocked,
 }
 
 /// A planned LSTM or RNN layer for sequences of `t` steps, minibatch `n`,
@@ -426,26 +428,22 @@ impl Rnn {
             dg: self.input.y_layout(),
             dh: self.h_layout(),
             rt: self.recur.wt_layout(),
+            wt: self.input.wt_layout(),
         }
     }
 
-    fn check(&self, what: &str, b: &Blocked, want: &Blocked) -> Result<()> {
-        if (b.rows, b.cols, b.br, b.bc, b.inner)
-            != (want.rows, want.cols, want.br, want.bc, want.inner)
-        {
-            return Err(shape(
-                what,
-                format!(
-                    "{}x{} in {}x{} {:?} blocks",
-                    b.rows, b.cols, b.br, b.bc, b.inner
-                ),
-                format!(
-                    "layer needs {}x{} in {}x{} {:?} blocks",
-                    want.rows, want.cols, want.br, want.bc, want.inner
-                ),
-            ));
-        }
-        Ok(())
+    fn check(&self, what: &str, b: &Blocked, want: Shape) -> Result<()> {
+        check_shape(what, b, want)
+    }
+    /// Shape of a sequence buffer of `cols` columns in blocks of `bc`.
+    fn seq_shape(&self, rows_steps: usize, cols: usize, bc: usize) -> Shape {
+        (
+            rows_steps * self.padded_n(),
+            cols,
+            self.tuning.bn,
+            bc,
+            Inner::RowMajor,
+        )
     }
 
     /// Runs the whole sequence: `st.h` receives h_1..h_T. `h0`/`c0` are the
@@ -462,13 +460,31 @@ impl Rnn {
         c0: Option<&Blocked>,
         st: &mut RnnState,
     ) -> Result<()> {
-        self.check("X", x, &self.x_layout())?;
-        self.check("R", r, &self.r_layout())?;
-        self.check("state h", &st.h, &self.h_layout())?;
-        self.check("state h_prev", &st.h_prev, &self.h_layout())?;
+        self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
+        self.check(
+            "R",
+            r,
+            (
+                self.bias_len(),
+                self.k,
+                self.tuning.bk,
+                self.tuning.bk,
+                Inner::ColMajor,
+            ),
+        )?;
+        self.check(
+            "state h",
+            &st.h,
+            self.seq_shape(self.t, self.k, self.tuning.bk),
+        )?;
+        self.check(
+            "state h_prev",
+            &st.h_prev,
+            self.seq_shape(self.t, self.k, self.tuning.bk),
+        )?;
         for (what, s) in [("h0", h0), ("c0", c0)] {
             if let Some(s) = s {
-                self.check(what, s, &self.state_layout())?;
+                self.check(what, s, self.seq_shape(1, self.k, self.tuning.bk))?;
             }
         }
         // Input projection of all steps at once (checks W, bias, gates).
@@ -483,15 +499,11 @@ impl Rnn {
             None => st.h_prev.data[..step_len].fill(0.0),
         }
         if self.kind == CellKind::Lstm {
-            let want = Blocked {
-                data: vec![],
-                ..self.state_layout()
-            };
-            let want = Blocked {
-                rows: (self.t + 1) * self.padded_n(),
-                ..want
-            };
-            self.check("state c", &st.c, &want)?;
+            self.check(
+                "state c",
+                &st.c,
+                self.seq_shape(self.t + 1, self.k, self.tuning.bk),
+            )?;
             match c0 {
                 Some(c) => st.c.data[..step_len].copy_from_slice(&c.data),
                 None => st.c.data[..step_len].fill(0.0),
@@ -611,13 +623,31 @@ impl Rnn {
         st: &RnnState,
         gr: &mut RnnGrads,
     ) -> Result<()> {
-        self.check("dH", dh, &self.h_layout())?;
-        self.check("X", x, &self.x_layout())?;
-        self.check("R", r, &self.r_layout())?;
-        self.check("gradient dh scratch", &gr.dh, &self.h_layout())?;
-        self.check("dh0", &gr.dh0, &self.state_layout())?;
-        self.check("dc0", &gr.dc0, &self.state_layout())?;
-        self.check("gates", &st.gates, &self.input.y_layout())?;
+        self.check("dH", dh, self.seq_shape(self.t, self.k, self.tuning.bk))?;
+        self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
+        self.check(
+            "R",
+            r,
+            (
+                self.bias_len(),
+                self.k,
+                self.tuning.bk,
+                self.tuning.bk,
+                Inner::ColMajor,
+            ),
+        )?;
+        self.check(
+            "gradient dh scratch",
+            &gr.dh,
+            self.seq_shape(self.t, self.k, self.tuning.bk),
+        )?;
+        self.check("dh0", &gr.dh0, self.seq_shape(1, self.k, self.tuning.bk))?;
+        self.check("dc0", &gr.dc0, self.seq_shape(1, self.k, self.tuning.bk))?;
+        self.check(
+            "gates",
+            &st.gates,
+            self.seq_shape(self.t, self.bias_len(), self.tuning.bk),
+        )?;
         self.recur.transpose_weights(pool, r, &mut gr.rt)?;
         gr.dh.data.copy_from_slice(&dh.data);
         let tn = &self.tuning;
@@ -718,9 +748,8 @@ impl Rnn {
             gr.dc0.data.fill(0.0);
         }
         // Reductions over all steps at once.
-        let mut wt = self.input.wt_layout();
-        self.input.transpose_weights(pool, w, &mut wt)?;
-        self.input.backward_data(pool, &gr.dg, &wt, &mut gr.dx)?;
+        self.input.transpose_weights(pool, w, &mut gr.wt)?;
+        self.input.backward_data(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
         self.input
             .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
         let mut db_r = vec![0.0; self.bias_len()];
