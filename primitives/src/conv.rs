@@ -221,29 +221,50 @@ fn pixel_block(row: usize) -> usize {
 impl ConvTuning {
     /// The default. Channel blocks of 64 where they divide (else 48, 32, 16;
     /// fewer than 64 channels are one block; else 64 with zero padding): a
-    /// 64-row output block is four AVX-512 vectors for the register tile.
+    /// 64-row output block is four AVX-512 vectors for the register tile;
+    /// 32 where a filter block-row would pass 1 MiB.
     /// Pixel runs of up to 64 (see the module docs), no folding. Specs `ABcde` for
-    /// forward and gather backward-data (images and output blocks parallel),
+    /// forward and gather backward-data (images and output blocks parallel;
+    /// `BAcde`, output blocks outer, when the filter exceeds 2 MiB),
     /// `ABcdef` for scatter, `aBCDE` for the update with chunks of rows that
     /// keep a chunk's dY and X rows within about 256 KiB of L2.
     pub fn heuristic(p: &ConvParams) -> ConvTuning {
         let cands = [64, 48, 32, 16];
-        let (bc, bk) = (pick_block(p.c, &cands), pick_block(p.k, &cands));
+        let (mut bc, mut bk) = (pick_block(p.c, &cands), pick_block(p.k, &cands));
+        // A forward call streams the block-row of the filter for one output
+        // block (C*R*S*bk floats); above 1 MiB it no longer shares L2 with
+        // the input rows, so halve the block (backward-data likewise).
+        let taps = p.r * p.s * 4;
+        if p.c * taps * bk > 1 << 20 && bk == 64 && p.k.is_multiple_of(32) {
+            bk = 32;
+        }
+        if p.k * taps * bc > 1 << 20 && bc == 64 && p.c.is_multiple_of(32) {
+            bc = 32;
+        }
+        // A filter larger than L2 re-streamed for every image (N outer)
+        // costs more than the input planes re-read for every output block
+        // (output blocks outer). Measured on 8x512x7x7 3x3 with the halved
+        // blocks, alternating in one process: fwd 44 -> 63 GFLOP/s (1
+        // thread), 66 -> 106 (2); bwd 39 -> 60, 59 -> 102; 8x256x14x14
+        // +3-8%.
+        let big = p.k * p.c * taps > 2 << 20;
+        let gather = if big { "BAcde" } else { "ABcde" };
         let row = if p.pointwise() { p.p() * p.q() } else { p.q() };
         let upd_row_bytes = (bk + bc * p.stride) * p.q() * 4;
         ConvTuning {
             bc,
             bk,
             bq: pixel_block(row),
-            fwd: PassConfig::spec("ABcde"),
-            bwd: PassConfig::spec(if p.bwd_gathers() { "ABcde" } else { "ABcdef" }),
+            fwd: PassConfig::spec(gather),
+            bwd: PassConfig::spec(if p.bwd_gathers() { gather } else { "ABcdef" }),
             upd: PassConfig {
                 chunk: (256 * 1024 / upd_row_bytes.max(1)).max(1),
                 ..PassConfig::spec("aBCDE")
             },
-            // Measured (8x512x7x7 and 8x256x14x14 3x3, same process):
-            // folding loses 10-17%, the extra pixels cost more than the
-            // longer runs gain, so it is off by default (`tune` tries it).
+            // Measured (8x512x7x7, 8x256x14x14, 8x128x28x28 3x3, filled
+            // data, alternating in one process, 1 and 2 threads): folding
+            // loses 5-25%, the extra pixels cost more than the longer runs
+            // gain, so it is off by default (`tune` tries it).
             fold: false,
         }
     }
