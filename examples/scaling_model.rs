@@ -144,7 +144,13 @@ fn measure_cnn(pool: &Pool, batch: usize) -> (Vec<LayerCost>, f64) {
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 7) as f32 / 8.0);
-        let (w, mut wt, mut dw) = (conv.filter(), conv.filter_t(), conv.filter());
+        let (mut w, mut wt, mut dw) = (conv.filter(), conv.filter_t(), conv.filter());
+        // Written, not just allocated: never-written pages all map to the
+        // zero page and would read as if L1-resident.
+        w.data
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 5) as f32 / 64.0);
         let b = vec![0.0; conv.padded_k()];
         let mut db = b.clone();
         let (mut y, mut dz, mut dx) = (conv.y_tensor(), conv.y_tensor(), conv.x_tensor());
