@@ -36,6 +36,21 @@ pub struct FcBf16 {
     act: Activation,
 }
 
+/// f32 -> bf16, round to nearest even, branch-free so loops vectorise
+/// (`half`'s conversion branches on NaN). NaN stays a quiet NaN; infinities
+/// and overflow to infinity come out as IEEE rounding gives them.
+#[inline(always)]
+pub fn round_bf16(x: f32) -> bf16 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    bf16::from_bits(if nan {
+        ((b >> 16) | 0x40) as u16
+    } else {
+        rounded as u16
+    })
+}
+
 /// Rounds `src` to bf16 (nearest even) into `dst`, split over the pool.
 pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut Vec<bf16>) {
     dst.resize(src.len(), bf16::ZERO);
@@ -47,7 +62,7 @@ pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut Vec<bf16>) {
         // SAFETY: disjoint ranges per thread of a buffer of `len` elements.
         let out = unsafe { std::slice::from_raw_parts_mut((p as *mut bf16).add(lo), hi - lo) };
         for (o, v) in out.iter_mut().zip(&src[lo..hi]) {
-            *o = bf16::from_f32(*v);
+            *o = round_bf16(*v);
         }
     });
 }
@@ -161,7 +176,7 @@ impl FcBf16 {
                 };
                 for i in 0..bc {
                     for j in 0..bk {
-                        let v = bf16::from_f32(src[i * bk + j]);
+                        let v = round_bf16(src[i * bk + j]);
                         // forward A: m = bk (j), k = bc (i)
                         dv[(i / 2) * 2 * bk + 2 * j + i % 2] = v;
                         // backward A: m = bc (i), k = bk (j)

@@ -143,3 +143,39 @@ fn mixed_precision_mlp_trains_like_f32() {
         "losses f32/bf16 {losses:?}"
     );
 }
+
+#[test]
+fn branch_free_rounding_matches_half() {
+    use brgemm_primitives::fc_bf16::round_bf16;
+    let mut x = 0x0000_0001u32;
+    let specials = [
+        0.0f32,
+        -0.0,
+        1.0,
+        -1.5,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        3.3895314e38,
+    ];
+    for v in specials {
+        assert_eq!(round_bf16(v).to_bits(), bf16::from_f32(v).to_bits(), "{v}");
+    }
+    assert!(round_bf16(f32::NAN).is_nan());
+    for _ in 0..2_000_000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let v = f32::from_bits(x);
+        if v.is_nan() {
+            assert!(round_bf16(v).is_nan());
+        } else {
+            assert_eq!(
+                round_bf16(v).to_bits(),
+                bf16::from_f32(v).to_bits(),
+                "{v:e} ({x:#x})"
+            );
+        }
+    }
+}
