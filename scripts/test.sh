@@ -58,6 +58,9 @@ say "workspace tests, MPI included (required ISAs: $req)"
 cargo test --workspace --all-targets --features mpi
 cargo test --workspace --doc --features mpi
 
+say "API docs build without warnings (broken intra-doc links fail)"
+RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps --features mpi
+
 say "train_mpi under mpirun, 2 ranks"
 cargo build -q --features mpi --example train_mpi
 out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 target/debug/examples/train_mpi --epochs 3)

@@ -9,9 +9,9 @@
 //!
 //! | pass | a | b | c (reduction, BRGEMM batch) | BRGEMM (m x n x k) | A_i | B_i | C |
 //! |---|---|---|---|---|---|---|---|
-//! | fwd | N blocks | K blocks | C blocks | bk x bn x bc | W[kb][cb] | X[nb][cb] | Y[nb][kb] |
-//! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | Wt[cb][kb] | dZ[nb][kb] | dX[nb][cb] |
-//! | upd | K blocks | C blocks | N blocks | bk x bc x bn | dZ[nb][kb] | X[nb][cb] (row-major B) | dW[kb][cb] |
+//! | fwd | N blocks | K blocks | C blocks | bk x bn x bc | `W[kb][cb]` | `X[nb][cb]` | `Y[nb][kb]` |
+//! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | `Wt[cb][kb]` | `dZ[nb][kb]` | `dX[nb][cb]` |
+//! | upd | K blocks | C blocks | N blocks | bk x bc x bn | `dZ[nb][kb]` | `X[nb][cb]` (row-major B) | `dW[kb][cb]` |
 //!
 //! Data reuse: in fwd/bwd one BRGEMM call streams a block-row of the weights
 //! and a block-row of the activations. The default `BAc` walks the N blocks
