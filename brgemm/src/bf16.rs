@@ -282,90 +282,23 @@ impl Bf16Kernel {
         })
     }
 
-    /// The length checks of a call, then `run` on the raw pointers.
+    /// The length checks of a call (those of the f32 kernel, with the VNNI
+    /// extent of A), then `run` on the raw pointers.
     fn checked<C>(
         &self,
         batch: Batch<'_, bf16>,
         c: &mut [C],
         bias: Option<&[f32]>,
-        run: impl Fn(&Self, RawBatch<bf16>, *mut C, *const f32),
+        run: impl FnOnce(&Self, RawBatch<bf16>, *mut C, *const f32),
     ) -> Result<()> {
-        // The same checks as the f32 call, with the VNNI extent of A.
-        use crate::plan::{check_len, check_len_at, offset_need, strided_need, with_ptrs};
-        let d = &self.desc;
-        check_len("C", c.len(), d.c_extent())?;
-        let bias_ptr = match (d.epilogue.bias, bias) {
-            (true, Some(b)) => {
-                check_len("bias", b.len(), d.m)?;
-                b.as_ptr()
-            }
-            (false, None) => std::ptr::null(),
-            _ => {
-                return Err(Error::BatchMismatch(
-                    "bias must be given exactly when the epilogue has one".into(),
-                ))
-            }
-        };
-        let (ae, be) = (self.a_extent(), d.b_extent());
-        let raw = match (batch, d.batch_form) {
-            (Batch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
-                if count > 0 {
-                    check_len("A", a.len(), strided_need(sa, count, ae)?)?;
-                    check_len("B", b.len(), strided_need(sb, count, be)?)?;
-                }
-                RawBatch::Stride {
-                    a: a.as_ptr(),
-                    b: b.as_ptr(),
-                    count,
-                }
-            }
-            (Batch::Offset { a, b, offsets }, BatchForm::Offset) => {
-                if !offsets.is_empty() {
-                    check_len("A", a.len(), offset_need(offsets.max_a(), ae)?)?;
-                    check_len("B", b.len(), offset_need(offsets.max_b(), be)?)?;
-                }
-                RawBatch::Offset {
-                    a: a.as_ptr(),
-                    b: b.as_ptr(),
-                    a_offs: offsets.a().as_ptr(),
-                    b_offs: offsets.b().as_ptr(),
-                    count: offsets.len(),
-                }
-            }
-            (Batch::Address { a, b }, BatchForm::Address) => {
-                if a.len() != b.len() {
-                    return Err(Error::BatchMismatch(format!(
-                        "{} A slices but {} B slices",
-                        a.len(),
-                        b.len()
-                    )));
-                }
-                for (i, (x, y)) in a.iter().zip(b).enumerate() {
-                    check_len_at("A", i, x.len(), ae)?;
-                    check_len_at("B", i, y.len(), be)?;
-                }
-                return with_ptrs(a, b, |pa, pb| {
-                    run(
-                        self,
-                        RawBatch::Address {
-                            a: pa,
-                            b: pb,
-                            count: a.len(),
-                        },
-                        c.as_mut_ptr(),
-                        bias_ptr,
-                    );
-                    Ok(())
-                });
-            }
-            _ => {
-                return Err(Error::BatchMismatch(
-                    "batch does not match the descriptor's form".into(),
-                ))
-            }
-        };
-        run(self, raw, c.as_mut_ptr(), bias_ptr);
-        Ok(())
+        crate::plan::checked_call(
+            &self.desc,
+            self.a_extent(),
+            batch,
+            c,
+            bias,
+            |raw, c, bias| run(self, raw, c, bias),
+        )
     }
 
     /// As [`Bf16Kernel::execute_raw`] with a bf16 C: the f32 result of the

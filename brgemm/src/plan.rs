@@ -180,106 +180,17 @@ impl Kernel {
         2.0 * (self.desc.m * self.desc.n * self.desc.k) as f64 * count as f64
     }
 
-    fn form_name(&self) -> &'static str {
-        match self.exec {
-            Exec::Stride(_) => "stride",
-            Exec::Offset(_) => "offset",
-            Exec::Address(_) => "address",
-        }
-    }
-
     /// Runs the kernel on checked slices.
     ///
     /// `bias` must be `Some` (length >= m) exactly when the descriptor's
     /// epilogue has a bias. With `Beta::Zero`, `c` is only written.
     pub fn execute(&self, batch: Batch<'_>, c: &mut [f32], bias: Option<&[f32]>) -> Result<()> {
         let d = &self.desc;
-        check_len("C", c.len(), d.c_extent())?;
-        let bias_ptr = match (d.epilogue.bias, bias) {
-            (true, Some(b)) => {
-                check_len("bias", b.len(), d.m)?;
-                b.as_ptr()
-            }
-            (false, None) => std::ptr::null(),
-            (want, _) => {
-                return Err(Error::BatchMismatch(format!(
-                    "bias {} but the descriptor's epilogue {} one",
-                    if want { "missing" } else { "given" },
-                    if want { "has" } else { "has no" }
-                )))
-            }
-        };
-        let (a_ext, b_ext) = (d.a_extent(), d.b_extent());
-        let raw = match (batch, d.batch_form) {
-            (Batch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
-                if count > 0 {
-                    check_len("A", a.len(), strided_need(sa, count, a_ext)?)?;
-                    check_len("B", b.len(), strided_need(sb, count, b_ext)?)?;
-                }
-                RawBatch::Stride {
-                    a: a.as_ptr(),
-                    b: b.as_ptr(),
-                    count,
-                }
-            }
-            (Batch::Offset { a, b, offsets }, BatchForm::Offset) => {
-                if !offsets.is_empty() {
-                    check_len("A", a.len(), offset_need(offsets.max_a(), a_ext)?)?;
-                    check_len("B", b.len(), offset_need(offsets.max_b(), b_ext)?)?;
-                }
-                RawBatch::Offset {
-                    a: a.as_ptr(),
-                    b: b.as_ptr(),
-                    a_offs: offsets.a().as_ptr(),
-                    b_offs: offsets.b().as_ptr(),
-                    count: offsets.len(),
-                }
-            }
-            (Batch::Address { a, b }, BatchForm::Address) => {
-                if a.len() != b.len() {
-                    return Err(Error::BatchMismatch(format!(
-                        "address batch has {} A slices but {} B slices",
-                        a.len(),
-                        b.len()
-                    )));
-                }
-                for (i, (ai, bi)) in a.iter().zip(b).enumerate() {
-                    check_len_at("A", i, ai.len(), a_ext)?;
-                    check_len_at("B", i, bi.len(), b_ext)?;
-                }
-                // The kernel reads pointers: gather them once, on the stack
-                // for the batch sizes primitives use.
-                return with_ptrs(a, b, |pa, pb| {
-                    // SAFETY: every slice was checked to cover its matrix.
-                    unsafe {
-                        self.execute_raw(
-                            RawBatch::Address {
-                                a: pa,
-                                b: pb,
-                                count: a.len(),
-                            },
-                            c.as_mut_ptr(),
-                            bias_ptr,
-                        )
-                    }
-                    Ok(())
-                });
-            }
-            (given, _) => {
-                let g = match given {
-                    Batch::Stride { .. } => "stride",
-                    Batch::Offset { .. } => "offset",
-                    Batch::Address { .. } => "address",
-                };
-                return Err(Error::BatchMismatch(format!(
-                    "{g} batch given to a kernel planned for the {} form",
-                    self.form_name()
-                )));
-            }
-        };
-        // SAFETY: lengths checked above against the validated descriptor.
-        unsafe { self.execute_raw(raw, c.as_mut_ptr(), bias_ptr) };
-        Ok(())
+        // SAFETY (of the callback): `checked_call` passes only pointers it
+        // checked against the validated descriptor.
+        checked_call(d, d.a_extent(), batch, c, bias, |raw, c, bias| unsafe {
+            self.execute_raw(raw, c, bias)
+        })
     }
 
     /// Runs the kernel on raw pointers with no checks: the entry point for
@@ -353,7 +264,7 @@ impl Kernel {
             }
             _ => panic!(
                 "RawBatch form does not match the kernel's {} form",
-                self.form_name()
+                form_name(d.batch_form)
             ),
         }
     }
@@ -369,6 +280,111 @@ unsafe fn run<B: BatchSrc<f32>>(r: &Runner<B>, t: &TileCall, src: &B, d: &Descri
 
 /// Gathers the address-form pointers (on the stack for batches up to 64)
 /// and hands them to `f`.
+/// The checks of a safe call, shared by the f32 and bf16 kernels: C, bias
+/// and every A_i/B_i long enough for `d` (A_i of `a_ext` elements, which the
+/// bf16 VNNI layout makes differ from `d.a_extent()`), the batch of the
+/// planned form; then `run` on the raw pointers, once.
+pub(crate) fn checked_call<T, C>(
+    d: &Descriptor,
+    a_ext: usize,
+    batch: Batch<'_, T>,
+    c: &mut [C],
+    bias: Option<&[f32]>,
+    run: impl FnOnce(RawBatch<T>, *mut C, *const f32),
+) -> Result<()> {
+    check_len("C", c.len(), d.c_extent())?;
+    let bias_ptr = match (d.epilogue.bias, bias) {
+        (true, Some(b)) => {
+            check_len("bias", b.len(), d.m)?;
+            b.as_ptr()
+        }
+        (false, None) => std::ptr::null(),
+        (want, _) => {
+            return Err(Error::BatchMismatch(format!(
+                "bias {} but the descriptor's epilogue {} one",
+                if want { "missing" } else { "given" },
+                if want { "has" } else { "has no" }
+            )))
+        }
+    };
+    let b_ext = d.b_extent();
+    let raw = match (batch, d.batch_form) {
+        (Batch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
+            if count > 0 {
+                check_len("A", a.len(), strided_need(sa, count, a_ext)?)?;
+                check_len("B", b.len(), strided_need(sb, count, b_ext)?)?;
+            }
+            RawBatch::Stride {
+                a: a.as_ptr(),
+                b: b.as_ptr(),
+                count,
+            }
+        }
+        (Batch::Offset { a, b, offsets }, BatchForm::Offset) => {
+            if !offsets.is_empty() {
+                check_len("A", a.len(), offset_need(offsets.max_a(), a_ext)?)?;
+                check_len("B", b.len(), offset_need(offsets.max_b(), b_ext)?)?;
+            }
+            RawBatch::Offset {
+                a: a.as_ptr(),
+                b: b.as_ptr(),
+                a_offs: offsets.a().as_ptr(),
+                b_offs: offsets.b().as_ptr(),
+                count: offsets.len(),
+            }
+        }
+        (Batch::Address { a, b }, BatchForm::Address) => {
+            if a.len() != b.len() {
+                return Err(Error::BatchMismatch(format!(
+                    "address batch has {} A slices but {} B slices",
+                    a.len(),
+                    b.len()
+                )));
+            }
+            for (i, (ai, bi)) in a.iter().zip(b).enumerate() {
+                check_len_at("A", i, ai.len(), a_ext)?;
+                check_len_at("B", i, bi.len(), b_ext)?;
+            }
+            // The kernel reads pointers: gather them once, on the stack for
+            // the batch sizes primitives use.
+            let count = a.len();
+            return with_ptrs(a, b, |pa, pb| {
+                run(
+                    RawBatch::Address {
+                        a: pa,
+                        b: pb,
+                        count,
+                    },
+                    c.as_mut_ptr(),
+                    bias_ptr,
+                );
+                Ok(())
+            });
+        }
+        (given, planned) => {
+            let g = match given {
+                Batch::Stride { .. } => "stride",
+                Batch::Offset { .. } => "offset",
+                Batch::Address { .. } => "address",
+            };
+            return Err(Error::BatchMismatch(format!(
+                "{g} batch given to a kernel planned for the {} form",
+                form_name(planned)
+            )));
+        }
+    };
+    run(raw, c.as_mut_ptr(), bias_ptr);
+    Ok(())
+}
+
+fn form_name(f: BatchForm) -> &'static str {
+    match f {
+        BatchForm::Stride { .. } | BatchForm::Packed => "stride",
+        BatchForm::Offset => "offset",
+        BatchForm::Address => "address",
+    }
+}
+
 pub(crate) fn with_ptrs<T, R>(
     a: &[&[T]],
     b: &[&[T]],
