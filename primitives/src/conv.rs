@@ -38,7 +38,7 @@
 //! Default specs and blocking come from [`ConvTuning::heuristic`]; any valid
 //! spec gives the same result (the tests run every one).
 
-use crate::error::{check_buf, shape, Error, Result};
+use crate::error::{check_buf, shape, Result};
 use crate::fc::{act_grad, pick_block, Chunked, PassConfig};
 use crate::layout::SyncPtr;
 use crate::loops::{LoopDef, LoopNest};
@@ -271,16 +271,7 @@ impl ConvTuning {
 }
 
 fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> {
-    let mut loops = loops;
-    loops[0] = loops[0].clone().blocks(cfg.blocks_a.clone());
-    loops[1] = loops[1].clone().blocks(cfg.blocks_b.clone());
-    LoopNest::new(loops, &cfg.spec).map_err(|e| match e {
-        Error::Spec { spec, reason } => Error::Spec {
-            spec,
-            reason: format!("conv {which}: {reason}"),
-        },
-        other => other,
-    })
+    cfg.nest(&format!("conv {which}"), loops)
 }
 
 /// Zero-padded copies of `[N][blocks][h][w][b]` planes.
@@ -714,13 +705,7 @@ impl Conv {
         // blocks here, which are loops b and c.
         uloops[1] = uloops[1].clone().blocks(t.upd.blocks_a.clone());
         uloops[2] = uloops[2].clone().blocks(t.upd.blocks_b.clone());
-        let unest = LoopNest::new(uloops, &t.upd.spec).map_err(|e| match e {
-            Error::Spec { spec, reason } => Error::Spec {
-                spec,
-                reason: format!("conv upd: {reason}"),
-            },
-            other => other,
-        })?;
+        let unest = LoopNest::named("conv upd", uloops, &t.upd.spec)?;
         let upd = Upd {
             nest: unest,
             // B_i = a row of X read in place, pixels (k) strided by

@@ -47,6 +47,14 @@ pub struct PassConfig {
 }
 
 impl PassConfig {
+    /// The nest of pass `pass` over `loops`, with this config's blocking
+    /// levels on the first two loops and its spec.
+    pub(crate) fn nest(&self, pass: &str, mut loops: Vec<LoopDef>) -> Result<LoopNest> {
+        loops[0].blocks = self.blocks_a.clone();
+        loops[1].blocks = self.blocks_b.clone();
+        LoopNest::named(pass, loops, &self.spec)
+    }
+
     /// `spec` with no blocking levels and the whole reduction per call.
     pub fn spec(spec: &str) -> Self {
         PassConfig {
@@ -220,18 +228,14 @@ fn pass(
     } else {
         cfg.chunk.min(red.1)
     };
-    let loops = vec![
-        LoopDef::new(a.0, a.1, 1).blocks(cfg.blocks_a.clone()),
-        LoopDef::new(b.0, b.1, 1).blocks(cfg.blocks_b.clone()),
-        LoopDef::new(red.0, red.1, chunk).reduction(),
-    ];
-    let nest = LoopNest::new(loops, &cfg.spec).map_err(|e| match e {
-        Error::Spec { spec, reason } => Error::Spec {
-            spec,
-            reason: format!("{which}: {reason}"),
-        },
-        other => other,
-    })?;
+    let nest = cfg.nest(
+        which,
+        vec![
+            LoopDef::new(a.0, a.1, 1),
+            LoopDef::new(b.0, b.1, 1),
+            LoopDef::new(red.0, red.1, chunk).reduction(),
+        ],
+    )?;
     Ok(Pass {
         nest,
         kernels: Chunked::new(desc, ep)?,

@@ -224,6 +224,19 @@ impl LoopNest {
         })
     }
 
+    /// As [`LoopNest::new`], with a spec error's reason prefixed by `pass`
+    /// (e.g. `"conv fwd"`), so a bad spec in a tuning says which pass it
+    /// belongs to.
+    pub fn named(pass: &str, loops: Vec<LoopDef>, spec: &str) -> Result<LoopNest> {
+        LoopNest::new(loops, spec).map_err(|e| match e {
+            Error::Spec { spec, reason } => Error::Spec {
+                spec,
+                reason: format!("{pass}: {reason}"),
+            },
+            other => other,
+        })
+    }
+
     /// The spec string.
     pub fn spec(&self) -> &str {
         &self.spec

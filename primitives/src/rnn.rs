@@ -219,20 +219,13 @@ impl Rnn {
         let recur = Fc::with_tuning(t * np, k, gk, Activation::Identity, fc_t(tn.bk))?;
         let (nb, kb) = (np / tn.bn, kp / tn.bk);
         let step_nest = |which: &str, cfg: &PassConfig| {
-            LoopNest::new(
+            cfg.nest(
+                &format!("rnn {which}"),
                 vec![
-                    LoopDef::new("N blocks", nb, 1).blocks(cfg.blocks_a.clone()),
-                    LoopDef::new("K blocks", kb, 1).blocks(cfg.blocks_b.clone()),
+                    LoopDef::new("N blocks", nb, 1),
+                    LoopDef::new("K blocks", kb, 1),
                 ],
-                &cfg.spec,
             )
-            .map_err(|e| match e {
-                crate::Error::Spec { spec, reason } => crate::Error::Spec {
-                    spec,
-                    reason: format!("rnn {which}: {reason}"),
-                },
-                other => other,
-            })
         };
         let (bn, bk) = (tn.bn, tn.bk);
         // Software prefetch of the next recurrent block pays once R streams
