@@ -285,22 +285,18 @@ fn pad_into(
 ) {
     let (hp, wp) = (h + 2 * ph, w + 2 * pw);
     let d = SyncPtr(dst.as_mut_ptr());
-    let threads = pool.threads();
-    pool.broadcast(|th| {
-        for pl in (th * planes / threads)..((th + 1) * planes / threads) {
-            // SAFETY: each plane belongs to one thread.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(d.get().add(pl * hp * wp * b), hp * wp * b)
-            };
-            let inp = &src[pl * h * w * b..][..h * w * b];
-            out[..ph * wp * b].fill(0.0);
-            out[(ph + h) * wp * b..].fill(0.0);
-            for y in 0..h {
-                let row = &mut out[(ph + y) * wp * b..][..wp * b];
-                row[..pw * b].fill(0.0);
-                row[pw * b..(pw + w) * b].copy_from_slice(&inp[y * w * b..][..w * b]);
-                row[(pw + w) * b..].fill(0.0);
-            }
+    pool.for_each(planes, |pl| {
+        // SAFETY: each plane belongs to one thread.
+        let out =
+            unsafe { std::slice::from_raw_parts_mut(d.get().add(pl * hp * wp * b), hp * wp * b) };
+        let inp = &src[pl * h * w * b..][..h * w * b];
+        out[..ph * wp * b].fill(0.0);
+        out[(ph + h) * wp * b..].fill(0.0);
+        for y in 0..h {
+            let row = &mut out[(ph + y) * wp * b..][..wp * b];
+            row[..pw * b].fill(0.0);
+            row[pw * b..(pw + w) * b].copy_from_slice(&inp[y * w * b..][..w * b]);
+            row[(pw + w) * b..].fill(0.0);
         }
     });
 }
@@ -496,18 +492,15 @@ impl Gather {
             let src = &f[..];
             let planes = g.n * g.out_blocks;
             let dst = SyncPtr(y.as_mut_ptr());
-            let threads = pool.threads();
             let (p, q, bo) = (g.p, g.q, g.bo);
-            pool.broadcast(|th| {
-                for pl in (th * planes / threads)..((th + 1) * planes / threads) {
-                    // SAFETY: each output plane belongs to one thread.
-                    let out = unsafe {
-                        std::slice::from_raw_parts_mut(dst.get().add(pl * p * q * bo), p * q * bo)
-                    };
-                    for row in 0..p {
-                        out[row * q * bo..][..q * bo]
-                            .copy_from_slice(&src[(pl * p * wp + row * wp) * bo..][..q * bo]);
-                    }
+            pool.for_each(planes, |pl| {
+                // SAFETY: each output plane belongs to one thread.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(dst.get().add(pl * p * q * bo), p * q * bo)
+                };
+                for row in 0..p {
+                    out[row * q * bo..][..q * bo]
+                        .copy_from_slice(&src[(pl * p * wp + row * wp) * bo..][..q * bo]);
                 }
             });
         }
@@ -893,19 +886,7 @@ impl Conv {
         let plane = hp * wp * t.bc;
         let mut buf = sc.scratch.lock().unwrap_or_else(|e| e.into_inner());
         buf.resize(pr.n * cb * plane, 0.0);
-        {
-            let bp = SyncPtr(buf.as_mut_ptr());
-            let planes = pr.n * cb;
-            let threads = pool.threads();
-            pool.broadcast(|th| {
-                let (lo, hi) = (th * planes / threads, (th + 1) * planes / threads);
-                // SAFETY: disjoint ranges of planes per thread.
-                unsafe {
-                    std::slice::from_raw_parts_mut(bp.get().add(lo * plane), (hi - lo) * plane)
-                }
-                .fill(0.0);
-            });
-        }
+        pool.for_slices(&mut buf, |_, part| part.fill(0.0));
         let (wp_, dzp) = (wt.data.as_ptr() as usize, dz.data.as_ptr() as usize);
         let bp = SyncPtr(buf.as_mut_ptr());
         let rs = pr.r * pr.s;
@@ -1008,17 +989,14 @@ impl Conv {
         // Bias gradient: per K block, sums over images and pixels.
         let bk = t.bk;
         let dbp = SyncPtr(db.as_mut_ptr());
-        let threads = pool.threads();
-        pool.broadcast(|th| {
-            for k in (th * kb / threads)..((th + 1) * kb / threads) {
-                // SAFETY: each K block of db belongs to one thread.
-                let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(k * bk), bk) };
-                out.fill(0.0);
-                for ni in 0..pr.n {
-                    for px in dz.data[(ni * kb + k) * p * q * bk..][..p * q * bk].chunks_exact(bk) {
-                        for (o, v) in out.iter_mut().zip(px) {
-                            *o += v;
-                        }
+        pool.for_each(kb, |k| {
+            // SAFETY: each K block of db belongs to one thread.
+            let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(k * bk), bk) };
+            out.fill(0.0);
+            for ni in 0..pr.n {
+                for px in dz.data[(ni * kb + k) * p * q * bk..][..p * q * bk].chunks_exact(bk) {
+                    for (o, v) in out.iter_mut().zip(px) {
+                        *o += v;
                     }
                 }
             }

@@ -8,24 +8,10 @@ use crate::layout::{Blocked, SyncPtr};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
 
-/// Runs `f(offset, chunk)` over `out` cut into one contiguous chunk per thread.
-fn par_chunks(pool: &Pool, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    let len = out.len();
-    let p = SyncPtr(out.as_mut_ptr());
-    let threads = pool.threads();
-    pool.broadcast(|t| {
-        let (lo, hi) = (t * len / threads, (t + 1) * len / threads);
-        // SAFETY: disjoint ranges per thread.
-        f(lo, unsafe {
-            std::slice::from_raw_parts_mut(p.get().add(lo), hi - lo)
-        });
-    });
-}
-
 /// y = max(x, 0).
 pub fn relu_forward(pool: &Pool, x: &[f32], y: &mut [f32]) -> Result<()> {
     check_buf("relu output", y.len(), x.len())?;
-    par_chunks(pool, y, |lo, out| {
+    pool.for_slices(y, |lo, out| {
         for (o, v) in out.iter_mut().zip(&x[lo..]) {
             *o = v.max(0.0);
         }
@@ -37,7 +23,7 @@ pub fn relu_forward(pool: &Pool, x: &[f32], y: &mut [f32]) -> Result<()> {
 pub fn relu_backward(pool: &Pool, dy: &[f32], y: &[f32], dx: &mut [f32]) -> Result<()> {
     check_buf("relu dy", dy.len(), dx.len())?;
     check_buf("relu y", y.len(), dx.len())?;
-    par_chunks(pool, dx, |lo, out| {
+    pool.for_slices(dx, |lo, out| {
         for ((o, g), v) in out.iter_mut().zip(&dy[lo..]).zip(&y[lo..]) {
             *o = if *v > 0.0 { *g } else { 0.0 };
         }
@@ -79,7 +65,7 @@ impl Dropout {
         self.mask.resize(x.len(), 0.0);
         let step = self.rng.next_u64();
         let (p, scale) = (self.p, 1.0 / (1.0 - self.p));
-        par_chunks(pool, &mut self.mask, |lo, m| {
+        pool.for_slices(&mut self.mask, |lo, m| {
             // Runs start at multiples of DROP_RUN in the whole buffer.
             let mut i = lo;
             while i < lo + m.len() {
@@ -97,7 +83,7 @@ impl Dropout {
             }
         });
         let mask = &self.mask;
-        par_chunks(pool, y, |lo, out| {
+        pool.for_slices(y, |lo, out| {
             for ((o, v), k) in out.iter_mut().zip(&x[lo..]).zip(&mask[lo..]) {
                 *o = v * k;
             }
@@ -110,7 +96,7 @@ impl Dropout {
         check_buf("dropout dy", dy.len(), self.mask.len())?;
         check_buf("dropout dx", dx.len(), self.mask.len())?;
         let mask = &self.mask;
-        par_chunks(pool, dx, |lo, out| {
+        pool.for_slices(dx, |lo, out| {
             for ((o, g), k) in out.iter_mut().zip(&dy[lo..]).zip(&mask[lo..]) {
                 *o = g * k;
             }
@@ -139,15 +125,12 @@ pub fn flatten(pool: &Pool, x: &Tensor4, out: &mut Blocked) -> Result<()> {
     let o = SyncPtr(out.data.as_mut_ptr());
     let out_ref = &*out;
     let n = x.n;
-    let threads = pool.threads();
-    pool.broadcast(|t| {
-        for ni in (t * n / threads)..((t + 1) * n / threads) {
-            for c in 0..x.c {
-                let base = x.index(ni, c, 0, 0);
-                for p in 0..hw {
-                    // SAFETY: row ni of the output belongs to this thread.
-                    unsafe { *o.get().add(out_ref.index(ni, c * hw + p)) = x.data[base + p * bc] };
-                }
+    pool.for_each(n, |ni| {
+        for c in 0..x.c {
+            let base = x.index(ni, c, 0, 0);
+            for p in 0..hw {
+                // SAFETY: row ni of the output belongs to this thread.
+                unsafe { *o.get().add(out_ref.index(ni, c * hw + p)) = x.data[base + p * bc] };
             }
         }
     });

@@ -560,13 +560,7 @@ impl Fc {
             _ => None,
         };
         let act = self.act;
-        let len = dz.data.len();
-        let threads = pool.threads();
-        let dzp = SyncPtr(dz.data.as_mut_ptr());
-        pool.broadcast(|t| {
-            let (lo, hi) = (t * len / threads, (t + 1) * len / threads);
-            // SAFETY: each thread writes its own contiguous range.
-            let out = unsafe { std::slice::from_raw_parts_mut(dzp.get().add(lo), hi - lo) };
+        pool.for_slices(&mut dz.data, |lo, out| {
             for (j, o) in out.iter_mut().enumerate() {
                 let i = lo + j;
                 *o = dy.data[i] * act_grad(act, y.data[i], z.map_or(0.0, |z| z.data[i]));
@@ -647,18 +641,15 @@ impl Fc {
         // Bias gradient: sums over N, one K block per task.
         let nbn = self.n.div_ceil(bn);
         let dbp = SyncPtr(db.as_mut_ptr());
-        let threads = pool.threads();
-        pool.broadcast(|th| {
-            for kb in (th * kbn / threads)..((th + 1) * kbn / threads) {
-                // SAFETY: each K block of db belongs to one thread.
-                let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(kb * bk), bk) };
-                out.fill(0.0);
-                for nb in 0..nbn {
-                    let blk = &dz.data[(nb * kbn + kb) * bn * bk..][..bn * bk];
-                    for row in blk.chunks_exact(bk) {
-                        for (o, v) in out.iter_mut().zip(row) {
-                            *o += v;
-                        }
+        pool.for_each(kbn, |kb| {
+            // SAFETY: each K block of db belongs to one thread.
+            let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(kb * bk), bk) };
+            out.fill(0.0);
+            for nb in 0..nbn {
+                let blk = &dz.data[(nb * kbn + kb) * bn * bk..][..bn * bk];
+                for row in blk.chunks_exact(bk) {
+                    for (o, v) in out.iter_mut().zip(row) {
+                        *o += v;
                     }
                 }
             }

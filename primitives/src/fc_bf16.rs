@@ -54,14 +54,8 @@ pub fn round_bf16(x: f32) -> bf16 {
 /// Rounds `src` to bf16 (nearest even) into `dst`, split over the pool.
 pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut Vec<bf16>) {
     dst.resize(src.len(), bf16::ZERO);
-    let len = src.len();
-    let p = dst.as_mut_ptr() as usize;
-    let threads = pool.threads();
-    pool.broadcast(|t| {
-        let (lo, hi) = (t * len / threads, (t + 1) * len / threads);
-        // SAFETY: disjoint ranges per thread of a buffer of `len` elements.
-        let out = unsafe { std::slice::from_raw_parts_mut((p as *mut bf16).add(lo), hi - lo) };
-        for (o, v) in out.iter_mut().zip(&src[lo..hi]) {
+    pool.for_slices(dst, |lo, out| {
+        for (o, v) in out.iter_mut().zip(&src[lo..]) {
             *o = round_bf16(*v);
         }
     });
@@ -158,30 +152,27 @@ impl FcBf16 {
         wv.resize(w.data.len(), bf16::ZERO);
         wtv.resize(w.data.len(), bf16::ZERO);
         let (pv, pt) = (wv.as_mut_ptr() as usize, wtv.as_mut_ptr() as usize);
-        let threads = pool.threads();
-        pool.broadcast(|th| {
-            for b in (th * kb * cb / threads)..((th + 1) * kb * cb / threads) {
-                let (ki, ci) = (b / cb, b % cb);
-                let src = &w.data[b * blk..][..blk];
-                // SAFETY: block b of wv and block (ci, ki) of wtv are written
-                // by this thread only; both buffers hold kb*cb blocks.
-                let (dv, dt) = unsafe {
-                    (
-                        std::slice::from_raw_parts_mut((pv as *mut bf16).add(b * blk), blk),
-                        std::slice::from_raw_parts_mut(
-                            (pt as *mut bf16).add((ci * kb + ki) * blk),
-                            blk,
-                        ),
-                    )
-                };
-                for i in 0..bc {
-                    for j in 0..bk {
-                        let v = round_bf16(src[i * bk + j]);
-                        // forward A: m = bk (j), k = bc (i)
-                        dv[(i / 2) * 2 * bk + 2 * j + i % 2] = v;
-                        // backward A: m = bc (i), k = bk (j)
-                        dt[(j / 2) * 2 * bc + 2 * i + j % 2] = v;
-                    }
+        pool.for_each(kb * cb, |b| {
+            let (ki, ci) = (b / cb, b % cb);
+            let src = &w.data[b * blk..][..blk];
+            // SAFETY: block b of wv and block (ci, ki) of wtv are written
+            // by this thread only; both buffers hold kb*cb blocks.
+            let (dv, dt) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut((pv as *mut bf16).add(b * blk), blk),
+                    std::slice::from_raw_parts_mut(
+                        (pt as *mut bf16).add((ci * kb + ki) * blk),
+                        blk,
+                    ),
+                )
+            };
+            for i in 0..bc {
+                for j in 0..bk {
+                    let v = round_bf16(src[i * bk + j]);
+                    // forward A: m = bk (j), k = bc (i)
+                    dv[(i / 2) * 2 * bk + 2 * j + i % 2] = v;
+                    // backward A: m = bc (i), k = bk (j)
+                    dt[(j / 2) * 2 * bc + 2 * i + j % 2] = v;
                 }
             }
         });

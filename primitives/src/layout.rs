@@ -227,27 +227,24 @@ impl Blocked {
             Inner::ColMajor => (self.bc, self.br),
         };
         let dst = SyncPtr(t.data.as_mut_ptr());
-        let threads = pool.threads();
         let t_ref = &*t;
         let t_blocks: Vec<usize> = (0..cb)
             .flat_map(|j| (0..rb).map(move |i| (j, i)))
             .map(|(j, i)| t_ref.block(j, i))
             .collect();
-        pool.broadcast(|th| {
-            for i in (th * rb / threads)..((th + 1) * rb / threads) {
-                for j in 0..cb {
-                    let s = self.block(i, j);
-                    let src = &self.data[s..s + n];
-                    // SAFETY: block (j, i) of `t` is written by the thread
-                    // that owns source block row i only.
-                    let d = unsafe {
-                        std::slice::from_raw_parts_mut(dst.get().add(t_blocks[j * rb + i]), n)
-                    };
-                    if flip {
-                        d.copy_from_slice(src);
-                    } else {
-                        transpose_block(src, d, r, c);
-                    }
+        pool.for_each(rb, |i| {
+            for j in 0..cb {
+                let s = self.block(i, j);
+                let src = &self.data[s..s + n];
+                // SAFETY: block (j, i) of `t` is written by the thread
+                // that owns source block row i only.
+                let d = unsafe {
+                    std::slice::from_raw_parts_mut(dst.get().add(t_blocks[j * rb + i]), n)
+                };
+                if flip {
+                    d.copy_from_slice(src);
+                } else {
+                    transpose_block(src, d, r, c);
                 }
             }
         });
@@ -269,13 +266,10 @@ impl Blocked {
             Inner::ColMajor => (self.bc, self.br),
         };
         let dst = SyncPtr(t.data.as_mut_ptr());
-        let threads = pool.threads();
-        pool.broadcast(|th| {
-            for b in (th * blocks / threads)..((th + 1) * blocks / threads) {
-                // SAFETY: each block is written by one thread.
-                let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(b * n), n) };
-                transpose_block(&self.data[b * n..(b + 1) * n], d, r, c);
-            }
+        pool.for_each(blocks, |b| {
+            // SAFETY: each block is written by one thread.
+            let d = unsafe { std::slice::from_raw_parts_mut(dst.get().add(b * n), n) };
+            transpose_block(&self.data[b * n..(b + 1) * n], d, r, c);
         });
         Ok(())
     }

@@ -80,16 +80,6 @@ impl BatchNorm {
         Ok(())
     }
 
-    /// Runs `f(channel block)` for every channel block, blocks split over threads.
-    fn par_blocks(pool: &Pool, cb: usize, f: impl Fn(usize) + Sync) {
-        let threads = pool.threads();
-        pool.broadcast(|th| {
-            for b in (th * cb / threads)..((th + 1) * cb / threads) {
-                f(b);
-            }
-        });
-    }
-
     /// Training forward: normalises with the minibatch statistics, keeps
     /// them for backward and updates the running statistics.
     pub fn forward_train(&mut self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
@@ -114,7 +104,7 @@ impl BatchNorm {
         let yp = SyncPtr(y.data.as_mut_ptr());
         let (eps, mom) = (self.eps, self.momentum);
         let (gamma, beta) = (&self.gamma, &self.beta);
-        Self::par_blocks(pool, cb, |b| {
+        pool.for_each(cb, |b| {
             let planes = |ni: usize| (ni * cb + b) * hw * bc;
             let mut sum = vec![0f64; bc];
             for ni in 0..n {
@@ -192,7 +182,7 @@ impl BatchNorm {
         }
         let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);
         let yp = SyncPtr(y.data.as_mut_ptr());
-        Self::par_blocks(pool, cb, |b| {
+        pool.for_each(cb, |b| {
             let (mut scale, mut shift) = (vec![0f32; bc], vec![0f32; bc]);
             for j in 0..bc {
                 let ch = b * bc + j;
@@ -249,7 +239,7 @@ impl BatchNorm {
             SyncPtr(dgamma.as_mut_ptr()),
             SyncPtr(dbeta.as_mut_ptr()),
         );
-        Self::par_blocks(pool, cb, |b| {
+        pool.for_each(cb, |b| {
             let mean = &self.saved_mean[b * bc..][..bc];
             let inv = &self.saved_invstd[b * bc..][..bc];
             let (mut sdy, mut sdyx) = (vec![0f64; bc], vec![0f64; bc]);

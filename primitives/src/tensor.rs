@@ -134,13 +134,10 @@ pub(crate) fn par_images<F: Fn(usize, &mut [f32]) + Sync>(pool: &Pool, t: &mut T
     let len = t.image_len();
     let n = t.n;
     let p = crate::layout::SyncPtr(t.data.as_mut_ptr());
-    let threads = pool.threads();
-    pool.broadcast(|th| {
-        for i in (th * n / threads)..((th + 1) * n / threads) {
-            // SAFETY: each image belongs to one thread.
-            let img = unsafe { std::slice::from_raw_parts_mut(p.get().add(i * len), len) };
-            f(i, img);
-        }
+    pool.for_each(n, |i| {
+        // SAFETY: each image belongs to one thread.
+        let img = unsafe { std::slice::from_raw_parts_mut(p.get().add(i * len), len) };
+        f(i, img);
     });
 }
 
@@ -262,25 +259,22 @@ impl Filter {
             self.bk * self.bc,
         );
         let dst = crate::layout::SyncPtr(t.data.as_mut_ptr());
-        let threads = pool.threads();
         let (bk, bc) = (self.bk, self.bc);
-        pool.broadcast(|th| {
-            for ci in (th * cb / threads)..((th + 1) * cb / threads) {
-                for ki in 0..kb {
-                    for x in 0..rs {
-                        let s = &self.data[((ki * cb + ci) * rs + x) * blk..][..blk];
-                        // SAFETY: each C block of the target belongs to one thread.
-                        let d = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                dst.get().add(((ci * kb + ki) * rs + x) * blk),
-                                blk,
-                            )
-                        };
-                        // s is [bc][bk], d is [bk][bc].
-                        for i in 0..bc {
-                            for j in 0..bk {
-                                d[j * bc + i] = s[i * bk + j];
-                            }
+        pool.for_each(cb, |ci| {
+            for ki in 0..kb {
+                for x in 0..rs {
+                    let s = &self.data[((ki * cb + ci) * rs + x) * blk..][..blk];
+                    // SAFETY: each C block of the target belongs to one thread.
+                    let d = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            dst.get().add(((ci * kb + ki) * rs + x) * blk),
+                            blk,
+                        )
+                    };
+                    // s is [bc][bk], d is [bk][bc].
+                    for i in 0..bc {
+                        for j in 0..bk {
+                            d[j * bc + i] = s[i * bk + j];
                         }
                     }
                 }

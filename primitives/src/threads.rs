@@ -102,6 +102,37 @@ impl Pool {
         self.threads
     }
 
+    /// The contiguous share of `0..n` that thread `t` runs in
+    /// [`Pool::for_each`] and [`Pool::for_ranges`] (shares differ by at most
+    /// one; the same `t` always gets the same share).
+    pub fn share(&self, t: usize, n: usize) -> std::ops::Range<usize> {
+        (t * n / self.threads)..((t + 1) * n / self.threads)
+    }
+
+    /// Runs `f(range)` on every thread for its share of `0..n` and waits:
+    /// the static split the element-wise steps use.
+    pub fn for_ranges<F: Fn(std::ops::Range<usize>) + Sync>(&self, n: usize, f: F) {
+        self.broadcast(|t| f(self.share(t, n)))
+    }
+
+    /// Runs `f(offset, part)` on every thread for its contiguous share of
+    /// `out` (`part` starts at element `offset`) and waits.
+    pub fn for_slices<T: Send, F: Fn(usize, &mut [T]) + Sync>(&self, out: &mut [T], f: F) {
+        let (base, n) = (out.as_mut_ptr() as usize, out.len());
+        self.for_ranges(n, |r| {
+            // SAFETY: the shares of `0..n` are disjoint, so each thread
+            // borrows its own part of `out`, which outlives the call.
+            let part =
+                unsafe { std::slice::from_raw_parts_mut((base as *mut T).add(r.start), r.len()) };
+            f(r.start, part)
+        })
+    }
+
+    /// Runs `f(i)` for every `i` in `0..n`, each thread its contiguous share.
+    pub fn for_each<F: Fn(usize) + Sync>(&self, n: usize, f: F) {
+        self.for_ranges(n, |r| r.for_each(&f))
+    }
+
     /// Runs `f(thread_index)` once on every thread of the pool and waits.
     pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
         if self.threads == 1 {
