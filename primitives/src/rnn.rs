@@ -132,6 +132,8 @@ pub struct RnnGrads {
     rt: Blocked,
     /// Scratch: W transposed, for dX.
     wt: Blocked,
+    /// Scratch: the recurrent FC's (duplicate) bias gradient.
+    db_r: Vec<f32>,
 }
 
 /// A planned LSTM or RNN layer for sequences of `t` steps, minibatch `n`,
@@ -422,6 +424,7 @@ impl Rnn {
             dh: self.h_layout(),
             rt: self.recur.wt_layout(),
             wt: self.input.wt_layout(),
+            db_r: vec![0.0; self.bias_len()],
         }
     }
 
@@ -504,7 +507,6 @@ impl Rnn {
         }
         let g = self.kind.gates();
         let gkb = g * kb;
-        let (kp, k) = (self.padded_k(), self.k);
         let rp = r.data.as_ptr() as usize;
         let gp = SyncPtr(st.gates.data.as_mut_ptr());
         let hp = SyncPtr(st.h.data.as_mut_ptr());
@@ -572,22 +574,9 @@ impl Rnn {
                             }
                         }
                     }
-                    // Hidden padding columns stay zero (gates there are
-                    // activations of 0 and would leak into h).
-                    if ki + 1 == kb && k < kp {
-                        for rowv in hout.chunks_exact_mut(bk) {
-                            rowv[k % bk..].fill(0.0);
-                        }
-                        if self.kind == CellKind::Lstm {
-                            let cnew = std::slice::from_raw_parts_mut(
-                                cp.get().add(((row + nb) * kb + ki) * blk),
-                                blk,
-                            );
-                            for rowv in cnew.chunks_exact_mut(bk) {
-                                rowv[k % bk..].fill(0.0);
-                            }
-                        }
-                    }
+                    // Hidden padding stays zero by itself: zero weight
+                    // rows and bias there give G = 0, so c = f*0 + i*tanh(0)
+                    // = 0 and h = o*tanh(0) = 0 (RNN: tanh(0) = 0).
                     if t + 1 < self.t {
                         std::ptr::copy_nonoverlapping(
                             hout.as_ptr(),
@@ -649,7 +638,6 @@ impl Rnn {
         let g = self.kind.gates();
         let gkb = g * kb;
         let blk = bn * bk;
-        let lstm = self.kind == CellKind::Lstm;
         // dc of the step being processed: dc0 doubles as the running buffer.
         gr.dc0.data.fill(0.0);
         let (dgp, dhp, dcp) = (
@@ -737,17 +725,14 @@ impl Rnn {
                 }
             });
         }
-        if !lstm {
-            gr.dc0.data.fill(0.0);
-        }
         // Reductions over all steps at once.
         self.input.transpose_weights(pool, w, &mut gr.wt)?;
         self.input.backward_data(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
         self.input
             .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
-        let mut db_r = vec![0.0; self.bias_len()];
+        // The recurrent FC's bias gradient equals db: written to scratch.
         self.recur
-            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut db_r)?;
+            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut gr.db_r)?;
         Ok(())
     }
 }

@@ -151,6 +151,12 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
     let mut st = rnn.state();
     rnn.forward(&pool, &x, &w, &r, &bias, Some(&h0), Some(&c0), &mut st)
         .unwrap();
+    // Hidden padding columns of h stay zero on their own.
+    for r in 0..st.h.rows {
+        for c in k..rnn.padded_k() {
+            assert_eq!(st.h.data[st.h.index(r, c)], 0.0, "h padding [{r}][{c}]");
+        }
+    }
     let mut dh = rnn.h_layout();
     rnn.set_sequence(&mut dh, &f(dh_plain)).unwrap();
     let mut gr = rnn.grads();
