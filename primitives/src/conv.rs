@@ -250,7 +250,6 @@ impl ConvTuning {
         let big = p.k * p.c * taps > 2 << 20;
         let gather = if big { "BAcde" } else { "ABcde" };
         let row = if p.pointwise() { p.p() * p.q() } else { p.q() };
-        let upd_row_bytes = (bk + bc * p.stride) * p.q() * 4;
         ConvTuning {
             bc,
             bk,
@@ -258,7 +257,7 @@ impl ConvTuning {
             fwd: PassConfig::spec(gather),
             bwd: PassConfig::spec(if p.bwd_gathers() { gather } else { "ABcdef" }),
             upd: PassConfig {
-                chunk: (256 * 1024 / upd_row_bytes.max(1)).max(1),
+                chunk: upd_chunk(p, bc, bk),
                 ..PassConfig::spec("aBCDE")
             },
             // Measured (8x512x7x7, 8x256x14x14, 8x128x28x28 3x3, filled
@@ -268,6 +267,13 @@ impl ConvTuning {
             fold: false,
         }
     }
+}
+
+/// (image, row) pairs per update call whose dY and X rows take about
+/// 256 KiB of L2, for the given blocks.
+fn upd_chunk(p: &ConvParams, bc: usize, bk: usize) -> usize {
+    let row_bytes = (bk + bc * p.stride) * p.q() * 4;
+    (256 * 1024 / row_bytes.max(1)).max(1)
 }
 
 fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> {
@@ -673,7 +679,7 @@ impl Conv {
         };
         let rows = pr.n * p;
         let chunk = if t.upd.chunk == 0 {
-            ConvTuning::heuristic(&pr).upd.chunk
+            upd_chunk(&pr, t.bc, t.bk)
         } else {
             t.upd.chunk
         }

@@ -238,6 +238,7 @@ impl Pool2d {
         let (h, w, bc, cb) = (dx.h, dx.w, dx.bc, dx.c_blocks());
         let olen = dy.image_len();
         let kind = self.kind;
+        let argmax = argmax.unwrap_or(&[]);
         par_images(pool, dx, |ni, img| {
             img.fill(0.0);
             let g = &dy.data[ni * olen..][..olen];
@@ -249,7 +250,7 @@ impl Pool2d {
                         let o = ((c * p + oy) * q + ox) * bc;
                         match kind {
                             PoolKind::Max => {
-                                let am = &argmax.unwrap()[ni * olen + o..][..bc];
+                                let am = &argmax[ni * olen + o..][..bc];
                                 for j in 0..bc {
                                     plane[am[j] as usize * bc + j] += g[o + j];
                                 }

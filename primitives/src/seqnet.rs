@@ -64,20 +64,20 @@ pub struct SeqClassifier {
     mlp: Mlp,
 }
 
-/// Copies column block `cols` of every row of `src` into `dst` at column
-/// offset `at` (plain indices; the layouts may block differently).
-fn copy_cols(
+/// Copies the `rows x cols` region of `src` at `(src_row, src_col)` into
+/// `dst` at `(dst_row, dst_col)` (plain indices: the layouts may block
+/// differently).
+fn copy_region(
     src: &Blocked,
-    rows: std::ops::Range<usize>,
+    (src_row, src_col): (usize, usize),
     dst: &mut Blocked,
-    dst_row0: usize,
-    at: usize,
-    cols: usize,
+    (dst_row, dst_col): (usize, usize),
+    (rows, cols): (usize, usize),
 ) {
-    for (i, r) in rows.enumerate() {
+    for i in 0..rows {
         for c in 0..cols {
-            let v = src.data[src.index(r, c)];
-            let j = dst.index(dst_row0 + i, at + c);
+            let v = src.data[src.index(src_row + i, src_col + c)];
+            let j = dst.index(dst_row + i, dst_col + c);
             dst.data[j] = v;
         }
     }
@@ -208,13 +208,12 @@ impl SeqClassifier {
                     let time = src_of(s);
                     for (pd, prev) in done[l - 1].iter().enumerate() {
                         let ps = if pd == 0 { time } else { t - 1 - time };
-                        copy_cols(
+                        copy_region(
                             &prev.st.h,
-                            ps * np..ps * np + np,
+                            (ps * np, 0),
                             &mut dir.x,
-                            s * np,
-                            pd * k,
-                            k,
+                            (s * np, pd * k),
+                            (np, k),
                         );
                     }
                 }
@@ -242,13 +241,12 @@ impl SeqClassifier {
         for (d, dir) in self.dirs.last().unwrap().iter().enumerate() {
             let np = dir.rnn.padded_n();
             let last = (t - 1) * np;
-            copy_cols(
+            copy_region(
                 &dir.st.h,
-                last..last + self.batch,
+                (last, 0),
                 &mut self.feat,
-                0,
-                d * k,
-                k,
+                (0, d * k),
+                (self.batch, k),
             );
         }
         Ok(())
@@ -274,7 +272,13 @@ impl SeqClassifier {
         for (d, dir) in self.dirs[nl - 1].iter_mut().enumerate() {
             dir.dh.data.fill(0.0);
             let np = dir.rnn.padded_n();
-            copy_cols_from(dfeat, 0..self.batch, d * k, &mut dir.dh, (t - 1) * np, k);
+            copy_region(
+                dfeat,
+                (0, d * k),
+                &mut dir.dh,
+                ((t - 1) * np, 0),
+                (self.batch, k),
+            );
         }
         for l in (0..nl).rev() {
             for dir in &mut self.dirs[l] {
@@ -347,24 +351,5 @@ impl SeqClassifier {
         let loss = self.compute_gradients(pool, x, labels)?;
         self.apply_gradients(opt);
         Ok(loss)
-    }
-}
-
-/// Copies columns `at..at+cols` of rows `rows` of `src` into columns
-/// `0..cols` of `dst` starting at row `dst_row0`.
-fn copy_cols_from(
-    src: &Blocked,
-    rows: std::ops::Range<usize>,
-    at: usize,
-    dst: &mut Blocked,
-    dst_row0: usize,
-    cols: usize,
-) {
-    for (i, r) in rows.enumerate() {
-        for c in 0..cols {
-            let v = src.data[src.index(r, at + c)];
-            let j = dst.index(dst_row0 + i, c);
-            dst.data[j] = v;
-        }
     }
 }
