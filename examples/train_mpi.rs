@@ -21,16 +21,9 @@ use brgemm_primitives::Pool;
 use mpi::traits::*;
 use std::time::Instant;
 
-fn arg(args: &[String], name: &str, default: usize) -> usize {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name} {v:?}: expected a number"))
-        })
-        .unwrap_or(default)
-}
+#[path = "support/args.rs"]
+mod args;
+use args::arg;
 
 fn main() {
     let universe = mpi::initialize().expect("MPI initialises once");
@@ -40,8 +33,8 @@ fn main() {
     if args.windows(2).any(|w| w[0] == "--model" && w[1] == "cnn") {
         return train_cnn_mpi(world, &args);
     }
-    let epochs = arg(&args, "--epochs", 20);
-    let global = arg(&args, "--batch", 64);
+    let epochs = arg(&args, "--epochs", 20usize);
+    let global = arg(&args, "--batch", 64usize);
     let (rank, size) = (world.rank() as usize, world.size() as usize);
 
     let all = data::digits().expect("embedded digits");
@@ -159,16 +152,11 @@ fn run<R: Replica>(
 
 /// The CNN of `train_cnn` on Fashion-MNIST, data-parallel.
 fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &[String]) {
-    let epochs = arg(args, "--epochs", 2);
-    let global = arg(args, "--batch", 64);
+    let epochs = arg(args, "--epochs", 2usize);
+    let global = arg(args, "--batch", 64usize);
     let limit = arg(args, "--train-limit", usize::MAX);
     let (rank, size) = (world.rank() as usize, world.size() as usize);
-    let dir = args
-        .iter()
-        .position(|a| a == "--data")
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| data::FASHION_MNIST_DIR.into());
+    let dir: String = arg(args, "--data", data::FASHION_MNIST_DIR.into());
     let (mut tr, te) = data::fashion_mnist(std::path::Path::new(&dir)).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)
