@@ -270,26 +270,14 @@ fn tune_fc(args: &[String]) {
     }
 
     let stem = format!("tune_fc_n{n}_c{c}_k{k}_t{threads}");
-    let csv = out_dir.join(format!("{stem}.csv"));
-    let mut f =
-        std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
-    writeln!(f, "pass,bn,bc,bk,spec,chunk,seconds,gflops,pct_peak").unwrap();
-    for r in &rows {
-        writeln!(
-            f,
-            "{},{},{},{},{},{},{:.6},{:.2},{:.2}",
-            r.pass, r.bn, r.bc, r.bk, r.spec, r.chunk, r.secs, r.gflops, r.pct
-        )
-        .unwrap();
-    }
-    let svg = out_dir.join(format!("{stem}.svg"));
-    chart(
-        &svg,
+    write_results(
+        &out_dir,
+        &stem,
+        "bn",
         &rows,
         peak,
         &format!("FC n={n} c={c} k={k}, {threads} thread(s)"),
     );
-    println!("\nwrote {} and {}", csv.display(), svg.display());
 
     // Best blocking: least total time of the three passes at their best.
     let mut best: Option<(f64, FcTuning)> = None;
@@ -553,21 +541,10 @@ fn tune_conv(args: &[String]) {
         "tune_conv_n{}_c{}_k{}_h{}_w{}_r{}_s{}_u{}_t{threads}",
         p.n, p.c, p.k, p.h, p.w, p.r, p.s, p.stride
     );
-    let csv = out_dir.join(format!("{stem}.csv"));
-    let mut f =
-        std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
-    writeln!(f, "pass,bq,bc,bk,spec,chunk,seconds,gflops,pct_peak").unwrap();
-    for r in &rows {
-        writeln!(
-            f,
-            "{},{},{},{},{},{},{:.6},{:.2},{:.2}",
-            r.pass, r.bn, r.bc, r.bk, r.spec, r.chunk, r.secs, r.gflops, r.pct
-        )
-        .unwrap();
-    }
-    let svg = out_dir.join(format!("{stem}.svg"));
-    chart(
-        &svg,
+    write_results(
+        &out_dir,
+        &stem,
+        "bq",
         &rows,
         peak,
         &format!(
@@ -575,7 +552,6 @@ fn tune_conv(args: &[String]) {
             p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride
         ),
     );
-    println!("\nwrote {} and {}", csv.display(), svg.display());
     println!("fastest per pass (blocking from the fastest forward): {best:?}\nheuristic default: {heur:?}");
 }
 
@@ -651,9 +627,10 @@ fn tune_lstm(args: &[String]) {
                     || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
                     samples,
                 );
-                for (pass, secs, flops) in
-                    [("fwd", fsec, rnn.flops()), ("upd", bsec, 2.0 * rnn.flops())]
-                {
+                for (pass, secs, flops) in [
+                    ("fwd", fsec, rnn.flops()),
+                    ("bwd_upd", bsec, 2.0 * rnn.flops()),
+                ] {
                     let gflops = flops / secs / 1e9;
                     rows.push(Row {
                         pass,
@@ -678,7 +655,7 @@ fn tune_lstm(args: &[String]) {
     }
     eprintln!();
     let mut best = heur.clone();
-    for (pass, label) in [("fwd", "fwd"), ("upd", "bwd+upd")] {
+    for (pass, label) in [("fwd", "fwd"), ("bwd_upd", "bwd+upd")] {
         let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
         r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
         println!("\n{label}: rank  bn  bc  bk  spec   ms      GFLOP/s  %peak");
@@ -705,34 +682,54 @@ fn tune_lstm(args: &[String]) {
         }
     }
     let stem = format!("tune_lstm_t{t}_n{n}_c{c}_k{k}_t{threads}");
-    let csv = out_dir.join(format!("{stem}.csv"));
-    let mut f =
-        std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
-    writeln!(f, "pass,bn,bc,bk,spec,seconds,gflops,pct_peak").unwrap();
-    for r in &rows {
-        let pass = if r.pass == "upd" { "bwd_upd" } else { r.pass };
-        writeln!(
-            f,
-            "{pass},{},{},{},{},{:.6},{:.2},{:.2}",
-            r.bn, r.bc, r.bk, r.spec, r.secs, r.gflops, r.pct
-        )
-        .unwrap();
-    }
-    let svg = out_dir.join(format!("{stem}.svg"));
-    chart(
-        &svg,
+    write_results(
+        &out_dir,
+        &stem,
+        "bn",
         &rows,
         peak,
         &format!("LSTM t={t} n={n} c={c} k={k}, {threads} thread(s)"),
     );
-    println!("\nwrote {} and {}", csv.display(), svg.display());
     println!("fastest (blocks from the fastest forward): {best:?}\nheuristic default: {heur:?}");
+}
+
+/// Writes `rows` as `DIR/STEM.csv` (first block column named `first`) and
+/// an SVG chart, and says where.
+fn write_results(
+    out_dir: &std::path::Path,
+    stem: &str,
+    first: &str,
+    rows: &[Row],
+    peak: f64,
+    title: &str,
+) {
+    let csv = out_dir.join(format!("{stem}.csv"));
+    let mut f =
+        std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
+    writeln!(f, "pass,{first},bc,bk,spec,chunk,seconds,gflops,pct_peak").unwrap();
+    for r in rows {
+        writeln!(
+            f,
+            "{},{},{},{},{},{},{:.6},{:.2},{:.2}",
+            r.pass, r.bn, r.bc, r.bk, r.spec, r.chunk, r.secs, r.gflops, r.pct
+        )
+        .unwrap();
+    }
+    let svg = out_dir.join(format!("{stem}.svg"));
+    chart(&svg, rows, peak, title);
+    println!("\nwrote {} and {}", csv.display(), svg.display());
 }
 
 /// One bar per configuration, grouped by pass, best first within each pass.
 fn chart(path: &std::path::Path, rows: &[Row], peak: f64, title: &str) {
+    let mut passes: Vec<&str> = vec![];
+    for r in rows {
+        if !passes.contains(&r.pass) {
+            passes.push(r.pass);
+        }
+    }
     let mut sorted: Vec<&Row> = vec![];
-    for pass in ["fwd", "bwd", "upd"] {
+    for &pass in &passes {
         let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
         r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
         sorted.extend(r);
@@ -749,7 +746,10 @@ fn chart(path: &std::path::Path, rows: &[Row], peak: f64, title: &str) {
         .unwrap();
     ch.configure_mesh()
         .disable_x_mesh()
-        .x_desc("configurations (fwd | bwd | upd, best first)")
+        .x_desc(format!(
+            "configurations ({}, best first)",
+            passes.join(" | ")
+        ))
         .y_desc("GFLOP/s")
         .draw()
         .unwrap();
@@ -758,7 +758,7 @@ fn chart(path: &std::path::Path, rows: &[Row], peak: f64, title: &str) {
         "bwd" => GREEN,
         _ => RED,
     };
-    for pass in ["fwd", "bwd", "upd"] {
+    for &pass in &passes {
         let c = color(pass);
         ch.draw_series(
             sorted

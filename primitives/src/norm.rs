@@ -38,6 +38,18 @@ pub struct BatchNorm {
     saved_invstd: Vec<f32>,
 }
 
+/// An error naming `what` unless `t` has the dims of `x`.
+fn same_dims(what: &str, t: &Tensor4, x: &Tensor4) -> Result<()> {
+    if t.dims() != x.dims() {
+        return Err(shape(
+            what,
+            format!("{:?}", t.dims()),
+            format!("must match x {:?}", x.dims()),
+        ));
+    }
+    Ok(())
+}
+
 impl BatchNorm {
     /// gamma = 1, beta = 0, running mean 0 and variance 1; eps 1e-5,
     /// momentum 0.1.
@@ -84,13 +96,7 @@ impl BatchNorm {
     /// them for backward and updates the running statistics.
     pub fn forward_train(&mut self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
         self.check("x", x)?;
-        if y.dims() != x.dims() {
-            return Err(shape(
-                "y",
-                format!("{:?}", y.dims()),
-                format!("must match x {:?}", x.dims()),
-            ));
-        }
+        same_dims("y", y, x)?;
         let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);
         let count = (n * hw) as f64;
         let (mp, ip) = (
@@ -173,13 +179,7 @@ impl BatchNorm {
     /// Inference forward with the running statistics.
     pub fn forward_infer(&self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
         self.check("x", x)?;
-        if y.dims() != x.dims() {
-            return Err(shape(
-                "y",
-                format!("{:?}", y.dims()),
-                format!("must match x {:?}", x.dims()),
-            ));
-        }
+        same_dims("y", y, x)?;
         let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);
         let yp = SyncPtr(y.data.as_mut_ptr());
         pool.for_each(cb, |b| {
@@ -221,15 +221,8 @@ impl BatchNorm {
         dbeta: &mut [f32],
     ) -> Result<()> {
         self.check("x", x)?;
-        for (what, t) in [("dy", dy), ("dx", &*dx)] {
-            if t.dims() != x.dims() {
-                return Err(shape(
-                    what,
-                    format!("{:?}", t.dims()),
-                    format!("must match x {:?}", x.dims()),
-                ));
-            }
-        }
+        same_dims("dy", dy, x)?;
+        same_dims("dx", dx, x)?;
         check_buf("dgamma", dgamma.len(), self.gamma.len())?;
         check_buf("dbeta", dbeta.len(), self.beta.len())?;
         let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);

@@ -431,6 +431,16 @@ impl Rnn {
     fn check(&self, what: &str, b: &Blocked, want: Shape) -> Result<()> {
         check_shape(what, b, want)
     }
+    /// Shape of the stacked recurrent weights R.
+    fn r_shape(&self) -> Shape {
+        (
+            self.bias_len(),
+            self.k,
+            self.tuning.bk,
+            self.tuning.bk,
+            Inner::ColMajor,
+        )
+    }
     /// Shape of a sequence buffer of `cols` columns in blocks of `bc`.
     fn seq_shape(&self, rows_steps: usize, cols: usize, bc: usize) -> Shape {
         (
@@ -457,17 +467,7 @@ impl Rnn {
         st: &mut RnnState,
     ) -> Result<()> {
         self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
-        self.check(
-            "R",
-            r,
-            (
-                self.bias_len(),
-                self.k,
-                self.tuning.bk,
-                self.tuning.bk,
-                Inner::ColMajor,
-            ),
-        )?;
+        self.check("R", r, self.r_shape())?;
         self.check(
             "state h",
             &st.h,
@@ -607,17 +607,7 @@ impl Rnn {
     ) -> Result<()> {
         self.check("dH", dh, self.seq_shape(self.t, self.k, self.tuning.bk))?;
         self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
-        self.check(
-            "R",
-            r,
-            (
-                self.bias_len(),
-                self.k,
-                self.tuning.bk,
-                self.tuning.bk,
-                Inner::ColMajor,
-            ),
-        )?;
+        self.check("R", r, self.r_shape())?;
         self.check(
             "gradient dh scratch",
             &gr.dh,
