@@ -18,9 +18,12 @@
 #[path = "support/workload.rs"]
 mod workload;
 
+#[path = "support/fill.rs"]
+mod fill;
 use brgemm::peak::Probe;
 use brgemm::{peak, BatchForm, Isa, Kernel, KernelOptions, RegisterTile};
 use brgemm_primitives::Pool;
+use fill::fill;
 use std::collections::HashMap;
 use std::time::Duration;
 use workload::{measure, BrgemmWorkload};
@@ -191,12 +194,8 @@ fn bench_fc(o: &Opts) {
         let t = fc.tuning().clone();
         let mut x = fc.x_layout();
         let mut w = fc.w_layout();
-        for (i, v) in x.data.iter_mut().enumerate() {
-            *v = ((i % 7) as f32 - 3.0) / 8.0;
-        }
-        for (i, v) in w.data.iter_mut().enumerate() {
-            *v = ((i % 5) as f32 - 2.0) / 64.0;
-        }
+        fill(&mut x.data, 7, 8.0);
+        fill(&mut w.data, 5, 64.0);
         let bias = vec![0.1f32; fc.padded_k()];
         let (mut y, mut dz, mut dx, mut wt, mut dw) = (
             fc.y_layout(),
@@ -205,10 +204,7 @@ fn bench_fc(o: &Opts) {
             fc.wt_layout(),
             fc.w_layout(),
         );
-        dz.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        fill(&mut dz.data, 3, 4.0);
         let mut db = vec![0.0f32; fc.padded_k()];
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
@@ -374,14 +370,8 @@ fn bench_conv(o: &Opts) {
         let conv = Conv::new(p, Activation::Relu).expect("plan");
         let mut x = conv.x_tensor();
         let mut wf = conv.filter();
-        x.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
-        wf.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+        fill(&mut x.data, 7, 8.0);
+        fill(&mut wf.data, 5, 64.0);
         let bias = vec![0.1f32; conv.padded_k()];
         let (mut y, mut dz, mut dx, mut wt, mut dw) = (
             conv.y_tensor(),
@@ -390,10 +380,7 @@ fn bench_conv(o: &Opts) {
             conv.filter_t(),
             conv.filter(),
         );
-        dz.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        fill(&mut dz.data, 3, 4.0);
         conv.transpose_filter(&Pool::new(1).unwrap(), &wf, &mut wt)
             .unwrap();
         let mut db = vec![0.0f32; conv.padded_k()];
@@ -455,25 +442,13 @@ fn bench_lstm(o: &Opts) {
         let rnn = Rnn::new(CellKind::Lstm, t, n, c, k).expect("plan");
         let tn = rnn.tuning().clone();
         let mut x = rnn.x_layout();
-        x.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+        fill(&mut x.data, 7, 8.0);
         let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
-        w.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
-        r.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 64.0);
+        fill(&mut w.data, 5, 64.0);
+        fill(&mut r.data, 3, 64.0);
         let bias = vec![0.0f32; rnn.bias_len()];
         let mut dh = rnn.h_layout();
-        dh.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        fill(&mut dh.data, 3, 4.0);
         let mut st = rnn.state();
         let mut gr = rnn.grads();
         for threads in [1usize, 2] {

@@ -30,10 +30,13 @@
 //! and backward (BPTT plus the weight gradients) and prints the best
 //! `RnnTuning` for `Rnn::with_tuning`.
 
+#[path = "support/fill.rs"]
+mod fill;
 use brgemm::peak::Probe;
 use brgemm::Isa;
 use brgemm_primitives::fc::{load_tuning, PassConfig, TunedFc};
 use brgemm_primitives::{Activation, Fc, FcTuning, Pool};
+use fill::fill;
 use plotters::prelude::*;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -164,15 +167,9 @@ fn tune_fc(args: &[String]) {
         };
         let fc0 = Fc::with_tuning(n, c, k, Activation::Relu, base.clone()).expect("plan");
         let mut x = fc0.x_layout();
-        x.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+        fill(&mut x.data, 7, 8.0);
         let mut w = fc0.w_layout();
-        w.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+        fill(&mut w.data, 5, 64.0);
         let bias = vec![0.0f32; fc0.padded_k()];
         let (mut y, mut dz, mut dx, mut dw) = (
             fc0.y_layout(),
@@ -180,10 +177,7 @@ fn tune_fc(args: &[String]) {
             fc0.x_layout(),
             fc0.w_layout(),
         );
-        dz.data
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+        fill(&mut dz.data, 3, 4.0);
         let mut wt = fc0.wt_layout();
         fc0.transpose_weights(&pool, &w, &mut wt).unwrap();
         let mut db = vec![0.0f32; fc0.padded_k()];
@@ -411,15 +405,9 @@ fn tune_conv(args: &[String]) {
                 };
                 let c0 = Conv::with_tuning(p, Activation::Relu, base.clone()).expect("plan");
                 let mut x = c0.x_tensor();
-                x.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+                fill(&mut x.data, 7, 8.0);
                 let mut w = c0.filter();
-                w.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
+                fill(&mut w.data, 5, 64.0);
                 let bias = vec![0.0f32; c0.padded_k()];
                 let (mut y, mut dz, mut dx, mut dw, mut wt) = (
                     c0.y_tensor(),
@@ -428,10 +416,7 @@ fn tune_conv(args: &[String]) {
                     c0.filter(),
                     c0.filter_t(),
                 );
-                dz.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+                fill(&mut dz.data, 3, 4.0);
                 c0.transpose_filter(&pool, &w, &mut wt).unwrap();
                 let mut db = vec![0.0f32; c0.padded_k()];
                 let mut configs: Vec<(&'static str, PassConfig)> = vec![];
@@ -594,25 +579,13 @@ fn tune_lstm(args: &[String]) {
                     continue;
                 };
                 let mut x = rnn.x_layout();
-                x.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 7) as f32 - 3.0) / 8.0);
+                fill(&mut x.data, 7, 8.0);
                 let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
-                w.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 5) as f32 - 2.0) / 64.0);
-                r.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 64.0);
+                fill(&mut w.data, 5, 64.0);
+                fill(&mut r.data, 3, 64.0);
                 let bias = vec![0.0f32; rnn.bias_len()];
                 let mut dh = rnn.h_layout();
-                dh.data
-                    .iter_mut()
-                    .enumerate()
-                    .for_each(|(i, v)| *v = ((i % 3) as f32 - 1.0) / 4.0);
+                fill(&mut dh.data, 3, 4.0);
                 let mut st = rnn.state();
                 let mut gr = rnn.grads();
                 let samples = if quick { 3 } else { 5 };
