@@ -14,11 +14,10 @@
 use brgemm_dl::{data, train_cnn};
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
-use std::time::Instant;
 
-#[path = "support/args.rs"]
-mod args;
-use args::arg;
+#[path = "support/cli.rs"]
+mod cli;
+use cli::arg;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,19 +55,8 @@ fn main() {
         cfg.batch,
         pool.threads()
     );
-    let t = Instant::now();
-    let mut last = 0.0;
-    train_cnn::train(&cfg, pool, &tr, &te, |r| {
-        println!(
-            "epoch {:3}  loss {:.4}  test_acc {:.4}  {:.0} images/s",
-            r.epoch, r.loss, r.test_accuracy, r.samples_per_s
-        );
-        last = r.test_accuracy;
-    })
-    .unwrap_or_else(|e| {
-        eprintln!("training failed: {e}");
-        std::process::exit(1)
+    let (_model, last) = cli::run_training("images", |report| {
+        train_cnn::train(&cfg, pool, &tr, &te, report)
     });
-    println!("trained in {:.1} s", t.elapsed().as_secs_f64());
     println!("test_accuracy={last:.4}");
 }

@@ -10,11 +10,10 @@
 
 use brgemm_dl::{data, train};
 use brgemm_primitives::Pool;
-use std::time::Instant;
 
-#[path = "support/args.rs"]
-mod args;
-use args::arg;
+#[path = "support/cli.rs"]
+mod cli;
+use cli::arg;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -51,20 +50,9 @@ fn main() {
         cfg.batch,
         pool.threads()
     );
-    let t = Instant::now();
-    let mut last = 0.0;
-    let model = train::train(&cfg, pool, &tr, &te, |r| {
-        println!(
-            "epoch {:3}  loss {:.4}  test_acc {:.4}  {:.0} samples/s",
-            r.epoch, r.loss, r.test_accuracy, r.samples_per_s
-        );
-        last = r.test_accuracy;
-    })
-    .unwrap_or_else(|e| {
-        eprintln!("training failed: {e}");
-        std::process::exit(1)
+    let (model, last) = cli::run_training("samples", |report| {
+        train::train(&cfg, pool, &tr, &te, report)
     });
-    println!("trained in {:.2} s", t.elapsed().as_secs_f64());
     if let Some(isa) = model.bf16_isa() {
         println!("bf16 kernel of the first layer: {isa:?}");
     }

@@ -21,9 +21,9 @@ use brgemm_primitives::Pool;
 use mpi::traits::*;
 use std::time::Instant;
 
-#[path = "support/args.rs"]
-mod args;
-use args::arg;
+#[path = "support/cli.rs"]
+mod cli;
+use cli::arg;
 
 fn main() {
     let universe = mpi::initialize().expect("MPI initialises once");
