@@ -3,7 +3,7 @@
 use crate::data::Dataset;
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Activation, LayerSpec, Mlp, Pool, Result};
+use brgemm_primitives::{LayerSpec, Mlp, Pool, Result};
 use std::time::Instant;
 
 /// What to train, and how.
@@ -52,18 +52,7 @@ pub struct EpochReport {
 
 /// Builds the model for `cfg` and a data set's shape.
 pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
-    let mut specs: Vec<LayerSpec> = cfg
-        .hidden
-        .iter()
-        .map(|&out| LayerSpec {
-            out,
-            act: Activation::Relu,
-        })
-        .collect();
-    specs.push(LayerSpec {
-        out: data.classes,
-        act: Activation::Identity,
-    });
+    let specs = LayerSpec::classifier(&cfg.hidden, data.classes);
     let mut m = Mlp::new(data.features, cfg.batch, &specs, cfg.seed)?;
     m.set_bf16(cfg.bf16)?;
     Ok(m)

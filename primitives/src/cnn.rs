@@ -193,18 +193,7 @@ impl Cnn {
             });
         }
         let feats = c * h * w;
-        let mut layers: Vec<LayerSpec> = spec
-            .hidden
-            .iter()
-            .map(|&out| LayerSpec {
-                out,
-                act: Activation::Relu,
-            })
-            .collect();
-        layers.push(LayerSpec {
-            out: spec.classes,
-            act: Activation::Identity,
-        });
+        let layers = LayerSpec::classifier(&spec.hidden, spec.classes);
         let mut mlp = Mlp::new(feats, batch, &layers, rng.next_u64())?;
         mlp.set_input_gradient(true);
         let flat = mlp.input_layout();

@@ -26,6 +26,22 @@ pub struct LayerSpec {
     pub act: Activation,
 }
 
+impl LayerSpec {
+    /// A classifier head: `hidden` ReLU layers, then `classes` logits
+    /// (identity).
+    pub fn classifier(hidden: &[usize], classes: usize) -> Vec<LayerSpec> {
+        let relu = hidden.iter().map(|&out| LayerSpec {
+            out,
+            act: Activation::Relu,
+        });
+        relu.chain([LayerSpec {
+            out: classes,
+            act: Activation::Identity,
+        }])
+        .collect()
+    }
+}
+
 struct Layer {
     fc: Fc,
     w: Blocked,

@@ -9,11 +9,11 @@
 use crate::error::{shape, Result};
 use crate::init::Rng;
 use crate::layout::Blocked;
+use crate::loss;
 use crate::model::{LayerSpec, Mlp};
 use crate::optim::{OptState, Optimizer};
 use crate::rnn::{CellKind, Rnn, RnnGrads, RnnState};
 use crate::threads::Pool;
-use crate::{loss, Activation};
 
 /// What a sequence classifier looks like.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,18 +132,7 @@ impl SeqClassifier {
             dirs.push(layer);
             inputs = nd * spec.hidden;
         }
-        let mut head: Vec<LayerSpec> = spec
-            .head
-            .iter()
-            .map(|&out| LayerSpec {
-                out,
-                act: Activation::Relu,
-            })
-            .collect();
-        head.push(LayerSpec {
-            out: spec.classes,
-            act: Activation::Identity,
-        });
+        let head = LayerSpec::classifier(&spec.head, spec.classes);
         let mut mlp = Mlp::new(nd * spec.hidden, batch, &head, rng.next_u64())?;
         mlp.set_input_gradient(true);
         Ok(SeqClassifier {
