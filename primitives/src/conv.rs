@@ -198,12 +198,6 @@ pub struct ConvTuning {
     /// Backward-weights: spec over (row chunks, K blocks, C blocks, R, S);
     /// `chunk` (image, row) pairs per call (0: the heuristic's).
     pub upd: PassConfig,
-    /// Forward and gather backward-data compute each image plane as one run
-    /// of pixels over the padded row width, then copy out the real pixels
-    /// (stride 1 only; ignored otherwise): `Wp - Q` wasted columns per row,
-    /// long BRGEMM runs where rows are short.
-    #[serde(default)]
-    pub fold: bool,
 }
 
 /// The pixel run per call: a whole row up to 64 pixels, else the largest
@@ -223,7 +217,7 @@ impl ConvTuning {
     /// fewer than 64 channels are one block; else 64 with zero padding): a
     /// 64-row output block is four AVX-512 vectors for the register tile;
     /// 32 where a filter block-row would pass 1 MiB.
-    /// Pixel runs of up to 64 (see the module docs), no folding. Specs `ABcde` for
+    /// Pixel runs of up to 64 (see the module docs). Specs `ABcde` for
     /// forward and gather backward-data (images and output blocks parallel;
     /// `BAcde`, output blocks outer, when the filter exceeds 2 MiB),
     /// `ABcdef` for scatter, `aBCDE` for the update with chunks of rows that
@@ -260,11 +254,6 @@ impl ConvTuning {
                 chunk: upd_chunk(p, bc, bk),
                 ..PassConfig::spec("aBCDE")
             },
-            // Measured (8x512x7x7, 8x256x14x14, 8x128x28x28 3x3, filled
-            // data, alternating in one process, 1 and 2 threads): folding
-            // loses 5-25%, the extra pixels cost more than the longer runs
-            // gain, so it is off by default (`tune` tries it).
-            fold: false,
         }
     }
 }
@@ -328,10 +317,6 @@ struct GatherGeom {
     dil: usize,
     bq: usize,
     flip: bool,
-    /// Compute each image plane as one run over the padded width (stride 1
-    /// only): `Wp - Q` wasted columns per row buy long BRGEMM runs where
-    /// rows are short (7x7 images: 61 pixels per call instead of 7).
-    fold: bool,
 }
 
 /// A planned gather pass (forward, and backward-data at stride 1).
@@ -344,11 +329,6 @@ struct Gather {
     a_off: Vec<usize>,
     b_off: Vec<usize>,
     scratch: Mutex<Vec<f32>>,
-    /// Pixels per row as the nest walks them (the whole folded plane when
-    /// folding).
-    run: usize,
-    /// The folded output planes (`[N][out blocks][P][Wp][bo]`).
-    folded: Mutex<Vec<f32>>,
 }
 
 impl Gather {
@@ -359,25 +339,17 @@ impl Gather {
             cfg.chunk.min(g.in_blocks)
         };
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
-        let fold = g.fold && g.stride == 1;
-        // Folded: virtual pixels p*Wp + q up to the last real one.
-        let (rows, run) = if fold {
-            (1, (g.p - 1) * wp + g.q)
-        } else {
-            (g.p, g.q)
-        };
         let g = GatherGeom {
-            fold,
-            bq: g.bq.min(run),
+            bq: g.bq.min(g.q),
             ..g
         };
-        let nqb = run.div_ceil(g.bq);
+        let nqb = g.q.div_ceil(g.bq);
         let nest = nest(
             which,
             vec![
                 LoopDef::new("images", g.n, 1),
                 LoopDef::new("output blocks", g.out_blocks, 1),
-                LoopDef::new("output rows", rows, 1),
+                LoopDef::new("output rows", g.p, 1),
                 LoopDef::new("pixel blocks", nqb, 1),
                 LoopDef::new("input-block chunks", g.in_blocks, chunk).reduction(),
             ],
@@ -389,8 +361,8 @@ impl Gather {
                 .batch_form(BatchForm::Offset)
         };
         let main = Chunked::new(desc(g.bq), ep)?;
-        let tail = (!run.is_multiple_of(g.bq))
-            .then(|| Chunked::new(desc(run % g.bq), ep))
+        let tail = (!g.q.is_multiple_of(g.bq))
+            .then(|| Chunked::new(desc(g.q % g.bq), ep))
             .transpose()?;
         let (mut a_off, mut b_off) = (vec![], vec![]);
         for cb in 0..chunk {
@@ -415,8 +387,6 @@ impl Gather {
             a_off,
             b_off,
             scratch: Mutex::new(vec![]),
-            run,
-            folded: Mutex::new(vec![]),
         })
     }
 
@@ -443,25 +413,14 @@ impl Gather {
         };
         let (xp, ap) = (xs.as_ptr() as usize, a.as_ptr() as usize);
         let bp = bias.map_or(0, |b| b.as_ptr() as usize);
-        let mut fguard = g
-            .fold
-            .then(|| self.folded.lock().unwrap_or_else(|e| e.into_inner()));
-        // The C target: y itself, or the folded planes (Wp-wide rows).
-        let (target, plane): (&mut [f32], usize) = match &mut fguard {
-            Some(f) => {
-                f.resize(g.n * g.out_blocks * g.p * wp * g.bo, 0.0);
-                (&mut f[..], g.p * wp * g.bo)
-            }
-            None => (&mut *y, g.p * g.q * g.bo),
-        };
-        let yp = SyncPtr(target.as_mut_ptr());
+        let plane = g.p * g.q * g.bo;
+        let yp = SyncPtr(y.as_mut_ptr());
         let rs = g.r * g.s;
-        let run = self.run;
         self.nest.run(pool, |i| {
             let (ni, ob, pr, qb, c0) = (i[0], i[1], i[2], i[3], i[4]);
             let q0 = qb * g.bq;
             let cnt = self.chunk.min(g.in_blocks - c0);
-            let ks = if q0 + g.bq <= run {
+            let ks = if q0 + g.bq <= g.q {
                 &self.main
             } else {
                 self.tail.as_ref().unwrap()
@@ -476,9 +435,8 @@ impl Gather {
                 (bp as *const f32).wrapping_add(ob * g.bo)
             };
             // SAFETY: buffer sizes were checked at the public entry; the
-            // offsets stay inside the padded input and the filter (a folded
-            // run ends at the last real pixel, whose taps are in the plane);
-            // the output block (ni, ob, pr, qb) belongs to one thread.
+            // offsets stay inside the padded input and the filter; the
+            // output block (ni, ob, pr, qb) belongs to one thread.
             unsafe {
                 ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw(
                     RawBatch::Offset {
@@ -489,27 +447,11 @@ impl Gather {
                         count: cnt * rs,
                     },
                     yp.get()
-                        .add((ni * g.out_blocks + ob) * plane + (pr * run + q0) * g.bo),
+                        .add((ni * g.out_blocks + ob) * plane + (pr * g.q + q0) * g.bo),
                     bias,
                 )
             };
         });
-        if let Some(f) = &fguard {
-            let src = &f[..];
-            let planes = g.n * g.out_blocks;
-            let dst = SyncPtr(y.as_mut_ptr());
-            let (p, q, bo) = (g.p, g.q, g.bo);
-            pool.for_each(planes, |pl| {
-                // SAFETY: each output plane belongs to one thread.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(dst.get().add(pl * p * q * bo), p * q * bo)
-                };
-                for row in 0..p {
-                    out[row * q * bo..][..q * bo]
-                        .copy_from_slice(&src[(pl * p * wp + row * wp) * bo..][..q * bo]);
-                }
-            });
-        }
     }
 }
 
@@ -612,7 +554,6 @@ impl Conv {
                 dil: pr.dilation,
                 bq,
                 flip: false,
-                fold: t.fold,
             },
             &t.fwd,
             Epilogue {
@@ -643,7 +584,6 @@ impl Conv {
                     dil: d,
                     bq: bqb,
                     flip: true,
-                    fold: t.fold,
                 },
                 &t.bwd,
                 Epilogue::default(),

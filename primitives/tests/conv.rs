@@ -170,13 +170,7 @@ fn resnet_like_shapes() {
             Activation::Identity,
         ),
     ] {
-        for fold in [false, true] {
-            let t = ConvTuning {
-                fold,
-                ..ConvTuning::heuristic(&p)
-            };
-            check(p, t, act, 7);
-        }
+        check(p, ConvTuning::heuristic(&p), act, 7);
     }
 }
 
@@ -323,14 +317,12 @@ proptest! {
         bc in 1usize..6,
         bk in 1usize..6,
         bq in 1usize..9,
-        fold in any::<bool>(),
         seed in 0u64..1000,
     ) {
         let mut t = ConvTuning::heuristic(&p);
         t.bc = bc;
         t.bk = bk;
         t.bq = bq;
-        t.fold = fold;
         check(p, t, Activation::Relu, seed);
     }
 }
