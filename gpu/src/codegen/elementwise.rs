@@ -1,0 +1,142 @@
+//! The small kernels around the BRGEMM that the GPU FC layers and MLP need:
+//! conversion (with optional transpose) to the GEMM input type, activation
+//! derivatives, bias gradients, softmax cross-entropy and the optimizers.
+//! One source text serves both targets through the prelude's macros.
+
+use super::{prelude, Target};
+use crate::desc::GpuDtype;
+use brgemm::Activation;
+
+/// One element-wise kernel, by what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElementwiseKernel {
+    /// `convert_<dtype>(x f32, y dtype, rows, cols, trans)`: y is rows x cols
+    /// column-major; it reads x(i, j) at `i + j*rows`, or x(j, i) at
+    /// `j + i*cols` when `trans` is set. bf16 rounds to nearest even.
+    Convert(GpuDtype),
+    /// `act_bwd_<act>(y, dy, dz, n)`: dz = dy * act'(z), from the output y.
+    ActBackward(Activation),
+    /// `bias_grad(dz, db, rows, cols)`: db[r] = sum over columns of dz.
+    BiasGrad,
+    /// `softmax_xent(logits, labels, dlogits, loss, classes, n)`: per column.
+    SoftmaxXent,
+    /// `sgd(p, g, v, n, lr, momentum)`.
+    Sgd,
+    /// `adam(p, g, m, v, n, step, beta1, beta2, eps)` with the bias-corrected
+    /// step size computed on the host.
+    Adam,
+}
+
+impl ElementwiseKernel {
+    /// The generated function's name.
+    pub fn name(self) -> String {
+        match self {
+            ElementwiseKernel::Convert(d) => format!("convert_{}", d.name()),
+            ElementwiseKernel::ActBackward(a) => format!("act_bwd_{}", act_name(a)),
+            ElementwiseKernel::BiasGrad => "bias_grad".into(),
+            ElementwiseKernel::SoftmaxXent => "softmax_xent".into(),
+            ElementwiseKernel::Sgd => "sgd".into(),
+            ElementwiseKernel::Adam => "adam".into(),
+        }
+    }
+}
+
+fn act_name(a: Activation) -> &'static str {
+    match a {
+        Activation::Identity => "identity",
+        Activation::Relu => "relu",
+        Activation::Sigmoid => "sigmoid",
+        Activation::Tanh => "tanh",
+        _ => "gelu",
+    }
+}
+
+/// All element-wise kernels in one program.
+pub fn elementwise_source(t: Target) -> String {
+    let mut s = String::from(prelude(t));
+    s.push_str(
+        r#"
+#define FLT_MIN_ 1.17549435e-38f
+inline u16 f32_to_bf16(float f) {
+  unsigned u = AS_UINT(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+KERNEL convert_f32(GLOBAL const float* x, GLOBAL float* y, int rows, int cols, int trans) {
+  const idx_t i = GID;
+  if (i >= (idx_t)rows * cols) return;
+  const int r = (int)(i % rows), c = (int)(i / rows);
+  y[i] = trans ? x[c + (idx_t)r * cols] : x[i];
+}
+KERNEL convert_bf16(GLOBAL const float* x, GLOBAL u16* y, int rows, int cols, int trans) {
+  const idx_t i = GID;
+  if (i >= (idx_t)rows * cols) return;
+  const int r = (int)(i % rows), c = (int)(i / rows);
+  y[i] = f32_to_bf16(trans ? x[c + (idx_t)r * cols] : x[i]);
+}
+KERNEL convert_f16(GLOBAL const float* x, GLOBAL u16* y, int rows, int cols, int trans) {
+  const idx_t i = GID;
+  if (i >= (idx_t)rows * cols) return;
+  const int r = (int)(i % rows), c = (int)(i / rows);
+  y[i] = f32_to_f16(trans ? x[c + (idx_t)r * cols] : x[i]);
+}
+KERNEL act_bwd_identity(GLOBAL const float* y, GLOBAL const float* dy, GLOBAL float* dz, int n) {
+  const idx_t i = GID; if (i < n) dz[i] = dy[i];
+}
+KERNEL act_bwd_relu(GLOBAL const float* y, GLOBAL const float* dy, GLOBAL float* dz, int n) {
+  const idx_t i = GID; if (i < n) dz[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+KERNEL act_bwd_sigmoid(GLOBAL const float* y, GLOBAL const float* dy, GLOBAL float* dz, int n) {
+  const idx_t i = GID; if (i < n) dz[i] = dy[i] * y[i] * (1.0f - y[i]);
+}
+KERNEL act_bwd_tanh(GLOBAL const float* y, GLOBAL const float* dy, GLOBAL float* dz, int n) {
+  const idx_t i = GID; if (i < n) dz[i] = dy[i] * (1.0f - y[i] * y[i]);
+}
+KERNEL bias_grad(GLOBAL const float* dz, GLOBAL float* db, int rows, int cols) {
+  const idx_t r = GID;
+  if (r >= rows) return;
+  float s = 0.0f;
+  for (int c = 0; c < cols; ++c) s += dz[r + (idx_t)c * rows];
+  db[r] = s;
+}
+KERNEL softmax_xent(GLOBAL const float* logits, GLOBAL const int* labels, GLOBAL float* dlogits,
+                    GLOBAL float* loss, int classes, int n) {
+  const idx_t j = GID;
+  if (j >= n) return;
+  GLOBAL const float* z = logits + j * classes;
+  GLOBAL float* dz = dlogits + j * classes;
+  float mx = z[0];
+  for (int c = 1; c < classes; ++c) mx = z[c] > mx ? z[c] : mx;
+  float sum = 0.0f;
+  for (int c = 0; c < classes; ++c) sum += EXPF(z[c] - mx);
+  const int label = labels[j];
+  for (int c = 0; c < classes; ++c) {
+    const float p = EXPF(z[c] - mx) / sum;
+    dz[c] = (p - (c == label ? 1.0f : 0.0f)) / (float)n;
+  }
+  const float pl = EXPF(z[label] - mx) / sum;
+  loss[j] = -LOGF(pl > FLT_MIN_ ? pl : FLT_MIN_);
+}
+KERNEL sgd(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* v, int n, float lr, float momentum) {
+  const idx_t i = GID;
+  if (i >= n) return;
+  v[i] = momentum * v[i] + g[i];
+  p[i] -= lr * v[i];
+}
+KERNEL adam(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* m, GLOBAL float* v, int n,
+            float step, float beta1, float beta2, float eps) {
+  const idx_t i = GID;
+  if (i >= n) return;
+  m[i] = beta1 * m[i] + (1.0f - beta1) * g[i];
+  v[i] = beta2 * v[i] + (1.0f - beta2) * g[i] * g[i];
+  p[i] -= step * m[i] / (SQRTF(v[i]) + eps);
+}
+"#,
+    );
+    match t {
+        Target::Cuda => s
+            .replace("inline u16", "__device__ __forceinline__ u16")
+            .replace("AS_UINT(f)", "__float_as_uint(f)"),
+        Target::OpenCl => s.replace("AS_UINT(f)", "as_uint(f)"),
+    }
+}

@@ -1,0 +1,81 @@
+//! Source generation: one generator, two targets.
+//!
+//! [`brgemm_source`] writes the BRGEMM for one descriptor as CUDA C (tensor
+//! cores through header-free inline PTX: `cp.async`, `ldmatrix`,
+//! `mma.sync.m16n8k16`) or as OpenCL C. Both come from the same skeleton:
+//! the same block and warp tiling, the same shared-memory tiles and stage
+//! ring, the same per-thread ownership of C (the `m16n8` accumulator
+//! fragment layout of the tensor-core instruction), the same addressing of
+//! the three batch forms and the same epilogue. They differ only where the
+//! hardware does: how a tile reaches shared memory (`cp.async` with
+//! zero-fill vs plain copies) and the innermost multiply-accumulate
+//! (`ldmatrix` + `mma.sync` vs scalar FMAs over the same fragment elements).
+//! So the OpenCL twin, which CI runs on PoCL, executes the tiling, edge
+//! handling, batch addressing and epilogue that the CUDA kernel uses.
+
+mod brgemm_src;
+mod elementwise;
+
+pub use brgemm_src::brgemm_source;
+pub use elementwise::{elementwise_source, ElementwiseKernel};
+
+/// Which language to emit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// CUDA C++ for NVRTC, sm_80 and up.
+    Cuda,
+    /// OpenCL C 1.2.
+    OpenCl,
+}
+
+/// Writes a float so that both languages read back the same f32.
+pub(crate) fn float_lit(x: f32) -> String {
+    let s = format!("{x:?}");
+    if s.contains('.') || s.contains('e') {
+        format!("{s}f")
+    } else {
+        format!("{s}.0f")
+    }
+}
+
+/// The target-specific macros every generated file starts with.
+pub(crate) fn prelude(t: Target) -> &'static str {
+    match t {
+        Target::Cuda => {
+            "typedef long long idx_t;\ntypedef unsigned short u16;\ntypedef unsigned long long u64;\n\
+             #define KERNEL extern \"C\" __global__ void\n#define GLOBAL\n#define SHARED __shared__\n\
+             #define SYNC() __syncthreads()\n#define TID ((int)threadIdx.x)\n\
+             #define GID ((idx_t)blockIdx.x * blockDim.x + threadIdx.x)\n\
+             #define BX ((int)blockIdx.x)\n#define BY ((int)blockIdx.y)\n\
+             #define EXPF(x) expf(x)\n#define TANHF(x) tanhf(x)\n#define SQRTF(x) sqrtf(x)\n#define LOGF(x) logf(x)\n\
+             #define BF16_TO_F32(h) __uint_as_float(((unsigned)(h)) << 16)\n\
+             __device__ __forceinline__ float f16_to_f32(u16 h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n\
+             __device__ __forceinline__ u16 f32_to_f16(float f) { u16 h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+        }
+        Target::OpenCl => {
+            "typedef long idx_t;\ntypedef ushort u16;\ntypedef ulong u64;\n\
+             #define KERNEL __kernel void\n#define GLOBAL __global\n#define SHARED __local\n\
+             #define SYNC() barrier(CLK_LOCAL_MEM_FENCE)\n#define TID ((int)get_local_id(0))\n\
+             #define GID ((idx_t)get_global_id(0))\n\
+             #define BX ((int)get_group_id(0))\n#define BY ((int)get_group_id(1))\n\
+             #define EXPF(x) exp(x)\n#define TANHF(x) tanh(x)\n#define SQRTF(x) sqrt(x)\n#define LOGF(x) log(x)\n\
+             #define BF16_TO_F32(h) as_float(((uint)(h)) << 16)\n\
+             inline float f16_to_f32(u16 h) { return vload_half(0, (const half*)&h); }\n\
+             inline u16 f32_to_f16(float f) { u16 h; vstore_half_rte(f, 0, (half*)&h); return h; }\n"
+        }
+    }
+}
+
+/// C expression applying `act` to the float expression `v`.
+pub(crate) fn activation_expr(act: brgemm::Activation, v: &str) -> String {
+    use brgemm::Activation as A;
+    match act {
+        A::Relu => format!("({v} > 0.0f ? {v} : 0.0f)"),
+        A::Sigmoid => format!("(1.0f / (1.0f + EXPF(-({v}))))"),
+        A::Tanh => format!("TANHF({v})"),
+        A::Gelu => format!(
+            "(0.5f * ({v}) * (1.0f + TANHF(0.7978846f * (({v}) + 0.044715f * ({v}) * ({v}) * ({v})))))"
+        ),
+        _ => v.to_string(),
+    }
+}

@@ -1,0 +1,191 @@
+//! The CUDA backend: driver through cudarc, kernels compiled by NVRTC for
+//! the device's architecture, cached per (source key, arch).
+
+use crate::error::{Error, Result};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::CompileOptions;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+fn cu(e: impl std::fmt::Debug) -> Error {
+    Error::Cuda(format!("{e:?}"))
+}
+
+/// Whether `libnvrtc` can be loaded (probed before any NVRTC call: cudarc
+/// panics on a missing library).
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Whether `libcuda` (the driver) can be loaded.
+pub fn driver_available() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// `sm_XY` as the `'static` string NVRTC's options take.
+pub fn arch_name(major: i32, minor: i32) -> &'static str {
+    match (major, minor) {
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        // Rare: one small leak per new architecture name, once per process.
+        _ => Box::leak(format!("sm_{major}{minor}").into_boxed_str()),
+    }
+}
+
+/// Compiles CUDA C to PTX with NVRTC for `arch` (needs no GPU).
+pub fn compile_ptx(source: &str, name: &str, arch: &'static str) -> Result<String> {
+    if !nvrtc_available() {
+        return Err(Error::NoCuda(
+            "libnvrtc.so.12 not found: pip install nvidia-cuda-nvrtc-cu12 and add its lib/ to LD_LIBRARY_PATH".into(),
+        ));
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| Error::Compile {
+        name: name.to_string(),
+        log: format!("{e:?}"),
+    })?;
+    Ok(ptx.to_src())
+}
+
+/// A CUDA device: context, one stream, the kernel cache.
+pub struct CudaBackend {
+    name: String,
+    arch: &'static str,
+    funcs: Mutex<HashMap<String, CudaFunction>>,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+}
+
+pub(crate) enum CuArg<'a> {
+    Buf(&'a CudaSlice<u8>),
+    I32(i32),
+    F32(f32),
+}
+
+impl CudaBackend {
+    /// Device `ordinal`, after probing for the driver and NVRTC.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        if !driver_available() {
+            return Err(Error::NoCuda(
+                "libcuda.so (the NVIDIA driver) not found".into(),
+            ));
+        }
+        if !nvrtc_available() {
+            return Err(Error::NoCuda(
+                "libnvrtc.so.12 not found: install the CUDA toolkit or pip install nvidia-cuda-nvrtc-cu12 \
+                 and add its lib/ to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cu)?;
+        let (major, minor) = ctx.compute_capability().map_err(cu)?;
+        if major < 8 {
+            return Err(Error::NoCuda(format!(
+                "device {ordinal} is sm_{major}{minor}; the generated kernels need sm_80 or newer"
+            )));
+        }
+        let name = ctx
+            .name()
+            .unwrap_or_else(|_| format!("CUDA device {ordinal}"));
+        let stream = ctx.default_stream();
+        Ok(CudaBackend {
+            name,
+            arch: arch_name(major, minor),
+            funcs: Mutex::default(),
+            stream,
+            ctx,
+        })
+    }
+
+    /// Device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The architecture kernels are compiled for.
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(cu)
+    }
+    pub(crate) fn write(&self, b: &mut CudaSlice<u8>, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut view = b.slice_mut(0..data.len());
+        self.stream.memcpy_htod(data, &mut view).map_err(cu)
+    }
+    pub(crate) fn read(&self, b: &CudaSlice<u8>, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let view = b.slice(0..out.len());
+        self.stream.memcpy_dtoh(&view, out).map_err(cu)
+    }
+    pub(crate) fn address(&self, b: &CudaSlice<u8>) -> u64 {
+        use cudarc::driver::DevicePtr;
+        let (p, _sync) = b.device_ptr(&self.stream);
+        p
+    }
+
+    pub(crate) fn launch(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+        name: &str,
+        grid: [u32; 2],
+        block: u32,
+        args: &[CuArg],
+    ) -> Result<()> {
+        let mut funcs = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
+        let fkey = format!("{key}/{name}/{}", self.arch);
+        if !funcs.contains_key(&fkey) {
+            let ptx = compile_ptx(&source(), key, self.arch)?;
+            let module = self
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+                .map_err(cu)?;
+            let f = module.load_function(name).map_err(cu)?;
+            funcs.insert(fkey.clone(), f);
+        }
+        let f = &funcs[&fkey];
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                CuArg::Buf(s) => b.arg(*s),
+                CuArg::I32(v) => b.arg(v),
+                CuArg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid[0], grid[1], 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the argument list matches the generated signature, and the
+        // caller bounds-checked every buffer against the descriptor.
+        unsafe { b.launch(cfg) }.map_err(cu)?;
+        Ok(())
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cu)
+    }
+}

@@ -1,0 +1,275 @@
+//! One device type over both backends: buffers, uploads, launches.
+
+use crate::cuda::{CuArg, CudaBackend};
+use crate::error::{invalid, Result};
+use crate::opencl::{ClArg, OpenClBackend};
+
+/// Which backend to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// CUDA device 0 (tensor cores, NVRTC).
+    Cuda,
+    /// The first OpenCL device.
+    OpenCl,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cuda" => Ok(Backend::Cuda),
+            "opencl" => Ok(Backend::OpenCl),
+            _ => Err(invalid("device", s, "expected cuda or opencl")),
+        }
+    }
+}
+
+pub(crate) enum Inner {
+    Cuda(CudaBackend),
+    OpenCl(OpenClBackend),
+}
+
+/// A GPU (or OpenCL device) with its kernel cache.
+pub struct Device {
+    pub(crate) inner: Inner,
+}
+
+enum BufInner {
+    Cuda(cudarc::driver::CudaSlice<u8>),
+    OpenCl(opencl3::memory::Buffer<u8>),
+}
+
+/// Device memory: one plain allocation (no managed memory), freed on drop.
+/// Untyped; the kernels that use it fix the element type, and every entry
+/// point checks the byte length against what it will touch.
+pub struct Buffer {
+    inner: BufInner,
+    bytes: usize,
+}
+
+impl Buffer {
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+    /// Whether the buffer holds at least `n` elements of `size` bytes.
+    pub(crate) fn holds(&self, n: usize, size: usize) -> bool {
+        n.checked_mul(size).is_some_and(|b| b <= self.bytes)
+    }
+}
+
+/// A launch argument.
+pub(crate) enum Arg<'a> {
+    Buf(&'a Buffer),
+    I32(i32),
+    F32(f32),
+}
+
+impl Device {
+    /// Opens a backend: CUDA device 0 or the first OpenCL device. Missing
+    /// drivers or libraries give an error that says what to install.
+    pub fn open(b: Backend) -> Result<Device> {
+        let inner = match b {
+            Backend::Cuda => Inner::Cuda(CudaBackend::new(0)?),
+            Backend::OpenCl => Inner::OpenCl(OpenClBackend::new()?),
+        };
+        Ok(Device { inner })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        match self.inner {
+            Inner::Cuda(_) => Backend::Cuda,
+            Inner::OpenCl(_) => Backend::OpenCl,
+        }
+    }
+
+    /// Device name.
+    pub fn name(&self) -> &str {
+        match &self.inner {
+            Inner::Cuda(c) => c.name(),
+            Inner::OpenCl(c) => c.name(),
+        }
+    }
+
+    /// The CUDA backend, if this is one (for cuBLAS comparisons).
+    pub fn cuda(&self) -> Option<&CudaBackend> {
+        match &self.inner {
+            Inner::Cuda(c) => Some(c),
+            Inner::OpenCl(_) => None,
+        }
+    }
+
+    /// A zero-filled buffer of `bytes` bytes.
+    pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
+        let inner = match &self.inner {
+            Inner::Cuda(c) => BufInner::Cuda(c.alloc(bytes)?),
+            Inner::OpenCl(c) => BufInner::OpenCl(c.alloc(bytes)?),
+        };
+        Ok(Buffer { inner, bytes })
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<Buffer> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut b = self.alloc(bytes.len())?;
+        self.write(&mut b, data)?;
+        Ok(b)
+    }
+
+    /// Overwrites the start of `b` with `data`.
+    pub fn write<T: bytemuck::Pod>(&self, b: &mut Buffer, data: &[T]) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if bytes.len() > b.bytes {
+            return Err(invalid(
+                "upload length",
+                bytes.len(),
+                format!("buffer has {} bytes", b.bytes),
+            ));
+        }
+        match (&self.inner, &mut b.inner) {
+            (Inner::Cuda(c), BufInner::Cuda(s)) => c.write(s, bytes),
+            (Inner::OpenCl(c), BufInner::OpenCl(s)) => c.write(s, bytes),
+            _ => Err(invalid(
+                "buffer",
+                "of another backend",
+                "allocate it on this device",
+            )),
+        }
+    }
+
+    /// Reads the first `n` elements of `b` (waits for queued work).
+    pub fn download<T: bytemuck::Pod>(&self, b: &Buffer, n: usize) -> Result<Vec<T>> {
+        let size = std::mem::size_of::<T>();
+        if !b.holds(n, size) {
+            return Err(invalid(
+                "download length",
+                n,
+                format!("buffer has {} bytes", b.bytes),
+            ));
+        }
+        let mut out = vec![T::zeroed(); n];
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+        match (&self.inner, &b.inner) {
+            (Inner::Cuda(c), BufInner::Cuda(s)) => c.read(s, bytes)?,
+            (Inner::OpenCl(c), BufInner::OpenCl(s)) => c.read(s, bytes)?,
+            _ => {
+                return Err(invalid(
+                    "buffer",
+                    "of another backend",
+                    "allocate it on this device",
+                ))
+            }
+        }
+        Ok(out)
+    }
+
+    /// The address kernels see for byte 0 of `b`: the device pointer on CUDA,
+    /// 0 on OpenCL (where address tables hold byte offsets into the buffer).
+    pub fn address(&self, b: &Buffer) -> u64 {
+        match (&self.inner, &b.inner) {
+            (Inner::Cuda(c), BufInner::Cuda(s)) => c.address(s),
+            _ => 0,
+        }
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Cuda(c) => c.synchronize(),
+            Inner::OpenCl(c) => c.synchronize(),
+        }
+    }
+
+    /// Launches kernel `name` of the program cached as `key` (built from
+    /// `source` for this backend on first use) on a `grid` of blocks of
+    /// `block` threads.
+    pub(crate) fn launch(
+        &self,
+        key: &str,
+        source: impl FnOnce(crate::codegen::Target) -> String,
+        name: &str,
+        grid: [usize; 2],
+        block: usize,
+        args: &[Arg],
+    ) -> Result<()> {
+        if grid[0] == 0 || grid[1] == 0 {
+            return Ok(());
+        }
+        match &self.inner {
+            Inner::Cuda(c) => {
+                let mut a = Vec::with_capacity(args.len());
+                for x in args {
+                    a.push(match x {
+                        Arg::Buf(b) => match &b.inner {
+                            BufInner::Cuda(s) => CuArg::Buf(s),
+                            BufInner::OpenCl(_) => {
+                                return Err(invalid(
+                                    "buffer",
+                                    "an OpenCL buffer",
+                                    "allocate it on this CUDA device",
+                                ))
+                            }
+                        },
+                        Arg::I32(v) => CuArg::I32(*v),
+                        Arg::F32(v) => CuArg::F32(*v),
+                    });
+                }
+                let g = |x: usize| u32::try_from(x).map_err(|_| invalid("grid", x, "exceeds u32"));
+                c.launch(
+                    key,
+                    || source(crate::codegen::Target::Cuda),
+                    name,
+                    [g(grid[0])?, g(grid[1])?],
+                    block as u32,
+                    &a,
+                )
+            }
+            Inner::OpenCl(c) => {
+                let mut a = Vec::with_capacity(args.len());
+                for x in args {
+                    a.push(match x {
+                        Arg::Buf(b) => match &b.inner {
+                            BufInner::OpenCl(s) => ClArg::Buf(s),
+                            BufInner::Cuda(_) => {
+                                return Err(invalid(
+                                    "buffer",
+                                    "a CUDA buffer",
+                                    "allocate it on this OpenCL device",
+                                ))
+                            }
+                        },
+                        Arg::I32(v) => ClArg::I32(*v),
+                        Arg::F32(v) => ClArg::F32(*v),
+                    });
+                }
+                c.launch(
+                    key,
+                    || source(crate::codegen::Target::OpenCl),
+                    name,
+                    [grid[0] * block, grid[1]],
+                    [block, 1],
+                    &a,
+                )
+            }
+        }
+    }
+
+    /// Runs an element-wise kernel over `n` work items.
+    pub(crate) fn launch_elementwise(
+        &self,
+        k: crate::ElementwiseKernel,
+        n: usize,
+        args: &[Arg],
+    ) -> Result<()> {
+        const BLOCK: usize = 256;
+        self.launch(
+            "elementwise",
+            crate::codegen::elementwise_source,
+            &k.name(),
+            [n.div_ceil(BLOCK), 1],
+            BLOCK,
+            args,
+        )
+    }
+}

@@ -1,0 +1,170 @@
+//! The OpenCL backend (any OpenCL 1.2+ device; PoCL on the CPU in CI).
+
+use crate::error::{Error, Result};
+use opencl3::command_queue::CommandQueue;
+use opencl3::context::Context;
+use opencl3::kernel::{ExecuteKernel, Kernel};
+use opencl3::memory::{Buffer, CL_MEM_READ_WRITE};
+use opencl3::program::Program;
+use opencl3::types::CL_BLOCKING;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+fn cl(e: impl std::fmt::Display) -> Error {
+    Error::OpenCl(e.to_string())
+}
+
+/// An OpenCL device with its context, in-order queue and program cache.
+pub struct OpenClBackend {
+    name: String,
+    // Field order: kernels and programs are released before the queue and
+    // the context.
+    kernels: Mutex<HashMap<String, Kernel>>,
+    programs: Mutex<HashMap<String, Program>>,
+    queue: CommandQueue,
+    context: Context,
+}
+
+/// A kernel argument.
+pub(crate) enum ClArg<'a> {
+    Buf(&'a Buffer<u8>),
+    I32(i32),
+    F32(f32),
+}
+
+impl OpenClBackend {
+    /// The first device of the first platform that has one; errors when the
+    /// OpenCL loader or any device is missing.
+    pub fn new() -> Result<Self> {
+        if !cl3::is_opencl_runtime_available() {
+            return Err(Error::NoOpenCl(
+                "libOpenCL.so.1 not found: install an ICD loader and a driver \
+                 (Debian: ocl-icd-libopencl1 pocl-opencl-icd)"
+                    .into(),
+            ));
+        }
+        let platforms = opencl3::platform::get_platforms().map_err(cl)?;
+        for p in platforms {
+            let ids = p
+                .get_devices(opencl3::device::CL_DEVICE_TYPE_ALL)
+                .unwrap_or_default();
+            if let Some(&id) = ids.first() {
+                let device = opencl3::device::Device::new(id);
+                let name = format!(
+                    "{} ({})",
+                    device.name().unwrap_or_default(),
+                    p.name().unwrap_or_default()
+                );
+                let context = Context::from_device(&device).map_err(cl)?;
+                #[allow(deprecated)]
+                let queue = CommandQueue::create_default(&context, 0).map_err(cl)?;
+                return Ok(OpenClBackend {
+                    name,
+                    kernels: Mutex::default(),
+                    programs: Mutex::default(),
+                    queue,
+                    context,
+                });
+            }
+        }
+        Err(Error::NoOpenCl(
+            "no OpenCL device on any platform (Debian: pocl-opencl-icd runs on the CPU)".into(),
+        ))
+    }
+
+    /// Device and platform name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn alloc(&self, bytes: usize) -> Result<Buffer<u8>> {
+        // SAFETY: no host pointer; the buffer is written before it is read
+        // (zero-filled here so a fresh buffer reads as zeros, as on CUDA).
+        let mut b = unsafe {
+            Buffer::<u8>::create(
+                &self.context,
+                CL_MEM_READ_WRITE,
+                bytes.max(1),
+                std::ptr::null_mut(),
+            )
+        }
+        .map_err(cl)?;
+        let zeros = vec![0u8; bytes.max(1)];
+        self.write(&mut b, &zeros)?;
+        Ok(b)
+    }
+
+    pub(crate) fn write(&self, b: &mut Buffer<u8>, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: blocking write of `data.len()` bytes, which the caller
+        // checked against the buffer's size.
+        unsafe {
+            self.queue
+                .enqueue_write_buffer(b, CL_BLOCKING, 0, data, &[])
+        }
+        .map_err(cl)?;
+        Ok(())
+    }
+
+    pub(crate) fn read(&self, b: &Buffer<u8>, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: blocking read into `out`, sized by the caller within the buffer.
+        unsafe { self.queue.enqueue_read_buffer(b, CL_BLOCKING, 0, out, &[]) }.map_err(cl)?;
+        Ok(())
+    }
+
+    /// Builds `source` once per `key` and launches its kernel `name`.
+    pub(crate) fn launch(
+        &self,
+        key: &str,
+        source: impl FnOnce() -> String,
+        name: &str,
+        global: [usize; 2],
+        local: [usize; 2],
+        args: &[ClArg],
+    ) -> Result<()> {
+        let kkey = format!("{key}/{name}");
+        let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if !kernels.contains_key(&kkey) {
+            let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+            if !programs.contains_key(key) {
+                let src = source();
+                let p = Program::create_and_build_from_source(&self.context, &src, "-cl-std=CL1.2")
+                    .map_err(|log| Error::Compile {
+                        name: key.to_string(),
+                        log,
+                    })?;
+                programs.insert(key.to_string(), p);
+            }
+            let k = Kernel::create(&programs[key], name).map_err(cl)?;
+            kernels.insert(kkey.clone(), k);
+        }
+        let k = &kernels[&kkey];
+        let mut ex = ExecuteKernel::new(k);
+        for a in args {
+            // SAFETY: the argument list matches the generated signature
+            // (built by this crate next to the source).
+            unsafe {
+                match a {
+                    ClArg::Buf(b) => ex.set_arg(*b),
+                    ClArg::I32(v) => ex.set_arg(v),
+                    ClArg::F32(v) => ex.set_arg(v),
+                };
+            }
+        }
+        ex.set_global_work_sizes(&global)
+            .set_local_work_sizes(&local);
+        // SAFETY: all arguments are set; buffers were bounds-checked by the
+        // caller against the descriptor.
+        unsafe { ex.enqueue_nd_range(&self.queue) }.map_err(cl)?;
+        Ok(())
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.queue.finish().map_err(cl)
+    }
+}

@@ -1,0 +1,188 @@
+//! Shared by the GPU tests: problem generation, the f64 reference, device
+//! and tool discovery.
+#![allow(dead_code)]
+
+use brgemm::{Activation, Beta};
+use brgemm_gpu::{Backend, BatchTable, Buffer, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype};
+use half::{bf16, f16};
+
+/// The OpenCL device, or `None` with a plain line saying why (a failure
+/// instead when `BRGEMM_REQUIRE_OPENCL=1`, as in the test script).
+pub fn opencl() -> Option<Device> {
+    match Device::open(Backend::OpenCl) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("BRGEMM_REQUIRE_OPENCL").as_deref() == Ok("1") => {
+            panic!("BRGEMM_REQUIRE_OPENCL=1 but: {e}")
+        }
+        Err(e) => {
+            println!("skipped: no OpenCL device ({e})");
+            None
+        }
+    }
+}
+
+/// The CUDA device, or `None` with a plain line saying the numeric CUDA
+/// tests were skipped.
+pub fn cuda() -> Option<Device> {
+    match Device::open(Backend::Cuda) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("skipped: numeric CUDA tests need a CUDA device ({e})");
+            None
+        }
+    }
+}
+
+/// Tiny deterministic generator (the tests must not depend on the clock).
+pub struct Lcg(pub u64);
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    pub fn f32(&mut self) -> f32 {
+        (self.next() % 2001) as f32 / 1000.0 - 1.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Rounds to what `dt` can hold (the reference then sees the same inputs).
+pub fn round(dt: GpuDtype, x: f32) -> f32 {
+    match dt {
+        GpuDtype::Bf16 => bf16::from_f32(x).to_f32(),
+        GpuDtype::F16 => f16::from_f32(x).to_f32(),
+        GpuDtype::F32 => x,
+    }
+}
+
+/// Uploads `v` (already rounded) in the element type `dt`.
+pub fn upload(dev: &Device, dt: GpuDtype, v: &[f32]) -> Buffer {
+    match dt {
+        GpuDtype::Bf16 => dev.upload(&v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect::<Vec<u16>>()),
+        GpuDtype::F16 => dev.upload(&v.iter().map(|&x| f16::from_f32(x).to_bits()).collect::<Vec<u16>>()),
+        GpuDtype::F32 => dev.upload(v),
+    }
+    .unwrap()
+}
+
+/// A whole problem: inputs, where each pair starts, and the f64 result.
+pub struct Problem {
+    pub d: GpuDescriptor,
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub c0: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub offs_a: Vec<usize>,
+    pub offs_b: Vec<usize>,
+    pub batch: usize,
+}
+
+impl Problem {
+    /// Random inputs for `d` (validated) and `batch` pairs placed per its
+    /// batch form: strided, or at shuffled aligned slots for tables.
+    pub fn new(d: &GpuDescriptor, batch: usize, seed: u64) -> Problem {
+        let d = d.validate().unwrap();
+        let mut r = Lcg(seed);
+        let (ae, be) = (d.a_extent(), d.b_extent());
+        let (offs_a, offs_b, alen, blen) = match d.batch {
+            GpuBatch::Stride { a, b } => (
+                (0..batch).map(|i| i * a).collect::<Vec<_>>(),
+                (0..batch).map(|i| i * b).collect::<Vec<_>>(),
+                batch.saturating_sub(1) * a + ae,
+                batch.saturating_sub(1) * b + be,
+            ),
+            _ => {
+                let al = d.table_align;
+                let slot = |e: usize| e.div_ceil(al) * al + al; // + al: not back to back
+                let (sa, sb) = (slot(ae), slot(be));
+                let mut pa: Vec<usize> = (0..batch).map(|i| i * sa).collect();
+                let mut pb: Vec<usize> = (0..batch).map(|i| i * sb).collect();
+                for i in (1..batch).rev() {
+                    pa.swap(i, r.below(i + 1));
+                    pb.swap(i, r.below(i + 1));
+                }
+                (pa, pb, batch * sa + 1, batch * sb + 1)
+            }
+        };
+        let dt = d.dtype;
+        let a = (0..alen.max(1)).map(|_| round(dt, r.f32())).collect();
+        let b = (0..blen.max(1)).map(|_| round(dt, r.f32())).collect();
+        let c0 = (0..d.c_extent()).map(|_| r.f32()).collect();
+        let bias = (0..d.m).map(|_| r.f32()).collect();
+        Problem { d, a, b, c0, bias, offs_a, offs_b, batch }
+    }
+
+    /// act(alpha * sum + beta*C + bias) in f64, and per element the sum of
+    /// |terms| (the scale of the rounding error).
+    pub fn reference(&self) -> (Vec<f64>, Vec<f64>) {
+        let d = &self.d;
+        let mut out: Vec<f64> = self.c0.iter().map(|&x| x as f64).collect();
+        let mut mag = vec![0.0f64; out.len()];
+        for j in 0..d.n {
+            for r in 0..d.m {
+                let (mut s, mut m) = (0.0f64, 0.0f64);
+                for i in 0..self.batch {
+                    for p in 0..d.k {
+                        let t = self.a[self.offs_a[i] + r + p * d.lda] as f64
+                            * self.b[self.offs_b[i] + p + j * d.ldb] as f64;
+                        s += t;
+                        m += t.abs();
+                    }
+                }
+                let ci = r + j * d.ldc;
+                let mut v = d.alpha as f64 * s;
+                if matches!(d.beta, Beta::One) {
+                    v += self.c0[ci] as f64;
+                }
+                if d.epilogue.bias {
+                    v += self.bias[r] as f64;
+                }
+                out[ci] = act64(d.epilogue.activation, v);
+                mag[ci] = m * d.alpha.abs() as f64 + 1.0;
+            }
+        }
+        (out, mag)
+    }
+
+    /// Runs the generated kernel on `dev`; returns C.
+    pub fn run(&self, dev: &Device) -> brgemm_gpu::Result<Vec<f32>> {
+        let k = GpuBrgemm::new(&self.d)?;
+        let a = upload(dev, self.d.dtype, &self.a);
+        let b = upload(dev, self.d.dtype, &self.b);
+        let mut c = dev.upload(&self.c0)?;
+        let bias = dev.upload(&self.bias)?;
+        let table = match self.d.batch {
+            GpuBatch::Stride { .. } => None,
+            GpuBatch::Offset => Some(BatchTable::offsets(dev, &self.d, &self.offs_a, &self.offs_b)?),
+            GpuBatch::Address => Some(BatchTable::addresses(dev, &self.d, &a, &self.offs_a, &b, &self.offs_b)?),
+        };
+        k.execute(dev, &a, &b, &mut c, Some(&bias).filter(|_| self.d.epilogue.bias), table.as_ref(), self.batch)?;
+        dev.download(&c, self.c0.len())
+    }
+
+    /// Checks `got` against the reference; the error names the first bad
+    /// element.
+    pub fn check(&self, got: &[f32]) -> Result<(), String> {
+        let (want, mag) = self.reference();
+        for (i, ((&g, &w), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
+            // f32 accumulation in any order: a few ulps of the term sum.
+            let tol = 2e-6 * m * (self.d.k * self.batch.max(1)) as f64 + 1e-5;
+            if !((g as f64 - w).abs() <= tol) {
+                return Err(format!("{:?} batch {}: C[{i}] = {g}, want {w} (tol {tol})", self.d, self.batch));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub fn act64(a: Activation, x: f64) -> f64 {
+    match a {
+        Activation::Relu => x.max(0.0),
+        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        Activation::Tanh => x.tanh(),
+        Activation::Gelu => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        _ => x,
+    }
+}
