@@ -3,12 +3,21 @@
 #![allow(dead_code)]
 
 use brgemm::{Activation, Beta};
-use brgemm_gpu::{Backend, BatchTable, Buffer, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype};
+use brgemm_gpu::{
+    Backend, BatchTable, Buffer, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype,
+};
 use half::{bf16, f16};
 
 /// The OpenCL device, or `None` with a plain line saying why (a failure
 /// instead when `BRGEMM_REQUIRE_OPENCL=1`, as in the test script).
-pub fn opencl() -> Option<Device> {
+/// One device per test binary, shared by its tests (opening PoCL from
+/// several test threads at once can fail).
+pub fn opencl() -> Option<&'static Device> {
+    static DEV: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
+    DEV.get_or_init(open_opencl).as_ref()
+}
+
+fn open_opencl() -> Option<Device> {
     match Device::open(Backend::OpenCl) {
         Ok(d) => Some(d),
         Err(e) if std::env::var("BRGEMM_REQUIRE_OPENCL").as_deref() == Ok("1") => {
@@ -23,7 +32,12 @@ pub fn opencl() -> Option<Device> {
 
 /// The CUDA device, or `None` with a plain line saying the numeric CUDA
 /// tests were skipped.
-pub fn cuda() -> Option<Device> {
+pub fn cuda() -> Option<&'static Device> {
+    static DEV: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
+    DEV.get_or_init(open_cuda).as_ref()
+}
+
+fn open_cuda() -> Option<Device> {
     match Device::open(Backend::Cuda) {
         Ok(d) => Some(d),
         Err(e) => {
@@ -37,7 +51,10 @@ pub fn cuda() -> Option<Device> {
 pub struct Lcg(pub u64);
 impl Lcg {
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
     pub fn f32(&mut self) -> f32 {
@@ -60,8 +77,16 @@ pub fn round(dt: GpuDtype, x: f32) -> f32 {
 /// Uploads `v` (already rounded) in the element type `dt`.
 pub fn upload(dev: &Device, dt: GpuDtype, v: &[f32]) -> Buffer {
     match dt {
-        GpuDtype::Bf16 => dev.upload(&v.iter().map(|&x| bf16::from_f32(x).to_bits()).collect::<Vec<u16>>()),
-        GpuDtype::F16 => dev.upload(&v.iter().map(|&x| f16::from_f32(x).to_bits()).collect::<Vec<u16>>()),
+        GpuDtype::Bf16 => dev.upload(
+            &v.iter()
+                .map(|&x| bf16::from_f32(x).to_bits())
+                .collect::<Vec<u16>>(),
+        ),
+        GpuDtype::F16 => dev.upload(
+            &v.iter()
+                .map(|&x| f16::from_f32(x).to_bits())
+                .collect::<Vec<u16>>(),
+        ),
         GpuDtype::F32 => dev.upload(v),
     }
     .unwrap()
@@ -111,7 +136,16 @@ impl Problem {
         let b = (0..blen.max(1)).map(|_| round(dt, r.f32())).collect();
         let c0 = (0..d.c_extent()).map(|_| r.f32()).collect();
         let bias = (0..d.m).map(|_| r.f32()).collect();
-        Problem { d, a, b, c0, bias, offs_a, offs_b, batch }
+        Problem {
+            d,
+            a,
+            b,
+            c0,
+            bias,
+            offs_a,
+            offs_b,
+            batch,
+        }
     }
 
     /// act(alpha * sum + beta*C + bias) in f64, and per element the sum of
@@ -155,10 +189,30 @@ impl Problem {
         let bias = dev.upload(&self.bias)?;
         let table = match self.d.batch {
             GpuBatch::Stride { .. } => None,
-            GpuBatch::Offset => Some(BatchTable::offsets(dev, &self.d, &self.offs_a, &self.offs_b)?),
-            GpuBatch::Address => Some(BatchTable::addresses(dev, &self.d, &a, &self.offs_a, &b, &self.offs_b)?),
+            GpuBatch::Offset => Some(BatchTable::offsets(
+                dev,
+                &self.d,
+                &self.offs_a,
+                &self.offs_b,
+            )?),
+            GpuBatch::Address => Some(BatchTable::addresses(
+                dev,
+                &self.d,
+                &a,
+                &self.offs_a,
+                &b,
+                &self.offs_b,
+            )?),
         };
-        k.execute(dev, &a, &b, &mut c, Some(&bias).filter(|_| self.d.epilogue.bias), table.as_ref(), self.batch)?;
+        k.execute(
+            dev,
+            &a,
+            &b,
+            &mut c,
+            Some(&bias).filter(|_| self.d.epilogue.bias),
+            table.as_ref(),
+            self.batch,
+        )?;
         dev.download(&c, self.c0.len())
     }
 
@@ -170,7 +224,10 @@ impl Problem {
             // f32 accumulation in any order: a few ulps of the term sum.
             let tol = 2e-6 * m * (self.d.k * self.batch.max(1)) as f64 + 1e-5;
             if !((g as f64 - w).abs() <= tol) {
-                return Err(format!("{:?} batch {}: C[{i}] = {g}, want {w} (tol {tol})", self.d, self.batch));
+                return Err(format!(
+                    "{:?} batch {}: C[{i}] = {g}, want {w} (tol {tol})",
+                    self.d, self.batch
+                ));
             }
         }
         Ok(())
@@ -182,7 +239,127 @@ pub fn act64(a: Activation, x: f64) -> f64 {
         Activation::Relu => x.max(0.0),
         Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
         Activation::Tanh => x.tanh(),
-        Activation::Gelu => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        Activation::Gelu => {
+            0.5 * x
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+        }
         _ => x,
     }
+}
+
+/// The deterministic part of the sweep: every dtype x batch form, with beta,
+/// epilogue, leading dimensions (aligned and not), edge tiles, zero batch and
+/// forced tilings cycling through them.
+pub fn sweep() -> Vec<(GpuDescriptor, usize)> {
+    use brgemm_gpu::Tiling;
+    let dts = [GpuDtype::Bf16, GpuDtype::F16, GpuDtype::F32];
+    let acts = [
+        Activation::Identity,
+        Activation::Relu,
+        Activation::Sigmoid,
+        Activation::Tanh,
+        Activation::Gelu,
+    ];
+    let shapes = [
+        (1, 1, 1),
+        (17, 9, 23),
+        (64, 64, 64),
+        (130, 72, 40),
+        (33, 129, 16),
+        (128, 8, 100),
+    ];
+    let tilings = [
+        None,
+        Some(Tiling {
+            bm: 32,
+            bn: 32,
+            bk: 16,
+            warps_m: 1,
+            warps_n: 1,
+            stages: 2,
+        }),
+        Some(Tiling {
+            bm: 64,
+            bn: 32,
+            bk: 32,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 3,
+        }),
+    ];
+    let mut out = Vec::new();
+    let mut i = 0usize;
+    for dt in dts {
+        for form in 0..3 {
+            for _ in 0..2 {
+                let (m, n, k) = shapes[i % shapes.len()];
+                // Every third case pads the leading dimensions by an odd
+                // amount (the element-wise copy path); the others by a
+                // vector (the 16-byte path).
+                let pad = if i % 3 == 0 { 3 } else { 8 };
+                let (lda, ldb, ldc) = (m + pad * (i % 2), k + pad, m + (i % 4));
+                let mut d = GpuDescriptor::new(m, n, k)
+                    .dtype(dt)
+                    .lda(lda)
+                    .ldb(ldb)
+                    .ldc(ldc)
+                    .alpha(if i % 4 == 1 { 0.5 } else { 1.0 })
+                    .beta(if i % 2 == 1 { Beta::One } else { Beta::Zero })
+                    .epilogue(i % 3 != 1, acts[i % acts.len()]);
+                d = match form {
+                    0 => d.batch(GpuBatch::Stride {
+                        a: lda * k + 8 * (i % 2),
+                        b: ldb * n + 16,
+                    }),
+                    1 => d
+                        .batch(GpuBatch::Offset)
+                        .table_align(if i % 3 == 0 { 1 } else { 0 }),
+                    _ => d.batch(GpuBatch::Address),
+                };
+                if let Some(t) = tilings[i % tilings.len()] {
+                    d = d.tiling(t);
+                }
+                let batch = [3, 1, 0, 2, 5][i % 5];
+                out.push((d, batch));
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A random case for the property tests.
+pub fn random_case(seed: u64) -> (GpuDescriptor, usize) {
+    let mut r = Lcg(seed);
+    let dt = [GpuDtype::Bf16, GpuDtype::F16, GpuDtype::F32][r.below(3)];
+    let pick = |r: &mut Lcg| [1, 2, 7, 13, 31, 47, 64, 97, 150][r.below(9)];
+    let (m, n, k) = (pick(&mut r), pick(&mut r), pick(&mut r));
+    let (lda, ldb, ldc) = (m + r.below(9), k + r.below(9), m + r.below(3));
+    let acts = [
+        Activation::Identity,
+        Activation::Relu,
+        Activation::Sigmoid,
+        Activation::Tanh,
+        Activation::Gelu,
+    ];
+    let mut d = GpuDescriptor::new(m, n, k)
+        .dtype(dt)
+        .lda(lda)
+        .ldb(ldb)
+        .ldc(ldc)
+        .beta(if r.below(2) == 1 {
+            Beta::One
+        } else {
+            Beta::Zero
+        })
+        .epilogue(r.below(2) == 1, acts[r.below(5)]);
+    d = match r.below(3) {
+        0 => d.batch(GpuBatch::Stride {
+            a: lda * k + r.below(5),
+            b: ldb * n + r.below(5),
+        }),
+        1 => d.batch(GpuBatch::Offset).table_align(1),
+        _ => d.batch(GpuBatch::Address).table_align(1),
+    };
+    (d, r.below(5))
 }

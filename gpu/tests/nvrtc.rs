@@ -1,0 +1,123 @@
+//! Every variant of the OpenCL sweep, generated as CUDA, compiles with NVRTC
+//! for sm_80 and sm_90; ptxas assembles the PTX with `-v`: no spills, no
+//! stack frame (the accumulators stay in registers) and at most the register
+//! budget the tiling's `__launch_bounds__` assumes.
+//!
+//! Needs `libnvrtc.so.12` on the library path and `BRGEMM_PTXAS` pointing at
+//! ptxas (the test script installs both from PyPI); without them it says it
+//! skipped, unless `BRGEMM_REQUIRE_NVRTC=1`.
+
+mod common;
+use brgemm_gpu::{codegen, compile_ptx, nvrtc_available, GpuDtype, Target};
+use common::*;
+use std::process::Command;
+
+fn tools() -> Option<String> {
+    let require = std::env::var("BRGEMM_REQUIRE_NVRTC").as_deref() == Ok("1");
+    let ptxas = std::env::var("BRGEMM_PTXAS").ok();
+    match (nvrtc_available(), ptxas) {
+        (true, Some(p)) => Some(p),
+        (have, p) => {
+            let why = format!("libnvrtc found: {have}, BRGEMM_PTXAS: {p:?}");
+            assert!(!require, "BRGEMM_REQUIRE_NVRTC=1 but {why}");
+            println!("skipped: NVRTC/ptxas checks need libnvrtc.so.12 and BRGEMM_PTXAS ({why})");
+            None
+        }
+    }
+}
+
+/// (registers, spill store bytes, spill load bytes, stack frame bytes).
+fn ptxas_usage(ptxas: &str, ptx: &str, arch: &str, tag: &str) -> (usize, usize, usize, usize) {
+    let dir = std::env::temp_dir().join(format!("brgemm-gpu-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{tag}_{arch}.ptx"));
+    std::fs::write(&p, ptx).unwrap();
+    let out = Command::new(ptxas)
+        .args(["-v", &format!("-arch={arch}")])
+        .arg(&p)
+        .arg("-o")
+        .arg(dir.join(format!("{tag}_{arch}.cubin")))
+        .output()
+        .expect("run ptxas");
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "ptxas failed for {tag} {arch}:\n{log}"
+    );
+    let num = |key: &str, after: bool| -> usize {
+        let line = log
+            .lines()
+            .find(|l| l.contains(key))
+            .unwrap_or_else(|| panic!("no '{key}' in:\n{log}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let i = words
+            .iter()
+            .position(|w| w.starts_with(key.split(' ').next().unwrap()))
+            .unwrap();
+        let w = if after { words[i + 1] } else { words[i - 1] };
+        w.trim_matches(',')
+            .parse()
+            .unwrap_or_else(|_| panic!("{key} in {line}"))
+    };
+    (
+        num("registers", false),
+        num("bytes spill stores", false),
+        num("bytes spill loads", false),
+        num("bytes stack frame", false),
+    )
+}
+
+#[test]
+fn every_variant_compiles_without_spills() {
+    let Some(ptxas) = tools() else { return };
+    let mut cases = sweep();
+    cases.extend((0..24).map(|s| random_case(1000 + s)));
+    let mut n = 0;
+    for (d, _) in cases {
+        let d = d.validate().unwrap();
+        let t = d.tiling.unwrap();
+        let (src, name) = codegen::brgemm_source(&d, Target::Cuda);
+        for arch in ["sm_80", "sm_90"] {
+            let ptx = compile_ptx(&src, &name, arch).unwrap_or_else(|e| panic!("{e}\n{src}"));
+            if d.dtype != GpuDtype::F32 {
+                let ty = d.dtype.name();
+                let mma = format!("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32");
+                assert!(ptx.contains(&mma), "{name}: no {mma}");
+                assert!(
+                    ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+                    "{name}: no ldmatrix"
+                );
+            }
+            if d.lda % d.dtype.vec() == 0
+                && matches!(d.batch, brgemm_gpu::GpuBatch::Stride { a, .. } if a % d.dtype.vec() == 0)
+            {
+                assert!(
+                    ptx.contains("cp.async.cg.shared.global"),
+                    "{name}: no cp.async on the aligned path"
+                );
+            }
+            let (regs, st, ld, frame) = ptxas_usage(&ptxas, &ptx, arch, &name);
+            let budget = t.register_budget(d.dtype);
+            assert_eq!(
+                (st, ld, frame),
+                (0, 0, 0),
+                "{name} {arch}: spills/stack ({st}, {ld}, {frame})"
+            );
+            assert!(
+                regs <= budget,
+                "{name} {arch}: {regs} registers > budget {budget}"
+            );
+            n += 1;
+        }
+    }
+    println!("{n} kernels compiled by NVRTC and assembled by ptxas: no spills, within budget");
+}
+
+#[test]
+fn elementwise_kernels_compile() {
+    let Some(_) = tools() else { return };
+    let src = codegen::elementwise_source(Target::Cuda);
+    for arch in ["sm_80", "sm_90"] {
+        compile_ptx(&src, "elementwise", arch).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    }
+}
