@@ -1,0 +1,256 @@
+//! A fully-connected layer on device buffers: forward with fused bias and
+//! activation, backward-data and backward-weights, each one generated BRGEMM
+//! whose batch runs over blocks of the reduced dimension.
+//!
+//! Layouts are plain column-major (the GPU needs no blocking of its own: the
+//! kernel's tiles are the blocking): activations are `features x batch`
+//! (sample j's features contiguous, i.e. row-major `[N][C]` as on the host),
+//! weights `K x C` (element (k, c) at `k + c*K`), biases length K. Master
+//! values are f32; the GEMM operands are converted to the layer's dtype on
+//! the device (bf16 with round-to-nearest-even) right before each product.
+
+use crate::codegen::ElementwiseKernel as EK;
+use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
+use crate::device::{Arg, Buffer, Device};
+use crate::error::{invalid, Result};
+use crate::kernel::GpuBrgemm;
+use brgemm::Activation;
+
+/// Length of each block of a reduced dimension (the batch-reduce count is
+/// `total / block`): the largest divisor up to 256 that is a multiple of 16,
+/// else the whole dimension up to 512, else the largest divisor up to 256.
+pub(crate) fn reduce_block(total: usize) -> usize {
+    let divs = (1..=total.min(256)).rev().filter(|d| total % d == 0);
+    if let Some(d) = divs.clone().find(|d| d % 16 == 0) {
+        return d;
+    }
+    if total <= 512 {
+        return total;
+    }
+    divs.into_iter().next().unwrap_or(1)
+}
+
+/// One FC layer's three generated passes and its device scratch.
+pub struct GpuFc {
+    /// Input features.
+    pub c: usize,
+    /// Output features.
+    pub k: usize,
+    /// Minibatch.
+    pub n: usize,
+    act: Activation,
+    dtype: GpuDtype,
+    fwd: GpuBrgemm,
+    bwd: GpuBrgemm,
+    upd: GpuBrgemm,
+    xd: Buffer,
+    wd: Buffer,
+    wtd: Buffer,
+    xtd: Buffer,
+    dzd: Buffer,
+    /// dY * act'(Z), f32, `K x N`.
+    dz: Buffer,
+}
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| invalid(what, v, "exceeds i32"))
+}
+
+impl GpuFc {
+    /// Plans the layer `c -> k` for minibatch `n` with inputs of `dtype`.
+    /// The activation's derivative is taken from the output, so GELU (whose
+    /// derivative needs the pre-activation) is refused.
+    pub fn new(
+        dev: &Device,
+        c: usize,
+        k: usize,
+        n: usize,
+        act: Activation,
+        dtype: GpuDtype,
+    ) -> Result<GpuFc> {
+        if matches!(act, Activation::Gelu) {
+            return Err(invalid(
+                "activation",
+                "Gelu",
+                "the GPU FC layer supports identity, relu, sigmoid and tanh",
+            ));
+        }
+        for (what, v) in [("c", c), ("k", k), ("n", n)] {
+            if v == 0 {
+                return Err(invalid(what, v, "must be at least 1"));
+            }
+            i32_of(what, v)?;
+        }
+        let (bc, bk, bn) = (reduce_block(c), reduce_block(k), reduce_block(n));
+        let fwd = GpuDescriptor::new(k, n, bc)
+            .lda(k)
+            .ldb(c)
+            .ldc(k)
+            .dtype(dtype)
+            .batch(GpuBatch::Stride { a: bc * k, b: bc })
+            .epilogue(true, act);
+        let bwd = GpuDescriptor::new(c, n, bk)
+            .lda(c)
+            .ldb(k)
+            .ldc(c)
+            .dtype(dtype)
+            .batch(GpuBatch::Stride { a: bk * c, b: bk });
+        let upd = GpuDescriptor::new(k, c, bn)
+            .lda(k)
+            .ldb(n)
+            .ldc(k)
+            .dtype(dtype)
+            .batch(GpuBatch::Stride { a: bn * k, b: bn });
+        let es = dtype.size();
+        Ok(GpuFc {
+            c,
+            k,
+            n,
+            act,
+            dtype,
+            fwd: GpuBrgemm::new(&fwd)?,
+            bwd: GpuBrgemm::new(&bwd)?,
+            upd: GpuBrgemm::new(&upd)?,
+            xd: dev.alloc(c * n * es)?,
+            wd: dev.alloc(k * c * es)?,
+            wtd: dev.alloc(c * k * es)?,
+            xtd: dev.alloc(n * c * es)?,
+            dzd: dev.alloc(k * n * es)?,
+            dz: dev.alloc(k * n * 4)?,
+        })
+    }
+
+    /// The activation.
+    pub fn activation(&self) -> Activation {
+        self.act
+    }
+
+    fn check(&self, what: &str, b: &Buffer, elems: usize) -> Result<()> {
+        if b.holds(elems, 4) {
+            Ok(())
+        } else {
+            Err(invalid(
+                what,
+                format!("{} bytes", b.bytes()),
+                format!("needs {elems} f32"),
+            ))
+        }
+    }
+
+    /// Converts `x` (f32, `rows x cols`, or `cols x rows` transposed when
+    /// `trans`) into `y` in the layer's dtype.
+    fn convert(
+        &self,
+        dev: &Device,
+        x: &Buffer,
+        y: &Buffer,
+        rows: usize,
+        cols: usize,
+        trans: bool,
+    ) -> Result<()> {
+        dev.launch_elementwise(
+            EK::Convert(self.dtype),
+            rows * cols,
+            &[
+                Arg::Buf(x),
+                Arg::Buf(y),
+                Arg::I32(i32_of("rows", rows)?),
+                Arg::I32(i32_of("cols", cols)?),
+                Arg::I32(trans as i32),
+            ],
+        )
+    }
+
+    /// `y = act(W x + b)`: x is `C x N`, w `K x C`, b length K, y `K x N`.
+    pub fn forward(
+        &mut self,
+        dev: &Device,
+        x: &Buffer,
+        w: &Buffer,
+        b: &Buffer,
+        y: &mut Buffer,
+    ) -> Result<()> {
+        let (c, k, n) = (self.c, self.k, self.n);
+        self.check("x", x, c * n)?;
+        self.check("w", w, k * c)?;
+        self.check("b", b, k)?;
+        self.check("y", y, k * n)?;
+        self.convert(dev, x, &self.xd, c, n, false)?;
+        self.convert(dev, w, &self.wd, k, c, false)?;
+        let batch = c / self.fwd.descriptor().k;
+        self.fwd
+            .execute(dev, &self.wd, &self.xd, y, Some(b), None, batch)
+    }
+
+    /// From `dy` (gradient at the output y, `K x N`): keeps dZ = dy *
+    /// act'(y) for [`GpuFc::update`] and, when `dx` is given, writes
+    /// dX = W^T dZ (`C x N`).
+    pub fn backward(
+        &mut self,
+        dev: &Device,
+        dy: &Buffer,
+        y: &Buffer,
+        w: &Buffer,
+        dx: Option<&mut Buffer>,
+    ) -> Result<()> {
+        let (c, k, n) = (self.c, self.k, self.n);
+        self.check("dy", dy, k * n)?;
+        self.check("y", y, k * n)?;
+        self.check("w", w, k * c)?;
+        let ak = match self.act {
+            Activation::Relu => Activation::Relu,
+            Activation::Sigmoid => Activation::Sigmoid,
+            Activation::Tanh => Activation::Tanh,
+            _ => Activation::Identity,
+        };
+        dev.launch_elementwise(
+            EK::ActBackward(ak),
+            k * n,
+            &[
+                Arg::Buf(y),
+                Arg::Buf(dy),
+                Arg::Buf(&self.dz),
+                Arg::I32(i32_of("k*n", k * n)?),
+            ],
+        )?;
+        self.convert(dev, &self.dz, &self.dzd, k, n, false)?;
+        if let Some(dx) = dx {
+            self.check("dx", dx, c * n)?;
+            self.convert(dev, w, &self.wtd, c, k, true)?;
+            let batch = k / self.bwd.descriptor().k;
+            self.bwd
+                .execute(dev, &self.wtd, &self.dzd, dx, None, None, batch)?;
+        }
+        Ok(())
+    }
+
+    /// After [`GpuFc::backward`]: dW = dZ X^T (`K x C`) and db = the row sums
+    /// of dZ. `x` is the forward input.
+    pub fn update(
+        &mut self,
+        dev: &Device,
+        x: &Buffer,
+        dw: &mut Buffer,
+        db: &mut Buffer,
+    ) -> Result<()> {
+        let (c, k, n) = (self.c, self.k, self.n);
+        self.check("x", x, c * n)?;
+        self.check("dw", dw, k * c)?;
+        self.check("db", db, k)?;
+        self.convert(dev, x, &self.xtd, n, c, true)?;
+        let batch = n / self.upd.descriptor().k;
+        self.upd
+            .execute(dev, &self.dzd, &self.xtd, dw, None, None, batch)?;
+        let db: &Buffer = db;
+        dev.launch_elementwise(
+            EK::BiasGrad,
+            k,
+            &[
+                Arg::Buf(&self.dz),
+                Arg::Buf(db),
+                Arg::I32(k as i32),
+                Arg::I32(n as i32),
+            ],
+        )
+    }
+}

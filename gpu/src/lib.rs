@@ -44,8 +44,10 @@ mod cuda;
 mod desc;
 mod device;
 mod error;
+mod fc;
 
 mod kernel;
+mod mlp;
 
 mod opencl;
 mod tiling;
@@ -55,8 +57,10 @@ pub use cuda::{arch_name, compile_ptx, driver_available, nvrtc_available, CudaBa
 pub use desc::{GpuBatch, GpuDescriptor, GpuDtype};
 pub use device::{Backend, Buffer, Device};
 pub use error::{Error, Result};
+pub use fc::GpuFc;
 
 pub use kernel::{BatchTable, GpuBrgemm};
+pub use mlp::GpuMlp;
 
 pub use opencl::OpenClBackend;
 pub use tiling::{Tiling, SHARED_LIMIT};

@@ -18,7 +18,8 @@ pub enum ElementwiseKernel {
     ActBackward(Activation),
     /// `bias_grad(dz, db, rows, cols)`: db[r] = sum over columns of dz.
     BiasGrad,
-    /// `softmax_xent(logits, labels, dlogits, loss, classes, n)`: per column.
+    /// `softmax_xent(logits, labels, dlogits, loss, classes, cols, n)`: per
+    /// column; the mean over the first n columns, zeros in the others.
     SoftmaxXent,
     /// `sgd(p, g, v, n, lr, momentum)`.
     Sgd,
@@ -100,11 +101,16 @@ KERNEL bias_grad(GLOBAL const float* dz, GLOBAL float* db, int rows, int cols) {
   db[r] = s;
 }
 KERNEL softmax_xent(GLOBAL const float* logits, GLOBAL const int* labels, GLOBAL float* dlogits,
-                    GLOBAL float* loss, int classes, int n) {
+                    GLOBAL float* loss, int classes, int cols, int n) {
   const idx_t j = GID;
-  if (j >= n) return;
+  if (j >= cols) return;
   GLOBAL const float* z = logits + j * classes;
   GLOBAL float* dz = dlogits + j * classes;
+  if (j >= n) {
+    for (int c = 0; c < classes; ++c) dz[c] = 0.0f;
+    loss[j] = 0.0f;
+    return;
+  }
   float mx = z[0];
   for (int c = 1; c < classes; ++c) mx = z[c] > mx ? z[c] : mx;
   float sum = 0.0f;
