@@ -4,7 +4,12 @@
 //!
 //! ```text
 //! cargo run --release --example train_mlp [-- --epochs N --batch B --seed S --save FILE --dtype f32|bf16]
+//! cargo run --release --features cuda --example train_mlp -- --device cuda|opencl [--dtype f32|bf16|f16]
 //! ```
+//!
+//! `--device` trains on a GPU through the run-time generated kernels of
+//! `brgemm-gpu` (CUDA tensor cores, or OpenCL, e.g. PoCL on the CPU) from
+//! the same initial weights, printing the same lines.
 //!
 //! Data: E. Alpaydin and C. Kaynak (1998), UCI Machine Learning Repository, CC BY 4.0.
 
@@ -22,6 +27,10 @@ fn main() {
     cfg.batch = arg(&args, "--batch", cfg.batch);
     cfg.seed = arg(&args, "--seed", cfg.seed);
     let dtype: String = arg(&args, "--dtype", "f32".to_string());
+    let device: String = arg(&args, "--device", "cpu".to_string());
+    if device != "cpu" {
+        return gpu_main(&cfg, &device, &dtype);
+    }
     cfg.bf16 = match dtype.as_str() {
         "f32" => false,
         "bf16" => true,
@@ -61,4 +70,50 @@ fn main() {
         println!("saved weights to {path}");
     }
     println!("test_accuracy={last:.4}");
+}
+
+#[cfg(feature = "gpu")]
+fn gpu_main(cfg: &train::TrainConfig, device: &str, dtype: &str) {
+    use brgemm_dl::gpu::{Backend, GpuDtype};
+    use brgemm_dl::train_gpu;
+    let fail = |msg: String| -> ! {
+        eprintln!("{msg}");
+        std::process::exit(2)
+    };
+    let backend: Backend = device
+        .parse()
+        .unwrap_or_else(|e| fail(format!("--device: {e}")));
+    let dt = match dtype {
+        "f32" => GpuDtype::F32,
+        "bf16" => GpuDtype::Bf16,
+        "f16" => GpuDtype::F16,
+        other => fail(format!("--dtype {other:?}: expected f32, bf16 or f16")),
+    };
+    let all = data::digits().expect("embedded digits");
+    let (tr, te) = all.split(0.2, 42);
+    println!(
+        "digits: {} train / {} test images, {} features, {} classes; MLP {} -> {:?} -> {}; batch {}, device {device}, {dtype}",
+        tr.len(),
+        te.len(),
+        all.features,
+        all.classes,
+        all.features,
+        cfg.hidden,
+        all.classes,
+        cfg.batch
+    );
+    let ((_, dev), last) = cli::run_training("samples", |report| {
+        train_gpu::train(cfg, backend, dt, &tr, &te, report)
+    });
+    println!("device: {}", dev.name());
+    println!("test_accuracy={last:.4}");
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_main(_: &train::TrainConfig, device: &str, _: &str) {
+    eprintln!(
+        "--device {device}: this build has no GPU support; rebuild with --features cuda \
+         (or --features opencl), e.g. cargo run --release --features cuda --example train_mlp -- --device {device}"
+    );
+    std::process::exit(2)
 }

@@ -13,17 +13,24 @@
 //!   (LSTM/RNN) training loops the examples use.
 //!
 //! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
-//! data-parallel training over MPI (needs OpenMPI). The `cuda` feature
-//! arrives with its crate.
+//! data-parallel training over MPI (needs OpenMPI). Cargo features `cuda`
+//! and `opencl` (either enables the other's code too; neither needs a GPU
+//! or CUDA to build): [`gpu`] (crate `brgemm-gpu`), the BRGEMM generated at
+//! run time for CUDA tensor cores and OpenCL, and [`train_gpu`], the digits
+//! MLP trained on the device.
 #![deny(missing_docs)]
 
 pub use brgemm as kernel;
 #[cfg(feature = "mpi")]
 pub use brgemm_distributed as distributed;
+#[cfg(feature = "gpu")]
+pub use brgemm_gpu as gpu;
 pub use brgemm_primitives as primitives;
 
 pub mod data;
 pub mod idx;
 pub mod train;
 pub mod train_cnn;
+#[cfg(feature = "gpu")]
+pub mod train_gpu;
 pub mod train_lstm;

@@ -70,12 +70,12 @@ pub fn accuracy(model: &mut Mlp, pool: &Pool, data: &Dataset) -> Result<f64> {
 
 /// Share of right predictions over `len` items in chunks of `batch`;
 /// `predict(model, chunk)` returns the predictions and the labels.
-pub(crate) fn accuracy_in_batches<M>(
+pub(crate) fn accuracy_in_batches<M, E>(
     model: &mut M,
     len: usize,
     batch: usize,
-    mut predict: impl FnMut(&mut M, &[usize]) -> Result<(Vec<usize>, Vec<usize>)>,
-) -> Result<f64> {
+    mut predict: impl FnMut(&mut M, &[usize]) -> std::result::Result<(Vec<usize>, Vec<usize>), E>,
+) -> std::result::Result<f64, E> {
     let idx: Vec<usize> = (0..len).collect();
     let mut right = 0usize;
     for chunk in idx.chunks(batch) {
@@ -100,13 +100,13 @@ pub(crate) struct EpochPlan {
 /// The epoch loop the training loops share: a new shuffle per epoch,
 /// `step(model, minibatch)` (returns its loss), then `evaluate(model)`, then
 /// `report` with the epoch's mean loss, test accuracy and items/s.
-pub(crate) fn run_epochs<M>(
+pub(crate) fn run_epochs<M, E>(
     model: &mut M,
     plan: EpochPlan,
-    mut step: impl FnMut(&mut M, &[usize]) -> Result<f32>,
-    mut evaluate: impl FnMut(&mut M) -> Result<f64>,
+    mut step: impl FnMut(&mut M, &[usize]) -> std::result::Result<f32, E>,
+    mut evaluate: impl FnMut(&mut M) -> std::result::Result<f64, E>,
     report: &mut dyn FnMut(&EpochReport),
-) -> Result<()> {
+) -> std::result::Result<(), E> {
     let mut rng = Rng::new(plan.seed);
     let mut order: Vec<usize> = (0..plan.len).collect();
     for epoch in 1..=plan.epochs {

@@ -1,0 +1,68 @@
+//! The MLP training loop on a GPU (or any OpenCL device): the same data,
+//! split, shuffles, initial weights and epoch report as [`crate::train`],
+//! with forward, loss, backward and optimizer on the device.
+
+use crate::data::Dataset;
+use crate::train::{accuracy_in_batches, run_epochs, EpochPlan, EpochReport, TrainConfig};
+use brgemm_gpu::{Backend, Device, GpuDtype, GpuMlp, Result};
+use brgemm_primitives::LayerSpec;
+
+/// Rows `idx` of `data`, row-major, and their labels.
+fn gather(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<usize>) {
+    let f = data.features;
+    let mut x = Vec::with_capacity(idx.len() * f);
+    for &i in idx {
+        x.extend_from_slice(&data.x[i * f..(i + 1) * f]);
+    }
+    (x, idx.iter().map(|&i| data.y[i]).collect())
+}
+
+/// Accuracy of `model` on `data`.
+pub fn accuracy(model: &mut GpuMlp, dev: &Device, data: &Dataset) -> Result<f64> {
+    let batch = model.batch();
+    accuracy_in_batches(model, data.len(), batch, |m, chunk| {
+        let (x, labels) = gather(data, chunk);
+        Ok((m.predict(dev, &x, chunk.len())?, labels))
+    })
+}
+
+/// Trains on `train` on the device `backend` opens, GEMM inputs in
+/// `dtype`, evaluating on `test` after every epoch. The weights start from
+/// the CPU model's seeded initialisation ([`crate::train::build`]).
+pub fn train(
+    cfg: &TrainConfig,
+    backend: Backend,
+    dtype: GpuDtype,
+    train: &Dataset,
+    test: &Dataset,
+    mut report: impl FnMut(&EpochReport),
+) -> Result<(GpuMlp, Device)> {
+    let dev = Device::open(backend)?;
+    let mut cpu_cfg = cfg.clone();
+    cpu_cfg.bf16 = false;
+    let cpu = crate::train::build(&cpu_cfg, train).map_err(|e| brgemm_gpu::Error::Invalid {
+        what: "model".into(),
+        value: format!("{:?}", cfg.hidden),
+        why: e.to_string(),
+    })?;
+    let specs = LayerSpec::classifier(&cfg.hidden, train.classes);
+    let mut model = GpuMlp::from_cpu(&dev, &cpu, &specs, dtype)?;
+    let plan = EpochPlan {
+        epochs: cfg.epochs,
+        len: train.len(),
+        batch: cfg.batch,
+        whole_batches: false,
+        seed: cfg.seed ^ 0x5eed,
+    };
+    run_epochs(
+        &mut model,
+        plan,
+        |m, chunk| {
+            let (x, labels) = gather(train, chunk);
+            m.train_step(&dev, &x, &labels, &cfg.optimizer)
+        },
+        |m| accuracy(m, &dev, test),
+        &mut report,
+    )?;
+    Ok((model, dev))
+}
