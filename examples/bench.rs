@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- conv [--quick] [--layer NAME]
 //! cargo run --release --example bench -- lstm [--quick]
 //! cargo run --release --example bench -- loops
+//! cargo run --release --features cuda --example bench -- gpu [--device cuda|opencl] [--quick]
 //! cargo build --release --features mpi --example bench
 //! mpirun -np R target/release/examples/bench mpi
 //! ```
@@ -17,6 +18,10 @@
 
 #[path = "support/workload.rs"]
 mod workload;
+
+#[cfg(feature = "gpu")]
+#[path = "support/gpu_bench.rs"]
+mod gpu_bench;
 
 #[path = "support/fill.rs"]
 mod fill;
@@ -74,8 +79,18 @@ fn main() {
             "lstm" => bench_lstm(&opts),
             "loops" => bench_loops(),
             "mpi" => bench_mpi(),
+            #[cfg(feature = "gpu")]
+            "gpu" => gpu_bench::bench_gpu(&args, opts.quick),
+            #[cfg(not(feature = "gpu"))]
+            "gpu" => {
+                eprintln!("bench gpu needs --features cuda (or opencl)");
+                std::process::exit(2);
+            }
+            "cuda" | "opencl" => {}
             other => {
-                eprintln!("unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, mpi");
+                eprintln!(
+                    "unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, mpi, gpu"
+                );
                 std::process::exit(2);
             }
         }

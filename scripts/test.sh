@@ -4,7 +4,10 @@
 #   - all crates, all targets, doc tests, on this machine's ISAs;
 #   - the BRGEMM_ISA override, once per ISA;
 #   - a short CNN run on Fashion-MNIST (Debian package dataset-fashion-mnist);
-#   - the NEON kernels for real: cross-built for aarch64 and run under qemu.
+#   - the NEON kernels for real: cross-built for aarch64 and run under qemu;
+#   - the GPU crate: generated kernels executed on OpenCL (PoCL, on the CPU),
+#     every CUDA variant compiled by NVRTC and assembled by ptxas (both from
+#     PyPI wheels), numeric CUDA tests where a GPU is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +27,11 @@ command -v mpirun >/dev/null || pkgs+=(openmpi-bin)
   || [ -n "$(find /usr/lib /usr/include -name mpi.h -path '*openmpi*' 2>/dev/null | head -1)" ] || pkgs+=(libopenmpi-dev)
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 && [ -n "$(find /usr/lib/llvm-* -name stddef.h 2>/dev/null | head -1)" ] \
   || pkgs+=(libclang-dev)
+# OpenCL on the CPU (PoCL) and its ICD loader, for the GPU crate's twin kernels.
+[ -e /etc/OpenCL/vendors/pocl.icd ] || pkgs+=(pocl-opencl-icd)
+ls /usr/lib/*/libOpenCL.so.1 >/dev/null 2>&1 || pkgs+=(ocl-icd-libopencl1)
+# A virtualenv for the NVRTC/ptxas wheels (Debian's python3 lacks ensurepip).
+python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
 # Fashion-MNIST (IDX files in /usr/share/datasets/fashion-mnist) for the CNN tests.
 [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || pkgs+=(dataset-fashion-mnist)
 if [ ${#pkgs[@]} -gt 0 ]; then
@@ -35,6 +43,23 @@ if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
   say "adding the aarch64 Rust target"
   rustup target add aarch64-unknown-linux-gnu
 fi
+
+# NVRTC and ptxas from PyPI: the CUDA sources compile here without a GPU or
+# a CUDA install. The wheel ships libnvrtc.so.12 (no unversioned name, which
+# cudarc does not need).
+venv=target/gpu-venv
+if [ ! -x "$venv/bin/ptxas-ok" ]; then
+  say "NVRTC and ptxas wheels into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86
+  touch "$venv/bin/ptxas-ok" && chmod +x "$venv/bin/ptxas-ok"
+fi
+nv=$(echo "$PWD/$venv"/lib/python3*/site-packages/nvidia)
+export LD_LIBRARY_PATH="$nv/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export BRGEMM_PTXAS="$nv/cuda_nvcc/bin/ptxas"
+# The GPU tests fail instead of skipping without OpenCL or NVRTC/ptxas
+# (the numeric CUDA tests still skip, saying so, without a GPU).
+export BRGEMM_REQUIRE_OPENCL=1 BRGEMM_REQUIRE_NVRTC=1
 
 # The ISAs this CPU has, read from /proc/cpuinfo (independently of the
 # crate's own detection): the kernel tests fail if any of them is not run.
@@ -55,11 +80,17 @@ say "cargo fmt --check"
 cargo fmt --all -- --check
 
 say "workspace tests, MPI included (required ISAs: $req)"
-cargo test --workspace --all-targets --features mpi
-cargo test --workspace --doc --features mpi
+cargo test --workspace --all-targets --features mpi,cuda
+cargo test --workspace --doc --features mpi,cuda
 
 say "API docs build without warnings (broken intra-doc links fail)"
-RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps --features mpi
+RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps --features mpi,cuda
+
+say "train_mlp on the OpenCL device (the GPU code path, on PoCL)"
+out=$(cargo run -q --features cuda --example train_mlp -- --device opencl --epochs 10)
+echo "$out" | tail -3
+acc=$(echo "$out" | sed -n 's/^test_accuracy=//p')
+[ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || { echo "train_mlp --device opencl: test_accuracy '$acc' < 0.9"; exit 1; }
 
 say "train_mpi under mpirun, 2 ranks"
 cargo build -q --features mpi --example train_mpi

@@ -65,6 +65,7 @@ pub struct CudaBackend {
     name: String,
     arch: &'static str,
     funcs: Mutex<HashMap<String, CudaFunction>>,
+    cublas: Mutex<Option<cudarc::cublas::CudaBlas>>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
 }
@@ -105,6 +106,7 @@ impl CudaBackend {
             name,
             arch: arch_name(major, minor),
             funcs: Mutex::default(),
+            cublas: Mutex::default(),
             stream,
             ctx,
         })
@@ -118,8 +120,68 @@ impl CudaBackend {
     pub fn arch(&self) -> &'static str {
         self.arch
     }
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// cuBLAS `C = A B` (column-major, no transposes) with `dtype` inputs,
+    /// f32 output and f32 accumulation (`cublasGemmEx`): the yardstick of
+    /// `bench -- gpu`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn cublas_gemm(
+        &self,
+        dtype: crate::GpuDtype,
+        (m, n, k): (usize, usize, usize),
+        a: &CudaSlice<u8>,
+        lda: usize,
+        b: &CudaSlice<u8>,
+        ldb: usize,
+        c: &mut CudaSlice<u8>,
+        ldc: usize,
+    ) -> Result<()> {
+        use cudarc::cublas::sys;
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::NoCuda("libcublas.so.12 not found".into()));
+        }
+        let mut guard = self.cublas.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            *guard = Some(cudarc::cublas::CudaBlas::new(self.stream.clone()).map_err(cu)?);
+        }
+        let blas = guard.as_ref().expect("set above");
+        let ty = match dtype {
+            crate::GpuDtype::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+            crate::GpuDtype::F16 => sys::cudaDataType::CUDA_R_16F,
+            crate::GpuDtype::F32 => sys::cudaDataType::CUDA_R_32F,
+        };
+        let i = |x: usize| i32::try_from(x).map_err(|_| Error::Cuda(format!("{x} exceeds i32")));
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (pa, _ga) = a.device_ptr(&self.stream);
+        let (pb, _gb) = b.device_ptr(&self.stream);
+        let (pc, _gc) = c.device_ptr_mut(&self.stream);
+        // SAFETY: the caller sized the buffers for these shapes and leading
+        // dimensions; scalars are host f32 as CUBLAS_COMPUTE_32F expects.
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *blas.handle(),
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                i(m)?,
+                i(n)?,
+                i(k)?,
+                &alpha as *const f32 as *const _,
+                pa as *const _,
+                ty,
+                i(lda)?,
+                pb as *const _,
+                ty,
+                i(ldb)?,
+                &beta as *const f32 as *const _,
+                pc as *mut _,
+                sys::cudaDataType::CUDA_R_32F,
+                i(ldc)?,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(cu)
     }
 
     pub(crate) fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {

@@ -220,7 +220,7 @@ impl GpuDescriptor {
     /// Whether A tiles are copied as 16-byte vectors (`cp.async` on CUDA).
     pub(crate) fn vec_a(&self) -> bool {
         let v = self.dtype.vec();
-        self.lda % v == 0
+        self.lda.is_multiple_of(v)
             && match self.batch {
                 GpuBatch::Stride { a, .. } => a % v == 0,
                 _ => self.table_align == v,
@@ -229,7 +229,7 @@ impl GpuDescriptor {
     /// Whether B tiles are copied as 16-byte vectors.
     pub(crate) fn vec_b(&self) -> bool {
         let v = self.dtype.vec();
-        self.ldb % v == 0
+        self.ldb.is_multiple_of(v)
             && match self.batch {
                 GpuBatch::Stride { b, .. } => b % v == 0,
                 _ => self.table_align == v,

@@ -173,6 +173,44 @@ impl Device {
         }
     }
 
+    /// cuBLAS `C = A B` on the same buffers (CUDA only): column-major,
+    /// `dtype` inputs, f32 accumulation and output. For comparisons.
+    #[allow(clippy::too_many_arguments)]
+    pub fn cublas_gemm(
+        &self,
+        dtype: crate::GpuDtype,
+        mnk: (usize, usize, usize),
+        a: &Buffer,
+        lda: usize,
+        b: &Buffer,
+        ldb: usize,
+        c: &mut Buffer,
+        ldc: usize,
+    ) -> Result<()> {
+        let (m, n, k) = mnk;
+        let es = dtype.size();
+        let fits = a.holds(lda * (k.max(1) - 1) + m, es)
+            && b.holds(ldb * (n.max(1) - 1) + k, es)
+            && c.holds(ldc * (n.max(1) - 1) + m, 4);
+        if !fits || lda < m || ldb < k || ldc < m {
+            return Err(invalid(
+                "cublas_gemm buffers",
+                format!("{mnk:?}"),
+                "too small for the shape and leading dimensions",
+            ));
+        }
+        match (&self.inner, &a.inner, &b.inner, &mut c.inner) {
+            (Inner::Cuda(cu), BufInner::Cuda(a), BufInner::Cuda(b), BufInner::Cuda(c)) => {
+                cu.cublas_gemm(dtype, mnk, a, lda, b, ldb, c, ldc)
+            }
+            _ => Err(invalid(
+                "device",
+                "not CUDA",
+                "cuBLAS needs the CUDA backend",
+            )),
+        }
+    }
+
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<()> {
         match &self.inner {

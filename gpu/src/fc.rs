@@ -20,7 +20,9 @@ use brgemm::Activation;
 /// `total / block`): the largest divisor up to 256 that is a multiple of 16,
 /// else the whole dimension up to 512, else the largest divisor up to 256.
 pub(crate) fn reduce_block(total: usize) -> usize {
-    let divs = (1..=total.min(256)).rev().filter(|d| total % d == 0);
+    let divs = (1..=total.min(256))
+        .rev()
+        .filter(|d| total.is_multiple_of(*d));
     if let Some(d) = divs.clone().find(|d| d % 16 == 0) {
         return d;
     }

@@ -160,6 +160,7 @@ impl GpuBrgemm {
     /// Stride form: `table` is `None`. Offset and address forms: `batch`
     /// must equal the table's length. Every buffer is checked against what
     /// the kernel will touch before the launch.
+    #[allow(clippy::too_many_arguments)] // the BLAS-style operand list
     pub fn execute(
         &self,
         dev: &Device,

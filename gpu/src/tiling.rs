@@ -123,21 +123,21 @@ impl Tiling {
         if self.warps_m == 0 || self.warps_n == 0 || self.threads() > 1024 {
             return Err(invalid("tiling", name, "needs 1..=32 warps"));
         }
-        if self.bm == 0 || self.bm % (16 * self.warps_m) != 0 {
+        if self.bm == 0 || !self.bm.is_multiple_of(16 * self.warps_m) {
             return Err(invalid(
                 "tiling.bm",
                 self.bm,
                 "must be a multiple of 16 * warps_m",
             ));
         }
-        if self.bn == 0 || self.bn % (8 * self.warps_n) != 0 {
+        if self.bn == 0 || !self.bn.is_multiple_of(8 * self.warps_n) {
             return Err(invalid(
                 "tiling.bn",
                 self.bn,
                 "must be a multiple of 8 * warps_n",
             ));
         }
-        if self.bk == 0 || self.bk % 16 != 0 {
+        if self.bk == 0 || !self.bk.is_multiple_of(16) {
             return Err(invalid(
                 "tiling.bk",
                 self.bk,
