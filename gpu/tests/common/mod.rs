@@ -223,9 +223,8 @@ impl Problem {
         for (i, ((&g, &w), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
             // f32 accumulation in any order: a few ulps of the term sum.
             let tol = 2e-6 * m * (self.d.k * self.batch.max(1)) as f64 + 1e-5;
-            if (g as f64 - w).abs().partial_cmp(&tol) != Some(std::cmp::Ordering::Less)
-                && (g as f64 - w).abs() != tol
-            {
+            let diff = (g as f64 - w).abs();
+            if diff > tol || diff.is_nan() {
                 return Err(format!(
                     "{:?} batch {}: C[{i}] = {g}, want {w} (tol {tol})",
                     self.d, self.batch
