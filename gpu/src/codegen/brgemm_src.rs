@@ -107,7 +107,8 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     );
     writeln!(
         s,
-        "  SHARED {et} As[STAGES][BK][AROW];\n  SHARED {et} Bs[STAGES][BN][BROW];\n  \
+        "  // 16-byte alignment: cp.async destinations and ldmatrix rows.\n  \
+         SHARED ALIGN16 {et} As[STAGES][BK][AROW];\n  SHARED ALIGN16 {et} Bs[STAGES][BN][BROW];\n  \
          const int tid = TID, lane = tid & 31, warp = tid >> 5;\n  \
          const int wm = warp / WARPS_N, wn = warp % WARPS_N;\n  \
          const int g = lane >> 2, tg = lane & 3;\n  \

@@ -43,7 +43,7 @@ pub(crate) fn prelude(t: Target) -> &'static str {
     match t {
         Target::Cuda => {
             "typedef long long idx_t;\ntypedef unsigned short u16;\ntypedef unsigned long long u64;\n\
-             #define KERNEL extern \"C\" __global__ void\n#define GLOBAL\n#define SHARED __shared__\n\
+             #define KERNEL extern \"C\" __global__ void\n#define GLOBAL\n#define SHARED __shared__\n#define ALIGN16 __align__(16)\n\
              #define SYNC() __syncthreads()\n#define TID ((int)threadIdx.x)\n\
              #define GID ((idx_t)blockIdx.x * blockDim.x + threadIdx.x)\n\
              #define BX ((int)blockIdx.x)\n#define BY ((int)blockIdx.y)\n\
@@ -54,7 +54,7 @@ pub(crate) fn prelude(t: Target) -> &'static str {
         }
         Target::OpenCl => {
             "typedef long idx_t;\ntypedef ushort u16;\ntypedef ulong u64;\n\
-             #define KERNEL __kernel void\n#define GLOBAL __global\n#define SHARED __local\n\
+             #define KERNEL __kernel void\n#define GLOBAL __global\n#define SHARED __local\n#define ALIGN16 __attribute__((aligned(16)))\n\
              #define SYNC() barrier(CLK_LOCAL_MEM_FENCE)\n#define TID ((int)get_local_id(0))\n\
              #define GID ((idx_t)get_global_id(0))\n\
              #define BX ((int)get_group_id(0))\n#define BY ((int)get_group_id(1))\n\
