@@ -47,17 +47,12 @@ fn main() {
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
     let pool = Pool::global();
-    println!(
-        "digits: {} train / {} test images, {} features, {} classes; MLP {} -> {:?} -> {}; batch {}, {} thread(s), {dtype}",
-        tr.len(),
-        te.len(),
-        all.features,
-        all.classes,
-        all.features,
-        cfg.hidden,
-        all.classes,
-        cfg.batch,
-        pool.threads()
+    header(
+        &cfg,
+        &all,
+        &tr,
+        &te,
+        &format!("{} thread(s), {dtype}", pool.threads()),
     );
     let (model, last) = cli::run_training("samples", |report| {
         train::train(&cfg, pool, &tr, &te, report)
@@ -70,6 +65,27 @@ fn main() {
         println!("saved weights to {path}");
     }
     println!("test_accuracy={last:.4}");
+}
+
+/// The first line of every run: data, model, batch and where it runs.
+fn header(
+    cfg: &train::TrainConfig,
+    all: &data::Dataset,
+    tr: &data::Dataset,
+    te: &data::Dataset,
+    run: &str,
+) {
+    println!(
+        "digits: {} train / {} test images, {} features, {} classes; MLP {} -> {:?} -> {}; batch {}, {run}",
+        tr.len(),
+        te.len(),
+        all.features,
+        all.classes,
+        all.features,
+        cfg.hidden,
+        all.classes,
+        cfg.batch
+    );
 }
 
 #[cfg(feature = "gpu")]
@@ -91,17 +107,7 @@ fn gpu_main(cfg: &train::TrainConfig, device: &str, dtype: &str) {
     };
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
-    println!(
-        "digits: {} train / {} test images, {} features, {} classes; MLP {} -> {:?} -> {}; batch {}, device {device}, {dtype}",
-        tr.len(),
-        te.len(),
-        all.features,
-        all.classes,
-        all.features,
-        cfg.hidden,
-        all.classes,
-        cfg.batch
-    );
+    header(cfg, &all, &tr, &te, &format!("device {device}, {dtype}"));
     let ((_, dev), last) = cli::run_training("samples", |report| {
         train_gpu::train(cfg, backend, dt, &tr, &te, report)
     });

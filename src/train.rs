@@ -97,6 +97,20 @@ pub(crate) struct EpochPlan {
     pub seed: u64,
 }
 
+impl EpochPlan {
+    /// The MLP loops' plan: every item each epoch, partial last minibatch
+    /// included, shuffles seeded from the config.
+    pub(crate) fn mlp(cfg: &TrainConfig, len: usize) -> Self {
+        EpochPlan {
+            epochs: cfg.epochs,
+            len,
+            batch: cfg.batch,
+            whole_batches: false,
+            seed: cfg.seed ^ 0x5eed,
+        }
+    }
+}
+
 /// The epoch loop the training loops share: a new shuffle per epoch,
 /// `step(model, minibatch)` (returns its loss), then `evaluate(model)`, then
 /// `report` with the epoch's mean loss, test accuracy and items/s.
@@ -144,13 +158,7 @@ pub fn train(
 ) -> Result<Mlp> {
     let mut model = build(cfg, train)?;
     let mut x = model.input_layout();
-    let plan = EpochPlan {
-        epochs: cfg.epochs,
-        len: train.len(),
-        batch: cfg.batch,
-        whole_batches: false,
-        seed: cfg.seed ^ 0x5eed,
-    };
+    let plan = EpochPlan::mlp(cfg, train.len());
     run_epochs(
         &mut model,
         plan,

@@ -48,7 +48,7 @@ pub enum GpuBatch {
         /// Elements between B_i and B_{i+1}.
         b: usize,
     },
-    /// A_i = A + offs_a[i], B_i = B + offs_b[i]: element offsets in a device
+    /// `A_i = A + offs_a[i]`, `B_i = B + offs_b[i]`: element offsets in a device
     /// table (see [`crate::BatchTable`]).
     Offset,
     /// A_i and B_i are addresses read from device tables: device pointers on

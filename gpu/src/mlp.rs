@@ -258,14 +258,9 @@ fn step(
             ],
         ),
         Optimizer::Adam {
-            lr,
-            beta1,
-            beta2,
-            eps,
+            beta1, beta2, eps, ..
         } => {
-            let c1 = 1.0 - beta1.powi(t as i32);
-            let c2 = 1.0 - beta2.powi(t as i32);
-            let s = lr * c2.sqrt() / c1;
+            let s = opt.adam_step_size(t);
             dev.launch_elementwise(
                 EK::Adam,
                 n,

@@ -28,6 +28,21 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// Adam's bias-corrected step size at step `t` (1-based):
+    /// `lr * sqrt(1 - beta2^t) / (1 - beta1^t)`; `lr` for SGD.
+    pub fn adam_step_size(&self, t: u32) -> f32 {
+        match *self {
+            Optimizer::Sgd { lr, .. } => lr,
+            Optimizer::Adam {
+                lr, beta1, beta2, ..
+            } => {
+                let c1 = 1.0 - beta1.powi(t as i32);
+                let c2 = 1.0 - beta2.powi(t as i32);
+                lr * c2.sqrt() / c1
+            }
+        }
+    }
+
     /// Adam with the usual defaults and learning rate `lr`.
     pub fn adam(lr: f32) -> Self {
         Optimizer::Adam {
@@ -69,14 +84,9 @@ impl OptState {
                 }
             }
             Optimizer::Adam {
-                lr,
-                beta1,
-                beta2,
-                eps,
+                beta1, beta2, eps, ..
             } => {
-                let c1 = 1.0 - beta1.powi(self.t as i32);
-                let c2 = 1.0 - beta2.powi(self.t as i32);
-                let step = lr * c2.sqrt() / c1;
+                let step = opt.adam_step_size(self.t);
                 for (((p, g), m), v) in param.iter_mut().zip(grad).zip(&mut self.m).zip(&mut self.v)
                 {
                     *m = beta1 * *m + (1.0 - beta1) * g;

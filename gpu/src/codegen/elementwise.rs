@@ -16,7 +16,7 @@ pub enum ElementwiseKernel {
     Convert(GpuDtype),
     /// `act_bwd_<act>(y, dy, dz, n)`: dz = dy * act'(z), from the output y.
     ActBackward(Activation),
-    /// `bias_grad(dz, db, rows, cols)`: db[r] = sum over columns of dz.
+    /// `bias_grad(dz, db, rows, cols)`: `db[r]` = the sum of row r of dz.
     BiasGrad,
     /// `softmax_xent(logits, labels, dlogits, loss, classes, cols, n)`: per
     /// column; the mean over the first n columns, zeros in the others.

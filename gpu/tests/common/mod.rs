@@ -7,41 +7,39 @@ use brgemm_gpu::{
     Backend, BatchTable, Buffer, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype,
 };
 use half::{bf16, f16};
+use std::sync::OnceLock;
 
-/// The OpenCL device, or `None` with a plain line saying why (a failure
-/// instead when `BRGEMM_REQUIRE_OPENCL=1`, as in the test script).
-/// One device per test binary, shared by its tests (opening PoCL from
-/// several test threads at once can fail).
+/// The OpenCL device, shared by the tests of one binary (opening PoCL
+/// from several test threads at once can fail); `None` with a plain line
+/// saying why, or a failure when `BRGEMM_REQUIRE_OPENCL=1` (the test script).
 pub fn opencl() -> Option<&'static Device> {
-    static DEV: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
-    DEV.get_or_init(open_opencl).as_ref()
-}
-
-fn open_opencl() -> Option<Device> {
-    match Device::open(Backend::OpenCl) {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("BRGEMM_REQUIRE_OPENCL").as_deref() == Ok("1") => {
-            panic!("BRGEMM_REQUIRE_OPENCL=1 but: {e}")
-        }
-        Err(e) => {
-            println!("skipped: no OpenCL device ({e})");
-            None
-        }
-    }
+    static DEV: OnceLock<Option<Device>> = OnceLock::new();
+    DEV.get_or_init(|| {
+        open(
+            Backend::OpenCl,
+            Some("BRGEMM_REQUIRE_OPENCL"),
+            "no OpenCL device",
+        )
+    })
+    .as_ref()
 }
 
 /// The CUDA device, or `None` with a plain line saying the numeric CUDA
 /// tests were skipped.
 pub fn cuda() -> Option<&'static Device> {
-    static DEV: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
-    DEV.get_or_init(open_cuda).as_ref()
+    static DEV: OnceLock<Option<Device>> = OnceLock::new();
+    DEV.get_or_init(|| open(Backend::Cuda, None, "numeric CUDA tests need a CUDA device"))
+        .as_ref()
 }
 
-fn open_cuda() -> Option<Device> {
-    match Device::open(Backend::Cuda) {
+fn open(b: Backend, require: Option<&str>, what: &str) -> Option<Device> {
+    match Device::open(b) {
         Ok(d) => Some(d),
         Err(e) => {
-            println!("skipped: numeric CUDA tests need a CUDA device ({e})");
+            if let Some(var) = require.filter(|v| std::env::var(v).as_deref() == Ok("1")) {
+                panic!("{var}=1 but: {e}");
+            }
+            println!("skipped: {what} ({e})");
             None
         }
     }
@@ -248,19 +246,21 @@ pub fn act64(a: Activation, x: f64) -> f64 {
     }
 }
 
+/// Every activation the epilogue fuses.
+pub const ACTS: [Activation; 5] = [
+    Activation::Identity,
+    Activation::Relu,
+    Activation::Sigmoid,
+    Activation::Tanh,
+    Activation::Gelu,
+];
+
 /// The deterministic part of the sweep: every dtype x batch form, with beta,
 /// epilogue, leading dimensions (aligned and not), edge tiles, zero batch and
 /// forced tilings cycling through them.
 pub fn sweep() -> Vec<(GpuDescriptor, usize)> {
     use brgemm_gpu::Tiling;
     let dts = [GpuDtype::Bf16, GpuDtype::F16, GpuDtype::F32];
-    let acts = [
-        Activation::Identity,
-        Activation::Relu,
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Gelu,
-    ];
     let shapes = [
         (1, 1, 1),
         (17, 9, 23),
@@ -306,7 +306,7 @@ pub fn sweep() -> Vec<(GpuDescriptor, usize)> {
                     .ldc(ldc)
                     .alpha(if i % 4 == 1 { 0.5 } else { 1.0 })
                     .beta(if i % 2 == 1 { Beta::One } else { Beta::Zero })
-                    .epilogue(i % 3 != 1, acts[i % acts.len()]);
+                    .epilogue(i % 3 != 1, ACTS[i % ACTS.len()]);
                 d = match form {
                     0 => d.batch(GpuBatch::Stride {
                         a: lda * k + 8 * (i % 2),
@@ -336,13 +336,6 @@ pub fn random_case(seed: u64) -> (GpuDescriptor, usize) {
     let pick = |r: &mut Lcg| [1, 2, 7, 13, 31, 47, 64, 97, 150][r.below(9)];
     let (m, n, k) = (pick(&mut r), pick(&mut r), pick(&mut r));
     let (lda, ldb, ldc) = (m + r.below(9), k + r.below(9), m + r.below(3));
-    let acts = [
-        Activation::Identity,
-        Activation::Relu,
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Gelu,
-    ];
     let mut d = GpuDescriptor::new(m, n, k)
         .dtype(dt)
         .lda(lda)
@@ -353,7 +346,7 @@ pub fn random_case(seed: u64) -> (GpuDescriptor, usize) {
         } else {
             Beta::Zero
         })
-        .epilogue(r.below(2) == 1, acts[r.below(5)]);
+        .epilogue(r.below(2) == 1, ACTS[r.below(5)]);
     d = match r.below(3) {
         0 => d.batch(GpuBatch::Stride {
             a: lda * k + r.below(5),
