@@ -118,14 +118,10 @@ impl GpuMlp {
             .get(i)
             .ok_or_else(|| invalid("layer", i, "no such layer"))?;
         let (c, k) = (l.fc.c, l.fc.k);
-        let w: Vec<f32> = dev.download(&l.w, k * c)?;
-        let mut rm = vec![0.0f32; k * c];
-        for kk in 0..k {
-            for cc in 0..c {
-                rm[kk * c + cc] = w[kk + cc * k];
-            }
-        }
-        Ok((rm, dev.download(&l.b, k)?))
+        Ok((
+            to_row_major(&dev.download(&l.w, k * c)?, k, c),
+            dev.download(&l.b, k)?,
+        ))
     }
 
     fn load_x(&mut self, dev: &Device, x: &[f32], rows: usize) -> Result<()> {
@@ -169,15 +165,10 @@ impl GpuMlp {
             .collect())
     }
 
-    /// One step on `rows = labels.len()` samples: forward, mean softmax
-    /// cross-entropy, backward, update with `opt`. Returns the loss.
-    pub fn train_step(
-        &mut self,
-        dev: &Device,
-        x: &[f32],
-        labels: &[usize],
-        opt: &Optimizer,
-    ) -> Result<f32> {
+    /// Forward, mean softmax cross-entropy and backward on `rows =
+    /// labels.len()` samples of `x` (row-major `[rows][inputs]`), leaving the
+    /// weight and bias gradients on the device. Returns the loss.
+    pub fn compute_gradients(&mut self, dev: &Device, x: &[f32], labels: &[usize]) -> Result<f32> {
         let rows = labels.len();
         self.load_x(dev, x, rows)?;
         let classes = self.layers.last().expect("at least one layer").fc.k;
@@ -220,15 +211,59 @@ impl GpuMlp {
             l.fc.backward(dev, &l.dy, &l.y, &l.w, dx)?;
             l.fc.update(dev, x, &mut l.dw, &mut l.db)?;
         }
+        let loss: Vec<f32> = dev.download(&self.loss, rows)?;
+        Ok((loss.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) as f32)
+    }
+
+    /// One optimizer step on every layer with the gradients of
+    /// [`GpuMlp::compute_gradients`].
+    pub fn apply_gradients(&mut self, dev: &Device, opt: &Optimizer) -> Result<()> {
         for l in &mut self.layers {
             l.t += 1;
             let (kc, k) = (l.fc.k * l.fc.c, l.fc.k);
             step(dev, opt, l.t, &l.w, &l.dw, &l.mw, &l.vw, kc)?;
             step(dev, opt, l.t, &l.b, &l.db, &l.mb, &l.vb, k)?;
         }
-        let loss: Vec<f32> = dev.download(&self.loss, rows)?;
-        Ok((loss.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) as f32)
+        Ok(())
     }
+
+    /// [`GpuMlp::compute_gradients`] then [`GpuMlp::apply_gradients`].
+    /// Returns the loss.
+    pub fn train_step(
+        &mut self,
+        dev: &Device,
+        x: &[f32],
+        labels: &[usize],
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        let loss = self.compute_gradients(dev, x, labels)?;
+        self.apply_gradients(dev, opt)?;
+        Ok(loss)
+    }
+
+    /// Gradients of layer `i` from the last [`GpuMlp::compute_gradients`],
+    /// laid out as [`GpuMlp::parameters`].
+    pub fn gradients(&self, dev: &Device, i: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let l = self
+            .layers
+            .get(i)
+            .ok_or_else(|| invalid("layer", i, "no such layer"))?;
+        Ok((
+            to_row_major(&dev.download(&l.dw, l.fc.k * l.fc.c)?, l.fc.k, l.fc.c),
+            dev.download(&l.db, l.fc.k)?,
+        ))
+    }
+}
+
+/// Device column-major `k x c` -> host row-major `[k][c]`.
+fn to_row_major(w: &[f32], k: usize, c: usize) -> Vec<f32> {
+    let mut rm = vec![0.0f32; k * c];
+    for kk in 0..k {
+        for cc in 0..c {
+            rm[kk * c + cc] = w[kk + cc * k];
+        }
+    }
+    rm
 }
 
 /// One optimizer step on the device, the same update as

@@ -142,7 +142,51 @@ fn mlp_steps(dev: &Device, dt: GpuDtype, opt: Optimizer) {
     }
 }
 
+/// Every layer's dW and db from one device backward pass against the CPU
+/// primitives' (`Mlp::compute_gradients`), hidden layers sigmoid and tanh.
+fn mlp_gradients(dev: &Device) {
+    let (inputs, batch) = (37, 24);
+    let specs = [
+        LayerSpec {
+            out: 29,
+            act: Activation::Sigmoid,
+        },
+        LayerSpec {
+            out: 18,
+            act: Activation::Tanh,
+        },
+        LayerSpec {
+            out: 7,
+            act: Activation::Identity,
+        },
+    ];
+    let mut cpu = Mlp::new(inputs, batch, &specs, 11).unwrap();
+    let mut gpu = GpuMlp::from_cpu(dev, &cpu, &specs, GpuDtype::F32).unwrap();
+    let mut r = Lcg(4);
+    let rows = 21;
+    let x: Vec<f32> = (0..rows * inputs).map(|_| r.f32()).collect();
+    let labels: Vec<usize> = (0..rows).map(|_| r.below(7)).collect();
+    let mut padded = x.clone();
+    padded.resize(batch * inputs, 0.0);
+    let mut xb = cpu.input_layout();
+    xb.set_plain(&padded).unwrap();
+    let lc = cpu.compute_gradients(Pool::global(), &xb, &labels).unwrap();
+    let lg = gpu.compute_gradients(dev, &x, &labels).unwrap();
+    assert!(
+        (lc - lg).abs() <= 1e-5 * lc.abs().max(1.0),
+        "loss cpu {lc} gpu {lg}"
+    );
+    for i in 0..specs.len() {
+        let (wc, bc) = cpu.gradients(i);
+        let (wg, bg) = gpu.gradients(dev, i).unwrap();
+        let f = |v: Vec<f32>| v.into_iter().map(|x| x as f64).collect::<Vec<f64>>();
+        close(&format!("layer {i} dW"), &wg, &f(wc), 1e-4);
+        close(&format!("layer {i} db"), &bg, &f(bc), 1e-4);
+    }
+}
+
 fn all(dev: &Device) {
+    mlp_gradients(dev);
     for dt in [GpuDtype::F32, GpuDtype::Bf16, GpuDtype::F16] {
         for act in [
             Activation::Identity,

@@ -98,6 +98,7 @@ fn every_variant_compiles_without_spills() {
             }
             let (regs, st, ld, frame) = ptxas_usage(&ptxas, &ptx, arch, &name);
             let budget = t.register_budget(d.dtype);
+            println!("{name} {arch}: {regs} registers (budget {budget}), spills {st}/{ld}, stack {frame}");
             assert_eq!(
                 (st, ld, frame),
                 (0, 0, 0),
