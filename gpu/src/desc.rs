@@ -262,14 +262,7 @@ impl GpuDescriptor {
             GpuBatch::Offset => format!("o{}", self.table_align),
             GpuBatch::Address => format!("p{}", self.table_align),
         };
-        let act = match self.epilogue.activation {
-            Activation::Identity => "id",
-            Activation::Relu => "relu",
-            Activation::Sigmoid => "sig",
-            Activation::Tanh => "tanh",
-            Activation::Gelu => "gelu",
-            _ => "act",
-        };
+        let act = crate::codegen::act_name(self.epilogue.activation);
         format!(
             "brgemm_{}_m{}n{}k{}_ld{}_{}_{}_{}_a{:08x}_b{}_{}{}_t{}x{}x{}w{}x{}s{}",
             self.dtype.name(),

@@ -7,7 +7,8 @@
 //! (sample j's features contiguous, i.e. row-major `[N][C]` as on the host),
 //! weights `K x C` (element (k, c) at `k + c*K`), biases length K. Master
 //! values are f32; the GEMM operands are converted to the layer's dtype on
-//! the device (bf16 with round-to-nearest-even) right before each product.
+//! the device (bf16 with round-to-nearest-even) right before each product;
+//! f32 layers hand their buffers to the GEMMs as they are.
 
 use crate::codegen::ElementwiseKernel as EK;
 use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
@@ -45,11 +46,14 @@ pub struct GpuFc {
     fwd: GpuBrgemm,
     bwd: GpuBrgemm,
     upd: GpuBrgemm,
-    xd: Buffer,
-    wd: Buffer,
+    /// Converted copies of x, w and dZ; `None` for f32, whose GEMMs read
+    /// the f32 buffers themselves.
+    xd: Option<Buffer>,
+    wd: Option<Buffer>,
+    dzd: Option<Buffer>,
+    /// Transposed (and converted) W and X, for backward-data and -weights.
     wtd: Buffer,
     xtd: Buffer,
-    dzd: Buffer,
     /// dY * act'(Z), f32, `K x N`.
     dz: Buffer,
 }
@@ -104,6 +108,13 @@ impl GpuFc {
             .dtype(dtype)
             .batch(GpuBatch::Stride { a: bn * k, b: bn });
         let es = dtype.size();
+        let scratch = |elems: usize| -> Result<Option<Buffer>> {
+            if dtype == GpuDtype::F32 {
+                Ok(None)
+            } else {
+                dev.alloc(elems * es).map(Some)
+            }
+        };
         Ok(GpuFc {
             c,
             k,
@@ -113,11 +124,11 @@ impl GpuFc {
             fwd: GpuBrgemm::new(&fwd)?,
             bwd: GpuBrgemm::new(&bwd)?,
             upd: GpuBrgemm::new(&upd)?,
-            xd: dev.alloc(c * n * es)?,
-            wd: dev.alloc(k * c * es)?,
+            xd: scratch(c * n)?,
+            wd: scratch(k * c)?,
+            dzd: scratch(k * n)?,
             wtd: dev.alloc(c * k * es)?,
             xtd: dev.alloc(n * c * es)?,
-            dzd: dev.alloc(k * n * es)?,
             dz: dev.alloc(k * n * 4)?,
         })
     }
@@ -141,6 +152,25 @@ impl GpuFc {
 
     /// Converts `x` (f32, `rows x cols`, or `cols x rows` transposed when
     /// `trans`) into `y` in the layer's dtype.
+    /// `x` itself when the GEMMs read f32; else `x` (`rows x cols`)
+    /// converted into `scratch`.
+    fn operand<'a>(
+        &self,
+        dev: &Device,
+        x: &'a Buffer,
+        scratch: &'a Option<Buffer>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<&'a Buffer> {
+        match scratch {
+            None => Ok(x),
+            Some(s) => {
+                self.convert(dev, x, s, rows, cols, false)?;
+                Ok(s)
+            }
+        }
+    }
+
     fn convert(
         &self,
         dev: &Device,
@@ -177,11 +207,10 @@ impl GpuFc {
         self.check("w", w, k * c)?;
         self.check("b", b, k)?;
         self.check("y", y, k * n)?;
-        self.convert(dev, x, &self.xd, c, n, false)?;
-        self.convert(dev, w, &self.wd, k, c, false)?;
+        let xo = self.operand(dev, x, &self.xd, c, n)?;
+        let wo = self.operand(dev, w, &self.wd, k, c)?;
         let batch = c / self.fwd.descriptor().k;
-        self.fwd
-            .execute(dev, &self.wd, &self.xd, y, Some(b), None, batch)
+        self.fwd.execute(dev, wo, xo, y, Some(b), None, batch)
     }
 
     /// From `dy` (gradient at the output y, `K x N`): keeps dZ = dy *
@@ -215,13 +244,13 @@ impl GpuFc {
                 Arg::I32(i32_of("k*n", k * n)?),
             ],
         )?;
-        self.convert(dev, &self.dz, &self.dzd, k, n, false)?;
+        let dzo = self.operand(dev, &self.dz, &self.dzd, k, n)?;
         if let Some(dx) = dx {
             self.check("dx", dx, c * n)?;
             self.convert(dev, w, &self.wtd, c, k, true)?;
             let batch = k / self.bwd.descriptor().k;
             self.bwd
-                .execute(dev, &self.wtd, &self.dzd, dx, None, None, batch)?;
+                .execute(dev, &self.wtd, dzo, dx, None, None, batch)?;
         }
         Ok(())
     }
@@ -241,8 +270,15 @@ impl GpuFc {
         self.check("db", db, k)?;
         self.convert(dev, x, &self.xtd, n, c, true)?;
         let batch = n / self.upd.descriptor().k;
-        self.upd
-            .execute(dev, &self.dzd, &self.xtd, dw, None, None, batch)?;
+        self.upd.execute(
+            dev,
+            self.dzd.as_ref().unwrap_or(&self.dz),
+            &self.xtd,
+            dw,
+            None,
+            None,
+            batch,
+        )?;
         let db: &Buffer = db;
         dev.launch_elementwise(
             EK::BiasGrad,

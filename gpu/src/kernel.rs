@@ -27,15 +27,7 @@ impl BatchTable {
         a: &[usize],
         b: &[usize],
     ) -> Result<BatchTable> {
-        let d = d.validate()?;
-        if d.batch != GpuBatch::Offset {
-            return Err(invalid(
-                "batch form",
-                format!("{:?}", d.batch),
-                "offset tables need GpuBatch::Offset",
-            ));
-        }
-        let (a_reach, b_reach) = Self::check(&d, a, b)?;
+        let (_, a_reach, b_reach) = Self::check(d, GpuBatch::Offset, a, b)?;
         let to = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<i64>>();
         Ok(BatchTable {
             a: dev.upload(&to(a))?,
@@ -59,15 +51,7 @@ impl BatchTable {
         b_buf: &Buffer,
         b: &[usize],
     ) -> Result<BatchTable> {
-        let d = d.validate()?;
-        if d.batch != GpuBatch::Address {
-            return Err(invalid(
-                "batch form",
-                format!("{:?}", d.batch),
-                "address tables need GpuBatch::Address",
-            ));
-        }
-        let (a_reach, b_reach) = Self::check(&d, a, b)?;
+        let (d, a_reach, b_reach) = Self::check(d, GpuBatch::Address, a, b)?;
         let es = d.dtype.size();
         for (what, buf, reach) in [("A buffer", a_buf, a_reach), ("B buffer", b_buf, b_reach)] {
             if !buf.holds(reach, es) {
@@ -95,7 +79,22 @@ impl BatchTable {
         })
     }
 
-    fn check(d: &GpuDescriptor, a: &[usize], b: &[usize]) -> Result<(usize, usize)> {
+    /// Validates `d`, that it is of `form`, and the entries; returns the
+    /// resolved descriptor and how far the entries reach into A and B.
+    fn check(
+        d: &GpuDescriptor,
+        form: GpuBatch,
+        a: &[usize],
+        b: &[usize],
+    ) -> Result<(GpuDescriptor, usize, usize)> {
+        let d = d.validate()?;
+        if d.batch != form {
+            return Err(invalid(
+                "batch form",
+                format!("{:?}", d.batch),
+                format!("this table needs GpuBatch::{form:?}"),
+            ));
+        }
         if a.len() != b.len() {
             return Err(invalid(
                 "table lengths",
@@ -116,7 +115,7 @@ impl BatchTable {
             }
         }
         let reach = |v: &[usize], ext: usize| v.iter().map(|&x| x + ext).max().unwrap_or(0);
-        Ok((reach(a, d.a_extent()), reach(b, d.b_extent())))
+        Ok((d, reach(a, d.a_extent()), reach(b, d.b_extent())))
     }
 
     /// Entries (the batch size).

@@ -67,13 +67,8 @@ impl GpuMlp {
                     format!("expected {k} x {c}"),
                 ));
             }
-            // Host row-major [K][C] -> device column-major K x C.
-            let mut w = vec![0.0f32; k * c];
-            for kk in 0..k {
-                for cc in 0..c {
-                    w[kk + cc * k] = w_rm[kk * c + cc];
-                }
-            }
+            // Host row-major [K][C] is device column-major C x K: transpose.
+            let w = transpose(&w_rm, c, k);
             let f = |n: usize| dev.alloc(n * 4);
             layers.push(Layer {
                 fc,
@@ -119,7 +114,7 @@ impl GpuMlp {
             .ok_or_else(|| invalid("layer", i, "no such layer"))?;
         let (c, k) = (l.fc.c, l.fc.k);
         Ok((
-            to_row_major(&dev.download(&l.w, k * c)?, k, c),
+            transpose(&dev.download(&l.w, k * c)?, k, c),
             dev.download(&l.b, k)?,
         ))
     }
@@ -249,21 +244,23 @@ impl GpuMlp {
             .get(i)
             .ok_or_else(|| invalid("layer", i, "no such layer"))?;
         Ok((
-            to_row_major(&dev.download(&l.dw, l.fc.k * l.fc.c)?, l.fc.k, l.fc.c),
+            transpose(&dev.download(&l.dw, l.fc.k * l.fc.c)?, l.fc.k, l.fc.c),
             dev.download(&l.db, l.fc.k)?,
         ))
     }
 }
 
-/// Device column-major `k x c` -> host row-major `[k][c]`.
-fn to_row_major(w: &[f32], k: usize, c: usize) -> Vec<f32> {
-    let mut rm = vec![0.0f32; k * c];
-    for kk in 0..k {
-        for cc in 0..c {
-            rm[kk * c + cc] = w[kk + cc * k];
+/// Column-major `rows x cols` to column-major `cols x rows` (equally:
+/// device column-major `K x C` to host row-major `[K][C]` with rows = K, and
+/// back with rows = C).
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c + r * cols] = v[r + c * rows];
         }
     }
-    rm
+    t
 }
 
 /// One optimizer step on the device, the same update as

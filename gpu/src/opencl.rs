@@ -78,8 +78,8 @@ impl OpenClBackend {
     }
 
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Buffer<u8>> {
-        // SAFETY: no host pointer; the buffer is written before it is read
-        // (zero-filled here so a fresh buffer reads as zeros, as on CUDA).
+        // SAFETY: no host pointer; zero-filled below before any use, so a
+        // fresh buffer reads as zeros, as on CUDA.
         let mut b = unsafe {
             Buffer::<u8>::create(
                 &self.context,
@@ -89,8 +89,12 @@ impl OpenClBackend {
             )
         }
         .map_err(cl)?;
-        let zeros = vec![0u8; bytes.max(1)];
-        self.write(&mut b, &zeros)?;
+        // SAFETY: a one-byte pattern over the whole buffer, which exists.
+        unsafe {
+            self.queue
+                .enqueue_fill_buffer(&mut b, &[0u8], 0, bytes.max(1), &[])
+        }
+        .map_err(cl)?;
         Ok(b)
     }
 

@@ -3,7 +3,7 @@
 //! derivatives, bias gradients, softmax cross-entropy and the optimizers.
 //! One source text serves both targets through the prelude's macros.
 
-use super::{prelude, Target};
+use super::{act_name, prelude, Target};
 use crate::desc::GpuDtype;
 use brgemm::Activation;
 
@@ -39,16 +39,6 @@ impl ElementwiseKernel {
             ElementwiseKernel::Sgd => "sgd".into(),
             ElementwiseKernel::Adam => "adam".into(),
         }
-    }
-}
-
-fn act_name(a: Activation) -> &'static str {
-    match a {
-        Activation::Identity => "identity",
-        Activation::Relu => "relu",
-        Activation::Sigmoid => "sigmoid",
-        Activation::Tanh => "tanh",
-        _ => "gelu",
     }
 }
 

@@ -66,6 +66,19 @@ pub(crate) fn prelude(t: Target) -> &'static str {
     }
 }
 
+/// The activation's name in generated kernel names.
+pub(crate) fn act_name(a: brgemm::Activation) -> &'static str {
+    use brgemm::Activation as A;
+    match a {
+        A::Identity => "identity",
+        A::Relu => "relu",
+        A::Sigmoid => "sigmoid",
+        A::Tanh => "tanh",
+        A::Gelu => "gelu",
+        _ => "unknown",
+    }
+}
+
 /// C expression applying `act` to the float expression `v`.
 pub(crate) fn activation_expr(act: brgemm::Activation, v: &str) -> String {
     use brgemm::Activation as A;
