@@ -15,6 +15,13 @@
 //! the same ISA measured by this process just before (`{"bench":"peak",..}`
 //! lines), since this machine's speed varies between processes. Figures are
 //! medians over repeated samples.
+//!
+//! The f32 lines also carry `tile_l1_gflops` and `pct_tile_l1`: the ISA's main
+//! register tile on L1-resident operands ([`brgemm::peak::TileCeiling`]),
+//! sampled between the same samples. On a shared core the register-only peak
+//! barely moves while everything that loads operands slows down with the
+//! neighbours; the second ratio says how much of a shortfall is the
+//! primitive's and how much the machine's at that moment.
 
 #[path = "support/workload.rs"]
 mod workload;
@@ -25,13 +32,12 @@ mod gpu_bench;
 
 #[path = "support/fill.rs"]
 mod fill;
-use brgemm::peak::Probe;
 use brgemm::{peak, BatchForm, Isa, Kernel, KernelOptions, RegisterTile};
 use brgemm_primitives::Pool;
 use fill::fill;
 use std::collections::HashMap;
 use std::time::Duration;
-use workload::{measure, BrgemmWorkload};
+use workload::{measure, BrgemmWorkload, Probes};
 
 const BRGEMM_SHAPES: [(usize, usize, usize, usize); 5] = [
     (64, 64, 64, 16),
@@ -97,14 +103,14 @@ fn main() {
     }
 }
 
-/// Prints one `peak` line per ISA and returns a probe per ISA, whose slices
-/// are interleaved with every later measurement.
-fn probes(isas: &[Isa], slice: Duration) -> HashMap<Isa, Probe> {
+/// Prints one `peak` line per ISA and returns the probes per ISA, whose
+/// slices are interleaved with every later measurement.
+fn probes(isas: &[Isa], slice: Duration) -> HashMap<Isa, Probes> {
     let mut out = HashMap::new();
     for &isa in isas {
         let p = peak::fma_peak_gflops(isa).expect("supported ISA");
         println!(r#"{{"bench":"peak","isa":"{isa}","dtype":"f32","threads":1,"gflops":{p:.1}}}"#);
-        out.insert(isa, Probe::new(isa, slice).expect("supported ISA"));
+        out.insert(isa, Probes::new(isa, slice));
     }
     out
 }
@@ -148,10 +154,12 @@ fn bench_brgemm(o: &Opts) {
                     .map(|t| format!("{}x{}", t.mv, t.nr))
                     .unwrap_or_default();
                 println!(
-                    r#"{{"bench":"brgemm","isa":"{isa}","dtype":"f32","form":"{fname}","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{},"tile":"{t}","threads":1,"gflops":{gf:.1},"peak_gflops":{:.1},"pct_peak":{:.1}}}"#,
+                    r#"{{"bench":"brgemm","isa":"{isa}","dtype":"f32","form":"{fname}","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{},"tile":"{t}","threads":1,"gflops":{gf:.1},"peak_gflops":{:.1},"pct_peak":{:.1},"tile_l1_gflops":{:.1},"pct_tile_l1":{:.1}}}"#,
                     w.blocks,
                     r.peak_gflops,
-                    100.0 * gf / r.peak_gflops
+                    100.0 * gf / r.peak_gflops,
+                    r.tile_l1_gflops,
+                    100.0 * gf / r.tile_l1_gflops
                 );
             }
         }
@@ -171,34 +179,68 @@ fn bench_brgemm(o: &Opts) {
     }
 }
 
-/// Peak of `pool`'s threads together: one probe slice on every thread at
-/// once, summed (the FMA units of two cores add up; a shared one would not).
-fn pool_peak(pool: &Pool, probe: &Probe) -> f64 {
-    let got = std::sync::Mutex::new(0.0f64);
-    pool.broadcast(|_| {
-        let g = probe.sample();
-        *got.lock().unwrap() += g;
-    });
-    got.into_inner().unwrap()
+/// The references of a pool's threads together, in GFLOP/s.
+#[derive(Debug, Clone, Copy)]
+struct Peak {
+    /// FMA peak.
+    fma: f64,
+    /// Main tile on L1-resident operands.
+    tile: f64,
 }
 
-/// Median seconds of `f` and the median pool peak sampled between samples.
-fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probe, samples: usize) -> (f64, f64) {
+impl Peak {
+    /// `"peak_gflops":..,"pct_peak":..,"tile_l1_gflops":..,"pct_tile_l1":..` for `gflops`.
+    fn json(&self, gflops: f64) -> String {
+        format!(
+            r#""peak_gflops":{:.1},"pct_peak":{:.1},"tile_l1_gflops":{:.1},"pct_tile_l1":{:.1}"#,
+            self.fma,
+            100.0 * gflops / self.fma,
+            self.tile,
+            100.0 * gflops / self.tile
+        )
+    }
+}
+
+/// Both references for `pool`'s threads together: one slice of each on every
+/// thread at once, summed (the FMA units of two cores add up; a shared one
+/// would not).
+fn pool_peak(pool: &Pool, probe: &Probes) -> Peak {
+    let got = std::sync::Mutex::new((0.0f64, 0.0f64));
+    pool.broadcast(|_| {
+        let g = probe.fma.sample();
+        got.lock().unwrap().0 += g;
+    });
+    pool.broadcast(|_| {
+        let g = probe.tile.sample();
+        got.lock().unwrap().1 += g;
+    });
+    let (fma, tile) = got.into_inner().unwrap();
+    Peak { fma, tile }
+}
+
+/// Median seconds of `f` and the median references sampled between samples.
+fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: usize) -> (f64, Peak) {
     f(); // warm-up: first touch of buffers, kernel cache
-    let (mut secs, mut peaks) = (vec![], vec![]);
+    let (mut secs, mut fma, mut tile) = (vec![], vec![], vec![]);
     for _ in 0..samples {
-        peaks.push(pool_peak(pool, probe));
+        let p = pool_peak(pool, probe);
+        fma.push(p.fma);
+        tile.push(p.tile);
         let t = std::time::Instant::now();
         f();
         secs.push(t.elapsed().as_secs_f64());
     }
-    (workload::median(&mut secs), workload::median(&mut peaks))
+    let peak = Peak {
+        fma: workload::median(&mut fma),
+        tile: workload::median(&mut tile),
+    };
+    (workload::median(&mut secs), peak)
 }
 
 fn bench_fc(o: &Opts) {
     use brgemm_primitives::{Activation, Fc};
     let isa = Isa::selected().expect("ISA");
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let probe = Probes::new(isa, Duration::from_millis(10));
     let samples = if o.quick { 3 } else { 7 };
     for (n, c, k) in [
         (256usize, 1024usize, 1024usize),
@@ -231,15 +273,15 @@ fn bench_fc(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = fc.flops();
-            let line = |pass: &str, spec: &str, s: f64, s_layout: f64, peak: f64| {
+            let line = |pass: &str, spec: &str, s: f64, s_layout: f64, peak: Peak| {
                 let gf = flops / s / 1e9;
                 println!(
-                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},"peak_gflops":{peak:.1},"pct_peak":{:.1}}}"#,
+                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}}}"#,
                     t.bn,
                     t.bc,
                     t.bk,
                     flops / s_layout / 1e9,
-                    100.0 * gf / peak
+                    peak.json(gf)
                 );
             };
             let (s, p) = measure_pool(
@@ -321,7 +363,7 @@ fn bench_fc(o: &Opts) {
                     &probe,
                     samples,
                 );
-                bline("fwd", sb, sc, pb, f32_fwd);
+                bline("fwd", sb, sc, pb.fma, f32_fwd);
                 let (f32_bwd, _) = measure_pool(
                     || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                     &pool,
@@ -343,7 +385,7 @@ fn bench_fc(o: &Opts) {
                     &probe,
                     samples,
                 );
-                bline("bwd", sb, sc, pb, f32_bwd);
+                bline("bwd", sb, sc, pb.fma, f32_bwd);
             }
         }
         x.data.clear();
@@ -378,7 +420,7 @@ const RESNET_LAYERS: [ConvLayer; 7] = [
 fn bench_conv(o: &Opts) {
     use brgemm_primitives::{Activation, Conv, ConvParams};
     let isa = Isa::selected().expect("ISA");
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let probe = Probes::new(isa, Duration::from_millis(10));
     let samples = if o.quick { 3 } else { 7 };
     let only: Option<String> = std::env::args().skip_while(|a| a != "--layer").nth(1);
     let n = 8;
@@ -410,14 +452,14 @@ fn bench_conv(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = conv.flops();
-            let line = |pass: &str, spec: &str, s_: f64, peak: f64| {
+            let line = |pass: &str, spec: &str, s_: f64, peak: Peak| {
                 let gf = flops / s_ / 1e9;
                 println!(
-                    r#"{{"bench":"conv","pass":"{pass}","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"peak_gflops":{peak:.1},"pct_peak":{:.1}}}"#,
+                    r#"{{"bench":"conv","pass":"{pass}","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}}}"#,
                     t.bc,
                     t.bk,
                     t.bq,
-                    100.0 * gf / peak
+                    peak.json(gf)
                 );
             };
             let (sec, pk) = measure_pool(
@@ -454,7 +496,7 @@ fn bench_conv(o: &Opts) {
 fn bench_lstm(o: &Opts) {
     use brgemm_primitives::{CellKind, Rnn};
     let isa = Isa::selected().expect("ISA");
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    let probe = Probes::new(isa, Duration::from_millis(10));
     let samples = if o.quick { 3 } else { 7 };
     for (t, n, c, k) in [
         (50usize, 64usize, 512usize, 512usize),
@@ -475,14 +517,14 @@ fn bench_lstm(o: &Opts) {
         let mut gr = rnn.grads();
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
-            let line = |pass: &str, flops: f64, sec: f64, peak: f64| {
+            let line = |pass: &str, flops: f64, sec: f64, peak: Peak| {
                 let gf = flops / sec / 1e9;
                 println!(
-                    r#"{{"bench":"lstm","pass":"{pass}","t":{t},"n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},"peak_gflops":{peak:.1},"pct_peak":{:.1}}}"#,
+                    r#"{{"bench":"lstm","pass":"{pass}","t":{t},"n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}}}"#,
                     tn.bn,
                     tn.bc,
                     tn.bk,
-                    100.0 * gf / peak
+                    peak.json(gf)
                 );
             };
             let (sec, pk) = measure_pool(
@@ -724,7 +766,7 @@ fn bench_brgemm_bf16(o: &Opts) {
         (Duration::from_millis(30), 15)
     };
     let isa32 = Isa::best();
-    let probe = Probe::new(isa32, min_sample / 2).expect("probe");
+    let probe = Probes::new(isa32, min_sample / 2);
     let mut shapes = BRGEMM_SHAPES.to_vec();
     shapes.push((128, 128, 64, 16));
     for (m, n, k, batch) in shapes {

@@ -13,6 +13,8 @@
 //! - [`dispatch`]: a process-wide, descriptor-keyed cache of kernels.
 //! - [`Batch`] / [`RawBatch`] / [`Offsets`]: the three batch forms at call time.
 //! - [`peak::fma_peak_gflops`]: this core's measured FMA peak, for "% of peak".
+//! - [`peak::TileCeiling`]: the main register tile's throughput on L1-resident
+//!   operands, measured the same way (what the machine allows a kernel that loads).
 //!
 //! Microkernels exist for AVX-512 (the tuned one), AVX2+FMA, NEON, a portable
 //! one on `wide`, and a scalar reference with the same contract. The best one

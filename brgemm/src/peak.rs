@@ -7,10 +7,19 @@
 //! it). [`fma_peak_gflops`] keeps the best of several slices over ~0.1 s; a
 //! [`Probe`] gives single slices to interleave with the work being measured,
 //! so both see the same clock.
+//!
+//! A register-only probe shows what the FMA ports can do, not what a kernel
+//! that also loads its operands can do on a core whose load ports a
+//! neighbour may be sharing (presumably another VM on the sibling hyperthread): the same
+//! L1-resident kernel loop measured 94% of the probe in one minute and 73-77% in
+//! the next, while the probe itself stayed put. [`TileCeiling`] measures that
+//! second figure in the same run: the ISA's own main tile on operands that
+//! stay in L1, the most any primitive built on it can reach at that moment.
 
 use crate::error::{Error, Result};
 use crate::kernels::IsaKernels;
-use crate::Isa;
+use crate::{BatchForm, Descriptor, Isa, Kernel, KernelOptions, RawBatch};
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 /// A calibrated FMA-peak probe for one ISA: each [`Probe::sample`] runs one
@@ -90,4 +99,119 @@ pub fn fma_peak_gflops(isa: Isa) -> Result<f64> {
 pub fn fma_peak_gflops_for(isa: Isa, total: Duration) -> Result<f64> {
     let p = Probe::new(isa, total / 8)?;
     Ok((0..8).map(|_| p.sample()).fold(0.0, f64::max))
+}
+
+/// The L1 ceiling of the ISA's main register tile: one BRGEMM of 32 x 28 x 64
+/// with a batch of 2 (A, B and C together 33.5 KiB, inside a 48 KiB L1d),
+/// called repeatedly on the same operands. Each [`TileCeiling::sample`] runs
+/// one slice and returns its GFLOP/s; interleave it with a measurement to
+/// see how much of a shortfall is the machine's at that moment rather than
+/// the primitive's.
+#[derive(Debug)]
+pub struct TileCeiling {
+    kernel: Kernel,
+    reps: usize,
+}
+
+const CEIL_M: usize = 32;
+const CEIL_N: usize = 28;
+const CEIL_K: usize = 64;
+const CEIL_BATCH: usize = 2;
+
+/// A, B and C of the ceiling's BRGEMM.
+type CeilOperands = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+thread_local! {
+    /// Per-thread operands, so slices on several threads at once do not share lines.
+    static CEIL_BUF: RefCell<Option<CeilOperands>> = const { RefCell::new(None) };
+}
+
+impl TileCeiling {
+    /// Plans the kernel for `isa` and sizes a slice to take about `slice`.
+    pub fn new(isa: Isa, slice: Duration) -> Result<TileCeiling> {
+        let d = Descriptor::new(CEIL_M, CEIL_N, CEIL_K).batch_form(BatchForm::Stride {
+            a: CEIL_M * CEIL_K,
+            b: CEIL_K * CEIL_N,
+        });
+        let kernel = Kernel::with_options(
+            &d,
+            KernelOptions {
+                isa: Some(isa),
+                tile: None,
+            },
+        )?;
+        let mut c = TileCeiling { kernel, reps: 64 };
+        let warm = Instant::now();
+        while warm.elapsed() < Duration::from_millis(5) {
+            c.sample();
+        }
+        let t = Instant::now();
+        c.sample();
+        let scale = slice.as_secs_f64() / t.elapsed().as_secs_f64().max(1e-9);
+        c.reps = ((c.reps as f64 * scale) as usize).max(1);
+        Ok(c)
+    }
+
+    /// The kernel that is measured (its ISA and register tile).
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// Runs one slice on this thread; returns its GFLOP/s.
+    pub fn sample(&self) -> f64 {
+        CEIL_BUF.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            let (a, b, c) = buf.get_or_insert_with(|| {
+                (
+                    vec![0.01; CEIL_M * CEIL_K * CEIL_BATCH],
+                    vec![0.02; CEIL_K * CEIL_N * CEIL_BATCH],
+                    vec![0.0; CEIL_M * CEIL_N],
+                )
+            });
+            let t = Instant::now();
+            for _ in 0..self.reps {
+                let batch = RawBatch::Stride {
+                    a: a.as_ptr(),
+                    b: b.as_ptr(),
+                    count: CEIL_BATCH,
+                };
+                // SAFETY: A holds CEIL_BATCH blocks of m x k, B of k x n, C
+                // one m x n block: exactly what the stride descriptor reads
+                // and writes; the kernel has no bias.
+                unsafe {
+                    self.kernel
+                        .execute_raw(batch, c.as_mut_ptr(), std::ptr::null())
+                };
+            }
+            let s = t.elapsed().as_secs_f64();
+            std::hint::black_box(&c);
+            self.kernel.flops(CEIL_BATCH) * self.reps as f64 / s / 1e9
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_ceiling_runs_the_main_tile_of_64_blocks() {
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Portable] {
+            if !isa.is_supported() {
+                continue;
+            }
+            let c = TileCeiling::new(isa, Duration::from_millis(2)).unwrap();
+            assert_eq!(c.kernel().isa(), isa);
+            // The primitives block by 64: the ceiling must time the tile
+            // their 64 x 64 x 64 BRGEMMs run, not some easier one.
+            let opts = KernelOptions {
+                isa: Some(isa),
+                tile: None,
+            };
+            let main = Kernel::with_options(&Descriptor::new(64, 64, 64), opts).unwrap();
+            assert_eq!(c.kernel().register_tile(), main.register_tile(), "{isa}");
+            let g = c.sample();
+            assert!(g.is_finite() && g > 0.0, "{isa}: {g}");
+        }
+    }
 }

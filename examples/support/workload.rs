@@ -153,21 +153,50 @@ impl BrgemmWorkload {
     }
 }
 
-/// A measurement: median seconds per call, and the median FMA peak of the
-/// probe slices interleaved with the samples (same clock, same neighbours).
+/// The two references a bench line is compared with, sampled between the
+/// samples of the work: the register-only FMA peak ([`Probe`]) and the L1
+/// ceiling of the ISA's main tile ([`TileCeiling`]).
+///
+/// [`Probe`]: brgemm::peak::Probe
+/// [`TileCeiling`]: brgemm::peak::TileCeiling
+pub struct Probes {
+    /// FMA-port peak.
+    pub fma: brgemm::peak::Probe,
+    /// Main tile on L1-resident operands.
+    pub tile: brgemm::peak::TileCeiling,
+}
+
+impl Probes {
+    /// Both probes for `isa`, each slice lasting about `slice`.
+    pub fn new(isa: brgemm::Isa, slice: Duration) -> Probes {
+        Probes {
+            fma: brgemm::peak::Probe::new(isa, slice).expect("supported ISA"),
+            tile: brgemm::peak::TileCeiling::new(isa, slice).expect("supported ISA"),
+        }
+    }
+    /// One slice of each on this thread: (FMA peak, tile ceiling) in GFLOP/s.
+    pub fn sample(&self) -> (f64, f64) {
+        (self.fma.sample(), self.tile.sample())
+    }
+}
+
+/// A measurement: median seconds per call, and the medians of the probe
+/// slices interleaved with the samples (same clock, same neighbours).
 #[derive(Debug, Clone, Copy)]
 pub struct Measured {
     /// Median seconds per call of the work.
     pub secs: f64,
-    /// Median GFLOP/s of the peak probe, sampled between the work's samples.
+    /// Median GFLOP/s of the FMA peak probe.
     pub peak_gflops: f64,
+    /// Median GFLOP/s of the main tile on L1-resident operands.
+    pub tile_l1_gflops: f64,
 }
 
 /// Times `f`: calibrates a repetition count so a sample lasts `min_sample`,
 /// then takes `samples` samples, each preceded by one peak-probe slice.
 pub fn measure(
     mut f: impl FnMut(),
-    probe: &brgemm::peak::Probe,
+    probe: &Probes,
     min_sample: Duration,
     samples: usize,
 ) -> Measured {
@@ -184,8 +213,11 @@ pub fn measure(
     }
     let mut secs = Vec::with_capacity(samples);
     let mut peaks = Vec::with_capacity(samples);
+    let mut tiles = Vec::with_capacity(samples);
     for _ in 0..samples.max(1) {
-        peaks.push(probe.sample());
+        let (p, t) = probe.sample();
+        peaks.push(p);
+        tiles.push(t);
         let t = Instant::now();
         for _ in 0..reps {
             f();
@@ -195,6 +227,7 @@ pub fn measure(
     Measured {
         secs: median(&mut secs),
         peak_gflops: median(&mut peaks),
+        tile_l1_gflops: median(&mut tiles),
     }
 }
 
