@@ -159,7 +159,7 @@ fn bench_brgemm(o: &Opts) {
                     r.peak_gflops,
                     100.0 * gf / r.peak_gflops,
                     r.tile_l1_gflops,
-                    100.0 * gf / r.tile_l1_gflops
+                    r.pct_tile_l1(gf)
                 );
             }
         }
@@ -186,25 +186,30 @@ struct Peak {
     fma: f64,
     /// Main tile on L1-resident operands.
     tile: f64,
+    /// Median seconds of the work, and the median of seconds x tile slice
+    /// over the samples (so `pct_tile_l1` is the median of per-sample ratios).
+    secs: f64,
+    secs_x_tile: f64,
 }
 
 impl Peak {
-    /// `"peak_gflops":..,"pct_peak":..,"tile_l1_gflops":..,"pct_tile_l1":..` for `gflops`.
+    /// `"peak_gflops":..,"pct_peak":..,"tile_l1_gflops":..,"pct_tile_l1":..` for
+    /// `gflops`, the work's rate at the median time `self.secs`.
     fn json(&self, gflops: f64) -> String {
         format!(
             r#""peak_gflops":{:.1},"pct_peak":{:.1},"tile_l1_gflops":{:.1},"pct_tile_l1":{:.1}"#,
             self.fma,
             100.0 * gflops / self.fma,
             self.tile,
-            100.0 * gflops / self.tile
+            100.0 * gflops * self.secs / self.secs_x_tile
         )
     }
 }
 
-/// Both references for `pool`'s threads together: one slice of each on every
-/// thread at once, summed (the FMA units of two cores add up; a shared one
+/// Both references for `pool`'s threads together, (FMA peak, tile ceiling):
+/// one slice of each on every thread at once, summed (the FMA units of two cores add up; a shared one
 /// would not).
-fn pool_peak(pool: &Pool, probe: &Probes) -> Peak {
+fn pool_peak(pool: &Pool, probe: &Probes) -> (f64, f64) {
     let got = std::sync::Mutex::new((0.0f64, 0.0f64));
     pool.broadcast(|_| {
         let g = probe.fma.sample();
@@ -214,8 +219,7 @@ fn pool_peak(pool: &Pool, probe: &Probes) -> Peak {
         let g = probe.tile.sample();
         got.lock().unwrap().1 += g;
     });
-    let (fma, tile) = got.into_inner().unwrap();
-    Peak { fma, tile }
+    got.into_inner().unwrap()
 }
 
 /// Median seconds of `f` and the median references sampled between samples.
@@ -223,18 +227,22 @@ fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: usize
     f(); // warm-up: first touch of buffers, kernel cache
     let (mut secs, mut fma, mut tile) = (vec![], vec![], vec![]);
     for _ in 0..samples {
-        let p = pool_peak(pool, probe);
-        fma.push(p.fma);
-        tile.push(p.tile);
+        let (p, t) = pool_peak(pool, probe);
+        fma.push(p);
+        tile.push(t);
         let t = std::time::Instant::now();
         f();
         secs.push(t.elapsed().as_secs_f64());
     }
+    let mut pairs: Vec<f64> = secs.iter().zip(&tile).map(|(s, t)| s * t).collect();
+    let secs = workload::median(&mut secs);
     let peak = Peak {
         fma: workload::median(&mut fma),
         tile: workload::median(&mut tile),
+        secs,
+        secs_x_tile: workload::median(&mut pairs),
     };
-    (workload::median(&mut secs), peak)
+    (secs, peak)
 }
 
 fn bench_fc(o: &Opts) {

@@ -190,6 +190,18 @@ pub struct Measured {
     pub peak_gflops: f64,
     /// Median GFLOP/s of the main tile on L1-resident operands.
     pub tile_l1_gflops: f64,
+    /// Median over the samples of seconds x the tile slice just before it:
+    /// the work's share of the ceiling is judged pair by pair, since the
+    /// machine's state changes between samples (see [`Measured::pct_tile_l1`]).
+    pub secs_x_tile: f64,
+}
+
+impl Measured {
+    /// `gflops` (the work at [`Measured::secs`]) as a percentage of the L1
+    /// tile ceiling: the median of the per-sample ratios.
+    pub fn pct_tile_l1(&self, gflops: f64) -> f64 {
+        100.0 * gflops * self.secs / self.secs_x_tile
+    }
 }
 
 /// Times `f`: calibrates a repetition count so a sample lasts `min_sample`,
@@ -224,10 +236,12 @@ pub fn measure(
         }
         secs.push(t.elapsed().as_secs_f64() / reps as f64);
     }
+    let mut pairs: Vec<f64> = secs.iter().zip(&tiles).map(|(s, t)| s * t).collect();
     Measured {
         secs: median(&mut secs),
         peak_gflops: median(&mut peaks),
         tile_l1_gflops: median(&mut tiles),
+        secs_x_tile: median(&mut pairs),
     }
 }
 
