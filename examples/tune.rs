@@ -7,8 +7,8 @@
 //!
 //! Sweeps blockings (bn, bc, bk), loop specs and reduction chunks for the
 //! forward, backward-data and backward-weights passes, shows progress on
-//! stderr, prints a ranked table with GFLOP/s and % of the peak of that many
-//! threads (measured in this run), writes `DIR/tune_fc_<shape>.csv` and an SVG
+//! stderr, prints a ranked table with GFLOP/s, % of the peak of that many
+//! threads (measured in this run) and % of the L1 tile ceiling, writes `DIR/tune_fc_<shape>.csv` and an SVG
 //! chart, and with `--save FILE` stores the best configuration for this shape
 //! in FILE (a JSON list of entries, one per shape), which
 //! `brgemm_primitives::fc::load_tuning` reads back.
@@ -29,10 +29,18 @@
 //! Sweeps the LSTM's blocks (bn, bc, bk) and per-step loop specs of forward
 //! and backward (BPTT plus the weight gradients) and prints the best
 //! `RnnTuning` for `Rnn::with_tuning`.
+//!
+//! Ranking: this machine's speed for anything that loads operands drifts by
+//! 20-40% within a minute while the configurations are swept one after the
+//! other, so raw GFLOP/s would rank the moment as much as the configuration.
+//! Every timed sample is paired with a slice of
+//! [`brgemm::peak::TileCeiling`] on all the pool's threads just before it,
+//! and rows are ranked by `%tile`, the median of the per-sample ratios
+//! (the CSV has both figures).
 
 #[path = "support/fill.rs"]
 mod fill;
-use brgemm::peak::Probe;
+use brgemm::peak::{Probe, TileCeiling};
 use brgemm::Isa;
 use brgemm_primitives::fc::{load_tuning, PassConfig, TunedFc};
 use brgemm_primitives::{Activation, Fc, FcTuning, Pool};
@@ -70,6 +78,7 @@ struct Setup {
     pool: Pool,
     isa: Isa,
     peak: f64,
+    ceiling: TileCeiling,
 }
 
 fn setup(args: &[String]) -> Setup {
@@ -97,6 +106,7 @@ fn setup(args: &[String]) -> Setup {
         pool,
         isa,
         peak: v[v.len() / 2],
+        ceiling: TileCeiling::new(isa, Duration::from_millis(3)).expect("probe"),
     }
 }
 
@@ -111,6 +121,8 @@ struct Row {
     secs: f64,
     gflops: f64,
     pct: f64,
+    /// Median over the samples of the share of the L1 tile ceiling.
+    pct_tile: f64,
 }
 
 fn main() {
@@ -140,6 +152,7 @@ fn tune_fc(args: &[String]) {
         pool,
         isa,
         peak,
+        ceiling,
     } = setup(args);
     eprintln!("fc n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
 
@@ -205,16 +218,8 @@ fn tune_fc(args: &[String]) {
                             .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                             .unwrap(),
                     };
-                    run();
-                    let mut v: Vec<f64> = (0..if quick { 3 } else { 5 })
-                        .map(|_| {
-                            let t = Instant::now();
-                            run();
-                            t.elapsed().as_secs_f64()
-                        })
-                        .collect();
-                    v.sort_by(f64::total_cmp);
-                    let secs = v[v.len() / 2];
+                    let tm = timed(&mut run, if quick { 3 } else { 5 }, &pool, &ceiling);
+                    let secs = tm.secs;
                     let gflops = fc.flops() / secs / 1e9;
                     let pass = match pass {
                         "fwd" => "fwd",
@@ -231,6 +236,7 @@ fn tune_fc(args: &[String]) {
                         secs,
                         gflops,
                         pct: 100.0 * gflops / peak,
+                        pct_tile: tm.pct_tile(gflops),
                     });
                     eprint!(
                         "\r[{done:3}/{total}] {:5.1}s  {pass} bn={bn} bc={bc} bk={bk} {spec:4} chunk={chunk:2}: {gflops:6.1} GFLOP/s   ",
@@ -245,11 +251,11 @@ fn tune_fc(args: &[String]) {
     // Ranked table per pass.
     for pass in ["fwd", "bwd", "upd"] {
         let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
-        println!("\n{pass}: rank  bn  bc  bk  spec  chunk   ms      GFLOP/s  %peak");
+        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
+        println!("\n{pass}: rank  bn  bc  bk  spec  chunk   ms      GFLOP/s  %peak  %tile");
         for (i, x) in r.iter().take(10).enumerate() {
             println!(
-                "     {:4}  {:3} {:3} {:3}  {:4}  {:5}  {:7.3}  {:7.1}  {:5.1}",
+                "     {:4}  {:3} {:3} {:3}  {:4}  {:5}  {:7.3}  {:7.1}  {:5.1}  {:5.1}",
                 i + 1,
                 x.bn,
                 x.bc,
@@ -258,7 +264,8 @@ fn tune_fc(args: &[String]) {
                 x.chunk,
                 x.secs * 1e3,
                 x.gflops,
-                x.pct
+                x.pct,
+                x.pct_tile
             );
         }
     }
@@ -330,17 +337,45 @@ fn tune_fc(args: &[String]) {
     }
 }
 
-fn median_secs(mut run: impl FnMut(), samples: usize) -> f64 {
+/// A configuration's timing: the median seconds, and the median over the
+/// samples of seconds x the tile-ceiling slice taken just before each.
+struct Timing {
+    secs: f64,
+    secs_x_tile: f64,
+}
+
+impl Timing {
+    /// `gflops` (the rate at `secs`) as a share of the ceiling, in percent:
+    /// the median of the per-sample ratios.
+    fn pct_tile(&self, gflops: f64) -> f64 {
+        100.0 * gflops * self.secs / self.secs_x_tile
+    }
+}
+
+/// One warm-up call, then `samples` timed calls of `run`, each preceded by a
+/// ceiling slice on every thread of `pool` at once (summed).
+fn timed(mut run: impl FnMut(), samples: usize, pool: &Pool, ceiling: &TileCeiling) -> Timing {
     run();
-    let mut v: Vec<f64> = (0..samples)
-        .map(|_| {
-            let t = Instant::now();
-            run();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let mut secs = Vec::with_capacity(samples);
+    let mut pairs = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let tot = std::sync::Mutex::new(0.0);
+        pool.broadcast(|_| *tot.lock().unwrap() += ceiling.sample());
+        let tile = tot.into_inner().unwrap();
+        let t = Instant::now();
+        run();
+        let s = t.elapsed().as_secs_f64();
+        secs.push(s);
+        pairs.push(s * tile);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Timing {
+        secs: med(&mut secs),
+        secs_x_tile: med(&mut pairs),
+    }
 }
 
 fn tune_conv(args: &[String]) {
@@ -365,6 +400,7 @@ fn tune_conv(args: &[String]) {
         pool,
         isa,
         peak,
+        ceiling,
     } = setup(args);
     eprintln!("conv {p:?}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = ConvTuning::heuristic(&p);
@@ -455,7 +491,7 @@ fn tune_conv(args: &[String]) {
                     let Ok(conv) = Conv::with_tuning(p, Activation::Relu, t) else {
                         continue;
                     };
-                    let secs = median_secs(
+                    let tm = timed(
                         || match pass {
                             "fwd" => conv.forward(&pool, &x, &w, &bias, &mut y).unwrap(),
                             "bwd" => conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
@@ -464,7 +500,10 @@ fn tune_conv(args: &[String]) {
                                 .unwrap(),
                         },
                         samples,
+                        &pool,
+                        &ceiling,
                     );
+                    let secs = tm.secs;
                     let gflops = conv.flops() / secs / 1e9;
                     eprint!(
                         "\r{:5.1}s  {pass} bc={bc} bk={bk} bq={bq} {:6} chunk={:2}: {gflops:6.1} GFLOP/s   ",
@@ -482,6 +521,7 @@ fn tune_conv(args: &[String]) {
                         secs,
                         gflops,
                         pct: 100.0 * gflops / peak,
+                        pct_tile: tm.pct_tile(gflops),
                     });
                 }
             }
@@ -491,11 +531,11 @@ fn tune_conv(args: &[String]) {
     let mut best = heur.clone();
     for pass in ["fwd", "bwd", "upd"] {
         let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
-        println!("\n{pass}: rank  bq  bc  bk  spec    chunk   ms      GFLOP/s  %peak");
+        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
+        println!("\n{pass}: rank  bq  bc  bk  spec    chunk   ms      GFLOP/s  %peak  %tile");
         for (i, x) in r.iter().take(8).enumerate() {
             println!(
-                "     {:4}  {:3} {:3} {:3}  {:6}  {:5}  {:7.3}  {:7.1}  {:5.1}",
+                "     {:4}  {:3} {:3} {:3}  {:6}  {:5}  {:7.3}  {:7.1}  {:5.1}  {:5.1}",
                 i + 1,
                 x.bn,
                 x.bc,
@@ -504,7 +544,8 @@ fn tune_conv(args: &[String]) {
                 x.chunk,
                 x.secs * 1e3,
                 x.gflops,
-                x.pct
+                x.pct,
+                x.pct_tile
             );
         }
         if let Some(top) = r.first() {
@@ -537,7 +578,7 @@ fn tune_conv(args: &[String]) {
             p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride
         ),
     );
-    println!("fastest per pass (blocking from the fastest forward): {best:?}\nheuristic default: {heur:?}");
+    println!("best per pass by %tile (blocking from the best forward): {best:?}\nheuristic default: {heur:?}");
 }
 
 fn tune_lstm(args: &[String]) {
@@ -555,6 +596,7 @@ fn tune_lstm(args: &[String]) {
         pool,
         isa,
         peak,
+        ceiling,
     } = setup(args);
     eprintln!("lstm t={t} n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = RnnTuning::heuristic(n, c, k);
@@ -589,21 +631,25 @@ fn tune_lstm(args: &[String]) {
                 let mut st = rnn.state();
                 let mut gr = rnn.grads();
                 let samples = if quick { 3 } else { 5 };
-                let fsec = median_secs(
+                let ft = timed(
                     || {
                         rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
                             .unwrap()
                     },
                     samples,
+                    &pool,
+                    &ceiling,
                 );
-                let bsec = median_secs(
+                let bt = timed(
                     || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
                     samples,
+                    &pool,
+                    &ceiling,
                 );
-                for (pass, secs, flops) in [
-                    ("fwd", fsec, rnn.flops()),
-                    ("bwd_upd", bsec, 2.0 * rnn.flops()),
-                ] {
+                for (pass, tm, flops) in
+                    [("fwd", ft, rnn.flops()), ("bwd_upd", bt, 2.0 * rnn.flops())]
+                {
+                    let secs = tm.secs;
                     let gflops = flops / secs / 1e9;
                     rows.push(Row {
                         pass,
@@ -615,6 +661,7 @@ fn tune_lstm(args: &[String]) {
                         secs,
                         gflops,
                         pct: 100.0 * gflops / peak,
+                        pct_tile: tm.pct_tile(gflops),
                     });
                 }
                 eprint!(
@@ -630,11 +677,11 @@ fn tune_lstm(args: &[String]) {
     let mut best = heur.clone();
     for (pass, label) in [("fwd", "fwd"), ("bwd_upd", "bwd+upd")] {
         let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
-        println!("\n{label}: rank  bn  bc  bk  spec   ms      GFLOP/s  %peak");
+        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
+        println!("\n{label}: rank  bn  bc  bk  spec   ms      GFLOP/s  %peak  %tile");
         for (i, x) in r.iter().take(8).enumerate() {
             println!(
-                "     {:4}  {:3} {:3} {:3}  {:4}  {:8.3}  {:7.1}  {:5.1}",
+                "     {:4}  {:3} {:3} {:3}  {:4}  {:8.3}  {:7.1}  {:5.1}  {:5.1}",
                 i + 1,
                 x.bn,
                 x.bc,
@@ -642,7 +689,8 @@ fn tune_lstm(args: &[String]) {
                 x.spec,
                 x.secs * 1e3,
                 x.gflops,
-                x.pct
+                x.pct,
+                x.pct_tile
             );
         }
         if let Some(top) = r.first() {
@@ -663,7 +711,7 @@ fn tune_lstm(args: &[String]) {
         peak,
         &format!("LSTM t={t} n={n} c={c} k={k}, {threads} thread(s)"),
     );
-    println!("fastest (blocks from the fastest forward): {best:?}\nheuristic default: {heur:?}");
+    println!("best by %tile (blocks from the best forward): {best:?}\nheuristic default: {heur:?}");
 }
 
 /// Writes `rows` as `DIR/STEM.csv` (first block column named `first`) and
@@ -679,12 +727,16 @@ fn write_results(
     let csv = out_dir.join(format!("{stem}.csv"));
     let mut f =
         std::fs::File::create(&csv).unwrap_or_else(|e| fail(&format!("{}: {e}", csv.display())));
-    writeln!(f, "pass,{first},bc,bk,spec,chunk,seconds,gflops,pct_peak").unwrap();
+    writeln!(
+        f,
+        "pass,{first},bc,bk,spec,chunk,seconds,gflops,pct_peak,pct_tile_l1"
+    )
+    .unwrap();
     for r in rows {
         writeln!(
             f,
-            "{},{},{},{},{},{},{:.6},{:.2},{:.2}",
-            r.pass, r.bn, r.bc, r.bk, r.spec, r.chunk, r.secs, r.gflops, r.pct
+            "{},{},{},{},{},{},{:.6},{:.2},{:.2},{:.2}",
+            r.pass, r.bn, r.bc, r.bk, r.spec, r.chunk, r.secs, r.gflops, r.pct, r.pct_tile
         )
         .unwrap();
     }
@@ -704,7 +756,7 @@ fn chart(path: &std::path::Path, rows: &[Row], peak: f64, title: &str) {
     let mut sorted: Vec<&Row> = vec![];
     for &pass in &passes {
         let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.gflops.total_cmp(&a.gflops));
+        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
         sorted.extend(r);
     }
     let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
