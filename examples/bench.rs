@@ -37,7 +37,7 @@ use brgemm_primitives::Pool;
 use fill::fill;
 use std::collections::HashMap;
 use std::time::Duration;
-use workload::{measure, BrgemmWorkload, Probes};
+use workload::{measure, measure_pool, BrgemmWorkload, Measured, Probes};
 
 const BRGEMM_SHAPES: [(usize, usize, usize, usize); 5] = [
     (64, 64, 64, 16),
@@ -154,12 +154,9 @@ fn bench_brgemm(o: &Opts) {
                     .map(|t| format!("{}x{}", t.mv, t.nr))
                     .unwrap_or_default();
                 println!(
-                    r#"{{"bench":"brgemm","isa":"{isa}","dtype":"f32","form":"{fname}","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{},"tile":"{t}","threads":1,"gflops":{gf:.1},"peak_gflops":{:.1},"pct_peak":{:.1},"tile_l1_gflops":{:.1},"pct_tile_l1":{:.1}}}"#,
+                    r#"{{"bench":"brgemm","isa":"{isa}","dtype":"f32","form":"{fname}","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{},"tile":"{t}","threads":1,"gflops":{gf:.1},{}}}"#,
                     w.blocks,
-                    r.peak_gflops,
-                    100.0 * gf / r.peak_gflops,
-                    r.tile_l1_gflops,
-                    r.pct_tile_l1(gf)
+                    r.json(gf)
                 );
             }
         }
@@ -174,75 +171,9 @@ fn bench_brgemm(o: &Opts) {
             r#"{{"bench":"gemm_loop","impl":"gemm-crate","dtype":"f32","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{},"threads":1,"gflops":{gf:.1},"peak_gflops":{:.1},"pct_peak":{:.1}}}"#,
             w.blocks,
             r.peak_gflops,
-            100.0 * gf / r.peak_gflops
+            r.pct_peak(gf)
         );
     }
-}
-
-/// The references of a pool's threads together, in GFLOP/s.
-#[derive(Debug, Clone, Copy)]
-struct Peak {
-    /// FMA peak.
-    fma: f64,
-    /// Main tile on L1-resident operands.
-    tile: f64,
-    /// Median seconds of the work, and the median of seconds x tile slice
-    /// over the samples (so `pct_tile_l1` is the median of per-sample ratios).
-    secs: f64,
-    secs_x_tile: f64,
-}
-
-impl Peak {
-    /// `"peak_gflops":..,"pct_peak":..,"tile_l1_gflops":..,"pct_tile_l1":..` for
-    /// `gflops`, the work's rate at the median time `self.secs`.
-    fn json(&self, gflops: f64) -> String {
-        format!(
-            r#""peak_gflops":{:.1},"pct_peak":{:.1},"tile_l1_gflops":{:.1},"pct_tile_l1":{:.1}"#,
-            self.fma,
-            100.0 * gflops / self.fma,
-            self.tile,
-            100.0 * gflops * self.secs / self.secs_x_tile
-        )
-    }
-}
-
-/// Both references for `pool`'s threads together, (FMA peak, tile ceiling):
-/// one slice of each on every thread at once, summed (the FMA units of two cores add up; a shared one
-/// would not).
-fn pool_peak(pool: &Pool, probe: &Probes) -> (f64, f64) {
-    let got = std::sync::Mutex::new((0.0f64, 0.0f64));
-    pool.broadcast(|_| {
-        let g = probe.fma.sample();
-        got.lock().unwrap().0 += g;
-    });
-    pool.broadcast(|_| {
-        let g = probe.tile.sample();
-        got.lock().unwrap().1 += g;
-    });
-    got.into_inner().unwrap()
-}
-
-/// Median seconds of `f` and the median references sampled between samples.
-fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: usize) -> (f64, Peak) {
-    f(); // warm-up: first touch of buffers, kernel cache
-    let (mut secs, mut fma, mut tile) = (vec![], vec![], vec![]);
-    for _ in 0..samples {
-        let (p, t) = pool_peak(pool, probe);
-        fma.push(p);
-        tile.push(t);
-        let t = std::time::Instant::now();
-        f();
-        secs.push(t.elapsed().as_secs_f64());
-    }
-    let mut pairs: Vec<f64> = secs.iter().zip(&tile).map(|(s, t)| s * t).collect();
-    let secs = workload::median(&mut secs);
-    let peak = Peak {
-        fma: workload::median(&mut fma),
-        tile: workload::median(&mut tile),
-        secs,
-        secs_x_tile: workload::median(&mut pairs),
-    };
-    (secs, peak)
 }
 
 fn bench_fc(o: &Opts) {
@@ -281,31 +212,31 @@ fn bench_fc(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = fc.flops();
-            let line = |pass: &str, spec: &str, s: f64, s_layout: f64, peak: Peak| {
-                let gf = flops / s / 1e9;
+            let line = |pass: &str, spec: &str, m: &Measured, s_layout: f64| {
+                let gf = flops / m.secs / 1e9;
                 println!(
                     r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}}}"#,
                     t.bn,
                     t.bc,
                     t.bk,
                     flops / s_layout / 1e9,
-                    peak.json(gf)
+                    m.json(gf)
                 );
             };
-            let (s, p) = measure_pool(
+            let m = measure_pool(
                 || fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            line("fwd", &t.fwd.spec, s, s, p);
-            let (s, p) = measure_pool(
+            line("fwd", &t.fwd.spec, &m, m.secs);
+            let m = measure_pool(
                 || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            let (s2, _) = measure_pool(
+            let s2 = measure_pool(
                 || {
                     fc.transpose_weights(&pool, &w, &mut wt).unwrap();
                     fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap()
@@ -313,10 +244,11 @@ fn bench_fc(o: &Opts) {
                 &pool,
                 &probe,
                 samples,
-            );
-            line("bwd", &t.bwd.spec, s, s2, p);
+            )
+            .secs;
+            line("bwd", &t.bwd.spec, &m, s2);
             // upd reads X in place (row-major B): no layout step to add.
-            let (s, p) = measure_pool(
+            let m = measure_pool(
                 || {
                     fc.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                         .unwrap()
@@ -325,7 +257,7 @@ fn bench_fc(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("upd", &t.upd.spec, s, s, p);
+            line("upd", &t.upd.spec, &m, m.secs);
             // Mixed precision: the bf16 passes on the same shape, in the same
             // run; `gflops_with_convert` adds rounding the activations (or
             // output gradients) to bf16 and packing the weights, as one
@@ -336,7 +268,8 @@ fn bench_fc(o: &Opts) {
                 fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
                 to_bf16(&pool, &x.data, &mut xb);
                 to_bf16(&pool, &dz.data, &mut dzb);
-                let bline = |pass: &str, s: f64, s_conv: f64, peak: f64, f32_s: f64| {
+                let bline = |pass: &str, m: &Measured, s_conv: f64, f32_s: f64| {
+                    let (s, peak) = (m.secs, m.peak_gflops);
                     let gf = flops / s / 1e9;
                     println!(
                         r#"{{"bench":"fc","pass":"{pass}","dtype":"bf16","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{:?}","threads":{threads},"gflops":{gf:.1},"gflops_with_convert":{:.1},"vs_f32":{:.2},"fp32_peak_gflops":{peak:.1},"pct_fp32_peak":{:.1}}}"#,
@@ -349,19 +282,20 @@ fn bench_fc(o: &Opts) {
                         100.0 * gf / peak
                     );
                 };
-                let (f32_fwd, _) = measure_pool(
+                let f32_fwd = measure_pool(
                     || fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
                     &pool,
                     &probe,
                     samples,
-                );
-                let (sb, pb) = measure_pool(
+                )
+                .secs;
+                let mb = measure_pool(
                     || fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap(),
                     &pool,
                     &probe,
                     samples,
                 );
-                let (sc, _) = measure_pool(
+                let sc = measure_pool(
                     || {
                         fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
                         to_bf16(&pool, &x.data, &mut xb);
@@ -370,21 +304,23 @@ fn bench_fc(o: &Opts) {
                     &pool,
                     &probe,
                     samples,
-                );
-                bline("fwd", sb, sc, pb.fma, f32_fwd);
-                let (f32_bwd, _) = measure_pool(
+                )
+                .secs;
+                bline("fwd", &mb, sc, f32_fwd);
+                let f32_bwd = measure_pool(
                     || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                     &pool,
                     &probe,
                     samples,
-                );
-                let (sb, pb) = measure_pool(
+                )
+                .secs;
+                let mb = measure_pool(
                     || fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap(),
                     &pool,
                     &probe,
                     samples,
                 );
-                let (sc, _) = measure_pool(
+                let sc = measure_pool(
                     || {
                         to_bf16(&pool, &dz.data, &mut dzb);
                         fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap()
@@ -392,8 +328,9 @@ fn bench_fc(o: &Opts) {
                     &pool,
                     &probe,
                     samples,
-                );
-                bline("bwd", sb, sc, pb.fma, f32_bwd);
+                )
+                .secs;
+                bline("bwd", &mb, sc, f32_bwd);
             }
         }
         x.data.clear();
@@ -460,31 +397,31 @@ fn bench_conv(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = conv.flops();
-            let line = |pass: &str, spec: &str, s_: f64, peak: Peak| {
-                let gf = flops / s_ / 1e9;
+            let line = |pass: &str, spec: &str, m: &Measured| {
+                let gf = flops / m.secs / 1e9;
                 println!(
                     r#"{{"bench":"conv","pass":"{pass}","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}}}"#,
                     t.bc,
                     t.bk,
                     t.bq,
-                    peak.json(gf)
+                    m.json(gf)
                 );
             };
-            let (sec, pk) = measure_pool(
+            let m = measure_pool(
                 || conv.forward(&pool, &x, &wf, &bias, &mut y).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            line("fwd", &t.fwd.spec, sec, pk);
-            let (sec, pk) = measure_pool(
+            line("fwd", &t.fwd.spec, &m);
+            let m = measure_pool(
                 || conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            line("bwd", &t.bwd.spec, sec, pk);
-            let (sec, pk) = measure_pool(
+            line("bwd", &t.bwd.spec, &m);
+            let m = measure_pool(
                 || {
                     conv.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                         .unwrap()
@@ -493,7 +430,7 @@ fn bench_conv(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("upd", &t.upd.spec, sec, pk);
+            line("upd", &t.upd.spec, &m);
         }
     }
 }
@@ -525,17 +462,17 @@ fn bench_lstm(o: &Opts) {
         let mut gr = rnn.grads();
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
-            let line = |pass: &str, flops: f64, sec: f64, peak: Peak| {
-                let gf = flops / sec / 1e9;
+            let line = |pass: &str, flops: f64, m: &Measured| {
+                let gf = flops / m.secs / 1e9;
                 println!(
                     r#"{{"bench":"lstm","pass":"{pass}","t":{t},"n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}}}"#,
                     tn.bn,
                     tn.bc,
                     tn.bk,
-                    peak.json(gf)
+                    m.json(gf)
                 );
             };
-            let (sec, pk) = measure_pool(
+            let m = measure_pool(
                 || {
                     rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
                         .unwrap()
@@ -544,14 +481,14 @@ fn bench_lstm(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("fwd", rnn.flops(), sec, pk);
-            let (sec, pk) = measure_pool(
+            line("fwd", rnn.flops(), &m);
+            let m = measure_pool(
                 || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            line("bwd_upd", 2.0 * rnn.flops(), sec, pk);
+            line("bwd_upd", 2.0 * rnn.flops(), &m);
         }
     }
 }

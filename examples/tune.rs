@@ -8,8 +8,8 @@
 //! Sweeps blockings (bn, bc, bk), loop specs and reduction chunks for the
 //! forward, backward-data and backward-weights passes, shows progress on
 //! stderr, prints a ranked table with GFLOP/s, % of the peak of that many
-//! threads (measured in this run) and % of the L1 tile ceiling, writes `DIR/tune_fc_<shape>.csv` and an SVG
-//! chart, and with `--save FILE` stores the best configuration for this shape
+//! threads (measured in this run) and % of the L1 tile ceiling, writes
+//! `DIR/tune_fc_<shape>.csv` and an SVG chart, and with `--save FILE` stores the best configuration for this shape
 //! in FILE (a JSON list of entries, one per shape), which
 //! `brgemm_primitives::fc::load_tuning` reads back.
 //!
@@ -40,7 +40,9 @@
 
 #[path = "support/fill.rs"]
 mod fill;
-use brgemm::peak::{Probe, TileCeiling};
+#[path = "support/workload.rs"]
+#[allow(dead_code)]
+mod workload;
 use brgemm::Isa;
 use brgemm_primitives::fc::{load_tuning, PassConfig, TunedFc};
 use brgemm_primitives::{Activation, Fc, FcTuning, Pool};
@@ -48,6 +50,7 @@ use fill::fill;
 use plotters::prelude::*;
 use std::io::Write;
 use std::time::{Duration, Instant};
+use workload::{measure_pool, on_every_thread, Probes};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -70,7 +73,9 @@ fn fail(msg: &str) -> ! {
 }
 
 /// What every sweep needs: threads, the pool on them, the ISA, this run's
-/// peak on all the pool's threads (median of 5 probes), the output folder.
+/// peak on all the pool's threads (median of 5 probes, for the header and the
+/// chart), the probes sampled between every configuration's samples, the
+/// output folder.
 struct Setup {
     threads: usize,
     quick: bool,
@@ -78,7 +83,7 @@ struct Setup {
     pool: Pool,
     isa: Isa,
     peak: f64,
-    ceiling: TileCeiling,
+    probes: Probes,
 }
 
 fn setup(args: &[String]) -> Setup {
@@ -90,23 +95,19 @@ fn setup(args: &[String]) -> Setup {
         .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
     let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
     let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
-    let probe = Probe::new(isa, Duration::from_millis(10)).expect("probe");
+    // Short slices: one pair of them precedes every sample of every configuration.
+    let probes = Probes::new(isa, Duration::from_millis(3));
     let mut v: Vec<f64> = (0..5)
-        .map(|_| {
-            let tot = std::sync::Mutex::new(0.0);
-            pool.broadcast(|_| *tot.lock().unwrap() += probe.sample());
-            tot.into_inner().unwrap()
-        })
+        .map(|_| on_every_thread(&pool, || probes.fma.sample()))
         .collect();
-    v.sort_by(f64::total_cmp);
     Setup {
         threads,
         quick,
         out_dir,
         pool,
         isa,
-        peak: v[v.len() / 2],
-        ceiling: TileCeiling::new(isa, Duration::from_millis(3)).expect("probe"),
+        peak: workload::median(&mut v),
+        probes,
     }
 }
 
@@ -152,7 +153,7 @@ fn tune_fc(args: &[String]) {
         pool,
         isa,
         peak,
-        ceiling,
+        probes,
     } = setup(args);
     eprintln!("fc n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
 
@@ -218,7 +219,7 @@ fn tune_fc(args: &[String]) {
                             .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                             .unwrap(),
                     };
-                    let tm = timed(&mut run, if quick { 3 } else { 5 }, &pool, &ceiling);
+                    let tm = measure_pool(&mut run, &pool, &probes, if quick { 3 } else { 5 });
                     let secs = tm.secs;
                     let gflops = fc.flops() / secs / 1e9;
                     let pass = match pass {
@@ -235,8 +236,8 @@ fn tune_fc(args: &[String]) {
                         chunk,
                         secs,
                         gflops,
-                        pct: 100.0 * gflops / peak,
-                        pct_tile: tm.pct_tile(gflops),
+                        pct: tm.pct_peak(gflops),
+                        pct_tile: tm.pct_tile_l1(gflops),
                     });
                     eprint!(
                         "\r[{done:3}/{total}] {:5.1}s  {pass} bn={bn} bc={bc} bk={bk} {spec:4} chunk={chunk:2}: {gflops:6.1} GFLOP/s   ",
@@ -337,47 +338,6 @@ fn tune_fc(args: &[String]) {
     }
 }
 
-/// A configuration's timing: the median seconds, and the median over the
-/// samples of seconds x the tile-ceiling slice taken just before each.
-struct Timing {
-    secs: f64,
-    secs_x_tile: f64,
-}
-
-impl Timing {
-    /// `gflops` (the rate at `secs`) as a share of the ceiling, in percent:
-    /// the median of the per-sample ratios.
-    fn pct_tile(&self, gflops: f64) -> f64 {
-        100.0 * gflops * self.secs / self.secs_x_tile
-    }
-}
-
-/// One warm-up call, then `samples` timed calls of `run`, each preceded by a
-/// ceiling slice on every thread of `pool` at once (summed).
-fn timed(mut run: impl FnMut(), samples: usize, pool: &Pool, ceiling: &TileCeiling) -> Timing {
-    run();
-    let mut secs = Vec::with_capacity(samples);
-    let mut pairs = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let tot = std::sync::Mutex::new(0.0);
-        pool.broadcast(|_| *tot.lock().unwrap() += ceiling.sample());
-        let tile = tot.into_inner().unwrap();
-        let t = Instant::now();
-        run();
-        let s = t.elapsed().as_secs_f64();
-        secs.push(s);
-        pairs.push(s * tile);
-    }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Timing {
-        secs: med(&mut secs),
-        secs_x_tile: med(&mut pairs),
-    }
-}
-
 fn tune_conv(args: &[String]) {
     use brgemm_primitives::{Conv, ConvParams, ConvTuning};
     let r = num(args, "--r", 3);
@@ -400,7 +360,7 @@ fn tune_conv(args: &[String]) {
         pool,
         isa,
         peak,
-        ceiling,
+        probes,
     } = setup(args);
     eprintln!("conv {p:?}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = ConvTuning::heuristic(&p);
@@ -491,7 +451,7 @@ fn tune_conv(args: &[String]) {
                     let Ok(conv) = Conv::with_tuning(p, Activation::Relu, t) else {
                         continue;
                     };
-                    let tm = timed(
+                    let tm = measure_pool(
                         || match pass {
                             "fwd" => conv.forward(&pool, &x, &w, &bias, &mut y).unwrap(),
                             "bwd" => conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
@@ -499,9 +459,9 @@ fn tune_conv(args: &[String]) {
                                 .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                                 .unwrap(),
                         },
-                        samples,
                         &pool,
-                        &ceiling,
+                        &probes,
+                        samples,
                     );
                     let secs = tm.secs;
                     let gflops = conv.flops() / secs / 1e9;
@@ -520,8 +480,8 @@ fn tune_conv(args: &[String]) {
                         chunk: pc.chunk,
                         secs,
                         gflops,
-                        pct: 100.0 * gflops / peak,
-                        pct_tile: tm.pct_tile(gflops),
+                        pct: tm.pct_peak(gflops),
+                        pct_tile: tm.pct_tile_l1(gflops),
                     });
                 }
             }
@@ -596,7 +556,7 @@ fn tune_lstm(args: &[String]) {
         pool,
         isa,
         peak,
-        ceiling,
+        probes,
     } = setup(args);
     eprintln!("lstm t={t} n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = RnnTuning::heuristic(n, c, k);
@@ -631,20 +591,20 @@ fn tune_lstm(args: &[String]) {
                 let mut st = rnn.state();
                 let mut gr = rnn.grads();
                 let samples = if quick { 3 } else { 5 };
-                let ft = timed(
+                let ft = measure_pool(
                     || {
                         rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
                             .unwrap()
                     },
-                    samples,
                     &pool,
-                    &ceiling,
+                    &probes,
+                    samples,
                 );
-                let bt = timed(
+                let bt = measure_pool(
                     || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
-                    samples,
                     &pool,
-                    &ceiling,
+                    &probes,
+                    samples,
                 );
                 for (pass, tm, flops) in
                     [("fwd", ft, rnn.flops()), ("bwd_upd", bt, 2.0 * rnn.flops())]
@@ -660,8 +620,8 @@ fn tune_lstm(args: &[String]) {
                         chunk: 0,
                         secs,
                         gflops,
-                        pct: 100.0 * gflops / peak,
-                        pct_tile: tm.pct_tile(gflops),
+                        pct: tm.pct_peak(gflops),
+                        pct_tile: tm.pct_tile_l1(gflops),
                     });
                 }
                 eprint!(

@@ -1,5 +1,7 @@
-//! Shared set-up for the benchmarks (`benches/brgemm.rs` and `examples/bench.rs`
-//! include this file by path; it needs the dev-dependency `gemm`).
+//! Shared set-up for the benchmarks (`benches/brgemm.rs`, `examples/bench.rs`
+//! and `examples/tune.rs` include this file by path; it needs the
+//! dev-dependency `gemm`): the L2-sized BRGEMM workload, and timing with the
+//! reference probes sampled between the samples.
 //!
 //! A BRGEMM benchmark that calls one kernel on one block measures a hot L1
 //! loop no primitive ever runs. [`BrgemmWorkload`] instead holds several
@@ -8,6 +10,7 @@
 //! primitive's loop nest does.
 
 use brgemm::{BatchForm, Descriptor, Kernel, RawBatch};
+use brgemm_primitives::Pool;
 use std::time::{Duration, Instant};
 
 /// Several independent BRGEMM problems of one shape, together about `l2_bytes`.
@@ -178,6 +181,25 @@ impl Probes {
     pub fn sample(&self) -> (f64, f64) {
         (self.fma.sample(), self.tile.sample())
     }
+    /// One slice of each on every thread of `pool` at once, summed: the
+    /// references for work spread over those threads (the FMA units of two
+    /// cores add up; a shared one would not).
+    pub fn sample_pool(&self, pool: &Pool) -> (f64, f64) {
+        (
+            on_every_thread(pool, || self.fma.sample()),
+            on_every_thread(pool, || self.tile.sample()),
+        )
+    }
+}
+
+/// `f` on every thread of `pool` at once; the sum of what they return.
+pub fn on_every_thread(pool: &Pool, f: impl Fn() -> f64 + Sync) -> f64 {
+    let got = std::sync::Mutex::new(0.0f64);
+    pool.broadcast(|_| {
+        let g = f();
+        *got.lock().unwrap() += g;
+    });
+    got.into_inner().unwrap()
 }
 
 /// A measurement: median seconds per call, and the medians of the probe
@@ -202,6 +224,57 @@ impl Measured {
     pub fn pct_tile_l1(&self, gflops: f64) -> f64 {
         100.0 * gflops * self.secs / self.secs_x_tile
     }
+    /// `gflops` (the work at [`Measured::secs`]) as a percentage of the FMA peak.
+    pub fn pct_peak(&self, gflops: f64) -> f64 {
+        100.0 * gflops / self.peak_gflops
+    }
+    /// The bench lines' reference fields for `gflops` (the work at
+    /// [`Measured::secs`]): `"peak_gflops":..,"pct_peak":..,"tile_l1_gflops":..,"pct_tile_l1":..`.
+    pub fn json(&self, gflops: f64) -> String {
+        format!(
+            r#""peak_gflops":{:.1},"pct_peak":{:.1},"tile_l1_gflops":{:.1},"pct_tile_l1":{:.1}"#,
+            self.peak_gflops,
+            self.pct_peak(gflops),
+            self.tile_l1_gflops,
+            self.pct_tile_l1(gflops)
+        )
+    }
+}
+
+/// Per-sample seconds with the reference slices taken just before each.
+struct Samples {
+    secs: Vec<f64>,
+    peaks: Vec<f64>,
+    tiles: Vec<f64>,
+}
+
+impl Samples {
+    fn new(n: usize) -> Samples {
+        Samples {
+            secs: Vec::with_capacity(n),
+            peaks: Vec::with_capacity(n),
+            tiles: Vec::with_capacity(n),
+        }
+    }
+    fn push(&mut self, secs: f64, (peak, tile): (f64, f64)) {
+        self.secs.push(secs);
+        self.peaks.push(peak);
+        self.tiles.push(tile);
+    }
+    fn measured(mut self) -> Measured {
+        let mut pairs: Vec<f64> = self
+            .secs
+            .iter()
+            .zip(&self.tiles)
+            .map(|(s, t)| s * t)
+            .collect();
+        Measured {
+            secs: median(&mut self.secs),
+            peak_gflops: median(&mut self.peaks),
+            tile_l1_gflops: median(&mut self.tiles),
+            secs_x_tile: median(&mut pairs),
+        }
+    }
 }
 
 /// Times `f`: calibrates a repetition count so a sample lasts `min_sample`,
@@ -223,26 +296,31 @@ pub fn measure(
         }
         reps *= 2;
     }
-    let mut secs = Vec::with_capacity(samples);
-    let mut peaks = Vec::with_capacity(samples);
-    let mut tiles = Vec::with_capacity(samples);
+    let mut out = Samples::new(samples.max(1));
     for _ in 0..samples.max(1) {
-        let (p, t) = probe.sample();
-        peaks.push(p);
-        tiles.push(t);
+        let refs = probe.sample();
         let t = Instant::now();
         for _ in 0..reps {
             f();
         }
-        secs.push(t.elapsed().as_secs_f64() / reps as f64);
+        out.push(t.elapsed().as_secs_f64() / reps as f64, refs);
     }
-    let mut pairs: Vec<f64> = secs.iter().zip(&tiles).map(|(s, t)| s * t).collect();
-    Measured {
-        secs: median(&mut secs),
-        peak_gflops: median(&mut peaks),
-        tile_l1_gflops: median(&mut tiles),
-        secs_x_tile: median(&mut pairs),
+    out.measured()
+}
+
+/// Times `f`, work spread over `pool`: one warm-up call (first touch of
+/// buffers, kernel caches), then `samples` single calls, each preceded by
+/// the references on all of the pool's threads at once.
+pub fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: usize) -> Measured {
+    f();
+    let mut out = Samples::new(samples.max(1));
+    for _ in 0..samples.max(1) {
+        let refs = probe.sample_pool(pool);
+        let t = Instant::now();
+        f();
+        out.push(t.elapsed().as_secs_f64(), refs);
     }
+    out.measured()
 }
 
 /// The median (upper median for even lengths).
