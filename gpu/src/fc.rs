@@ -150,8 +150,6 @@ impl GpuFc {
         }
     }
 
-    /// Converts `x` (f32, `rows x cols`, or `cols x rows` transposed when
-    /// `trans`) into `y` in the layer's dtype.
     /// `x` itself when the GEMMs read f32; else `x` (`rows x cols`)
     /// converted into `scratch`.
     fn operand<'a>(
@@ -171,6 +169,8 @@ impl GpuFc {
         }
     }
 
+    /// Converts `x` (f32, `rows x cols`, or `cols x rows` transposed when
+    /// `trans`) into `y` in the layer's dtype.
     fn convert(
         &self,
         dev: &Device,
@@ -270,15 +270,10 @@ impl GpuFc {
         self.check("db", db, k)?;
         self.convert(dev, x, &self.xtd, n, c, true)?;
         let batch = n / self.upd.descriptor().k;
-        self.upd.execute(
-            dev,
-            self.dzd.as_ref().unwrap_or(&self.dz),
-            &self.xtd,
-            dw,
-            None,
-            None,
-            batch,
-        )?;
+        // dZ in the GEMM dtype, as backward left it (no conversion for f32).
+        let dzo = self.dzd.as_ref().unwrap_or(&self.dz);
+        self.upd
+            .execute(dev, dzo, &self.xtd, dw, None, None, batch)?;
         let db: &Buffer = db;
         dev.launch_elementwise(
             EK::BiasGrad,
