@@ -42,6 +42,7 @@ pub mod norm;
 pub mod optim;
 pub mod pool2d;
 pub mod rnn;
+mod rnn_cell;
 pub mod seqnet;
 pub mod tensor;
 pub mod threads;

@@ -3,6 +3,10 @@
 //! where the libm calls stay scalar. `exp` is the Cephes scheme (n = round(x
 //! log2 e), a degree-6 polynomial on [-ln2/2, ln2/2], 2^n through the
 //! exponent bits): relative error below 5e-7 on [-87, 88].
+//!
+//! `widest!` (crate-internal) compiles such a loop once per x86 vector ISA
+//! and picks the widest the CPU has at run time: the crate builds for
+//! baseline x86-64, where LLVM vectorises with 4-lane SSE2 only.
 
 /// e^x (x clamped to [-87.3, 88.3], so no infinities or denormals).
 #[inline(always)]
@@ -11,7 +15,8 @@ pub fn exp(x: f32) -> f32 {
     // feature for FMA those become libm calls, and calls do not vectorise.
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let x = x.clamp(-87.3, 88.3);
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
     // ln 2 split in a part exact in f32 and the rest.
     let r = (x - n * 0.693_359_4) + n * 2.121_944_4e-4;
     let mut p = 1.987_569_1e-4_f32;
@@ -21,7 +26,11 @@ pub fn exp(x: f32) -> f32 {
     p = p * r + 0.166_666_65;
     p = p * r + 0.5;
     p = p * (r * r) + r + 1.0;
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // 2^n from the bits of t: its last mantissa bits hold n (|n| < 2^22,
+    // same exponent as ROUND). `n as i32` would be a saturating, NaN-checked
+    // conversion that LLVM leaves scalar, lane by lane, inside the vector loop.
+    let e = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23;
+    p * f32::from_bits(e)
 }
 
 /// 1 / (1 + e^-x).
@@ -35,6 +44,50 @@ pub fn sigmoid(x: f32) -> f32 {
 pub fn tanh(x: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * x) + 1.0)
 }
+
+/// `widest! { fn name / plain(args) { body } }` defines `plain`, the body
+/// as an `#[inline(always)]` fn, and `name`, which runs that body compiled
+/// for AVX-512F, else AVX2 with FMA, else the build target, chosen at run
+/// time. Plain `*` and `+` are never fused into FMAs, so every version gives
+/// the same bits (the tests compare `name` with `plain`).
+macro_rules! widest {
+    ($(#[$m:meta])* $vis:vis fn $name:ident / $plain:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        #[inline(always)]
+        $(#[$m])*
+        $vis fn $plain($($arg: $ty),*) $body
+
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                /// # Safety
+                /// The CPU has AVX-512F.
+                #[target_feature(enable = "avx512f")]
+                unsafe fn wide512($($arg: $ty),*) {
+                    $plain($($arg),*)
+                }
+                /// # Safety
+                /// The CPU has AVX2 and FMA.
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn wide256($($arg: $ty),*) {
+                    $plain($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: AVX-512F checked just above.
+                    return unsafe { wide512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    // SAFETY: AVX2 and FMA checked just above.
+                    return unsafe { wide256($($arg),*) };
+                }
+            }
+            $plain($($arg),*)
+        }
+    };
+}
+pub(crate) use widest;
 
 #[cfg(test)]
 mod tests {

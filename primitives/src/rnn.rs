@@ -179,7 +179,7 @@ impl std::fmt::Debug for Rnn {
     }
 }
 
-use crate::math::{sigmoid, tanh};
+use crate::rnn_cell;
 
 impl Rnn {
     /// Plans a layer with the heuristic tuning.
@@ -540,19 +540,9 @@ impl Rnn {
                         std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
                     match self.kind {
                         CellKind::Rnn => {
-                            let z = std::slice::from_raw_parts_mut(gate(0), blk);
-                            for (zv, h) in z.iter_mut().zip(hout.iter_mut()) {
-                                *zv = tanh(*zv);
-                                *h = *zv;
-                            }
+                            rnn_cell::rnn_fwd(std::slice::from_raw_parts_mut(gate(0), blk), hout)
                         }
                         CellKind::Lstm => {
-                            let (gi, gf, gc, go) = (
-                                std::slice::from_raw_parts_mut(gate(0), blk),
-                                std::slice::from_raw_parts_mut(gate(1), blk),
-                                std::slice::from_raw_parts_mut(gate(2), blk),
-                                std::slice::from_raw_parts_mut(gate(3), blk),
-                            );
                             let cprev = std::slice::from_raw_parts(
                                 cp.get().add((row * kb + ki) * blk),
                                 blk,
@@ -561,17 +551,15 @@ impl Rnn {
                                 cp.get().add(((row + nb) * kb + ki) * blk),
                                 blk,
                             );
-                            for e in 0..blk {
-                                let (i_, f_, c_, o_) =
-                                    (sigmoid(gi[e]), sigmoid(gf[e]), tanh(gc[e]), sigmoid(go[e]));
-                                gi[e] = i_;
-                                gf[e] = f_;
-                                gc[e] = c_;
-                                go[e] = o_;
-                                let c = f_ * cprev[e] + i_ * c_;
-                                cnew[e] = c;
-                                hout[e] = o_ * tanh(c);
-                            }
+                            rnn_cell::lstm_fwd(
+                                std::slice::from_raw_parts_mut(gate(0), blk),
+                                std::slice::from_raw_parts_mut(gate(1), blk),
+                                std::slice::from_raw_parts_mut(gate(2), blk),
+                                std::slice::from_raw_parts_mut(gate(3), blk),
+                                cprev,
+                                cnew,
+                                hout,
+                            );
                         }
                     }
                     // Hidden padding stays zero by itself: zero weight
@@ -648,41 +636,30 @@ impl Rnn {
                 unsafe {
                     let dht = std::slice::from_raw_parts(dhp.get().add((row * kb + ki) * blk), blk);
                     let gt = &st.gates.data;
+                    let dgate =
+                        |j: usize| std::slice::from_raw_parts_mut(dgp.get().add(off(j)), blk);
                     match self.kind {
-                        CellKind::Rnn => {
-                            let dz = std::slice::from_raw_parts_mut(dgp.get().add(off(0)), blk);
-                            for e in 0..blk {
-                                let hv = gt[off(0) + e];
-                                dz[e] = dht[e] * (1.0 - hv * hv);
-                            }
-                        }
+                        CellKind::Rnn => rnn_cell::rnn_bwd(&gt[off(0)..][..blk], dht, dgate(0)),
                         CellKind::Lstm => {
                             let dc = std::slice::from_raw_parts_mut(
                                 dcp.get().add((ni * kb + ki) * blk),
                                 blk,
                             );
-                            let cnow = &st.c.data[((row + nb) * kb + ki) * blk..][..blk];
-                            let cprev = &st.c.data[(row * kb + ki) * blk..][..blk];
-                            let (gi, gf, gc, go) = (
-                                &gt[off(0)..][..blk],
-                                &gt[off(1)..][..blk],
-                                &gt[off(2)..][..blk],
-                                &gt[off(3)..][..blk],
-                            );
-                            let dgate = |j: usize| {
-                                std::slice::from_raw_parts_mut(dgp.get().add(off(j)), blk)
+                            let kept = rnn_cell::LstmKept {
+                                gi: &gt[off(0)..][..blk],
+                                gf: &gt[off(1)..][..blk],
+                                gc: &gt[off(2)..][..blk],
+                                go: &gt[off(3)..][..blk],
+                                cnow: &st.c.data[((row + nb) * kb + ki) * blk..][..blk],
+                                cprev: &st.c.data[(row * kb + ki) * blk..][..blk],
                             };
-                            let (di, df, dcc, dout) = (dgate(0), dgate(1), dgate(2), dgate(3));
-                            for e in 0..blk {
-                                let (i_, f_, c_, o_) = (gi[e], gf[e], gc[e], go[e]);
-                                let tc = tanh(cnow[e]);
-                                let dct = dc[e] + dht[e] * o_ * (1.0 - tc * tc);
-                                di[e] = dct * c_ * i_ * (1.0 - i_);
-                                df[e] = dct * cprev[e] * f_ * (1.0 - f_);
-                                dcc[e] = dct * i_ * (1.0 - c_ * c_);
-                                dout[e] = dht[e] * tc * o_ * (1.0 - o_);
-                                dc[e] = dct * f_;
-                            }
+                            let mut grads = rnn_cell::LstmGateGrads {
+                                di: dgate(0),
+                                df: dgate(1),
+                                dc: dgate(2),
+                                dout: dgate(3),
+                            };
+                            rnn_cell::lstm_bwd(&kept, dht, dc, &mut grads);
                         }
                     }
                 }
