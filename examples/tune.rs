@@ -158,8 +158,15 @@ fn tune_fc(args: &[String]) {
     eprintln!("fc n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
 
     let blocks: &[usize] = if quick { &[64] } else { &[32, 64] };
-    let specs = ["ABc", "BAc", "aBc", "bAc"];
+    // c first: the reduction chunked and outermost (the heuristic's choice
+    // for long reductions); with chunk 0 it would repeat ABc/BAc.
+    let specs = ["ABc", "BAc", "aBc", "bAc", "cAB", "cBA"];
     let chunks: &[usize] = if quick { &[0, 8] } else { &[0, 4, 8, 16] };
+    let combos: Vec<(&str, usize)> = specs
+        .iter()
+        .flat_map(|&s| chunks.iter().map(move |&ch| (s, ch)))
+        .filter(|&(s, ch)| !(s.starts_with('c') && ch == 0))
+        .collect();
     let mut blockings = vec![];
     for &bn in blocks {
         for &bc in blocks {
@@ -168,7 +175,7 @@ fn tune_fc(args: &[String]) {
             }
         }
     }
-    let total = blockings.len() * 3 * specs.len() * chunks.len();
+    let total = blockings.len() * 3 * combos.len();
     let mut done = 0;
     let mut rows: Vec<Row> = vec![];
     let t0 = Instant::now();
@@ -196,54 +203,52 @@ fn tune_fc(args: &[String]) {
         fc0.transpose_weights(&pool, &w, &mut wt).unwrap();
         let mut db = vec![0.0f32; fc0.padded_k()];
         for pass in ["fwd", "bwd", "upd"] {
-            for spec in specs {
-                for &chunk in chunks {
-                    done += 1;
-                    let pc = PassConfig {
-                        chunk,
-                        ..PassConfig::spec(spec)
-                    };
-                    let mut t = base.clone();
-                    match pass {
-                        "fwd" => t.fwd = pc,
-                        "bwd" => t.bwd = pc,
-                        _ => t.upd = pc,
-                    }
-                    let Ok(fc) = Fc::with_tuning(n, c, k, Activation::Relu, t) else {
-                        continue;
-                    };
-                    let mut run = || match pass {
-                        "fwd" => fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
-                        "bwd" => fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
-                        _ => fc
-                            .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
-                            .unwrap(),
-                    };
-                    let tm = measure_pool(&mut run, &pool, &probes, if quick { 3 } else { 5 });
-                    let secs = tm.secs;
-                    let gflops = fc.flops() / secs / 1e9;
-                    let pass = match pass {
-                        "fwd" => "fwd",
-                        "bwd" => "bwd",
-                        _ => "upd",
-                    };
-                    rows.push(Row {
-                        pass,
-                        bn,
-                        bc,
-                        bk,
-                        spec: spec.into(),
-                        chunk,
-                        secs,
-                        gflops,
-                        pct: tm.pct_peak(gflops),
-                        pct_tile: tm.pct_tile_l1(gflops),
-                    });
-                    eprint!(
-                        "\r[{done:3}/{total}] {:5.1}s  {pass} bn={bn} bc={bc} bk={bk} {spec:4} chunk={chunk:2}: {gflops:6.1} GFLOP/s   ",
-                        t0.elapsed().as_secs_f64()
-                    );
+            for &(spec, chunk) in &combos {
+                done += 1;
+                let pc = PassConfig {
+                    chunk,
+                    ..PassConfig::spec(spec)
+                };
+                let mut t = base.clone();
+                match pass {
+                    "fwd" => t.fwd = pc,
+                    "bwd" => t.bwd = pc,
+                    _ => t.upd = pc,
                 }
+                let Ok(fc) = Fc::with_tuning(n, c, k, Activation::Relu, t) else {
+                    continue;
+                };
+                let mut run = || match pass {
+                    "fwd" => fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
+                    "bwd" => fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                    _ => fc
+                        .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                        .unwrap(),
+                };
+                let tm = measure_pool(&mut run, &pool, &probes, if quick { 3 } else { 5 });
+                let secs = tm.secs;
+                let gflops = fc.flops() / secs / 1e9;
+                let pass = match pass {
+                    "fwd" => "fwd",
+                    "bwd" => "bwd",
+                    _ => "upd",
+                };
+                rows.push(Row {
+                    pass,
+                    bn,
+                    bc,
+                    bk,
+                    spec: spec.into(),
+                    chunk,
+                    secs,
+                    gflops,
+                    pct: tm.pct_peak(gflops),
+                    pct_tile: tm.pct_tile_l1(gflops),
+                });
+                eprint!(
+                    "\r[{done:3}/{total}] {:5.1}s  {pass} bn={bn} bc={bc} bk={bk} {spec:4} chunk={chunk:2}: {gflops:6.1} GFLOP/s   ",
+                    t0.elapsed().as_secs_f64()
+                );
             }
         }
     }

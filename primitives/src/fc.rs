@@ -13,18 +13,19 @@
 //! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | `Wt[cb][kb]` | `dZ[nb][kb]` | `dX[nb][cb]` |
 //! | upd | K blocks | C blocks | N blocks | bk x bc x bn | `dZ[nb][kb]` | `X[nb][cb]` (row-major B) | `dW[kb][cb]` |
 //!
-//! Data reuse: in fwd/bwd one BRGEMM call streams a block-row of the weights
-//! and a block-row of the activations. The default `BAc` walks the N blocks
-//! inside the weight blocks, so the weight block-row (C x bk, the larger
-//! operand for training-size minibatches) is read from L3 once and reused from
-//! L2 for every N block; measured 5-10% faster than `ABc` on the bench shapes.
-//! upd reduces over the whole minibatch inside one BRGEMM call, so every
-//! `dW[kb][cb]` is owned by one thread and written once: no races, no
-//! per-thread partial sums.
+//! Data reuse: one BRGEMM call streams a block-row of each operand. The
+//! default order ([`PassConfig::heuristic`]) puts the output loop with more
+//! blocks outside, so the operand of the inner loop is the smaller set of
+//! block-rows and comes back from L2 for the next outer block; with more
+//! than 8 reduction blocks the reduction is split into chunks of 8 and goes
+//! outermost (`cAB`/`cBA`), so that set fits in L2 even for long
+//! reductions (the LSTM's dW over all steps: x1.4). upd's reduction runs
+//! over the minibatch, inside each output block's calls, so every
+//! `dW[kb][cb]` is owned by one thread: no races, no per-thread partial sums.
 //!
-//! Default specs are `BAc` (fwd, bwd) and `ABc` (upd): both output loops
-//! parallel, the reduction innermost, with the blocking of [`FcTuning::heuristic`]. Any
-//! valid spec gives the same result (the tests check every one).
+//! Both output loops are parallel, with the blocking of
+//! [`FcTuning::heuristic`]. Any valid spec gives the same result (the tests
+//! check every one).
 
 use crate::error::{check_buf, shape, Error, Result};
 use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
@@ -53,6 +54,38 @@ impl PassConfig {
         loops[0].blocks = self.blocks_a.clone();
         loops[1].blocks = self.blocks_b.clone();
         LoopNest::named(pass, loops, &self.spec)
+    }
+
+    /// Reduction blocks per call when a pass splits its reduction.
+    pub const HEURISTIC_CHUNK: usize = 8;
+
+    /// The default order of a pass with `a` x `b` output blocks and `red`
+    /// reduction blocks: both output loops parallel, the one with more blocks
+    /// outside. One call then streams a block-row of the inner loop's operand
+    /// and re-reads the outer one's from L1/L2; the inner loop's operand comes
+    /// back for the next outer block, from L2 if all its block-rows fit there.
+    /// With more than [`Self::HEURISTIC_CHUNK`] reduction blocks the reduction
+    /// is split into chunks of that many and goes outermost (`cAB`/`cBA`):
+    /// the inner operand's chunk (inner blocks x 8 x 16 KiB, 1 MiB for 8
+    /// blocks of 64x64) then stays in L2 where the whole block-rows did not,
+    /// and each call's 2 x 128 KiB fit next to it. Partial sums go through
+    /// C (beta = 1) between chunks, so a chunk costs one extra load and
+    /// store of the output block per call. Measured (one thread, alternating
+    /// with the old fixed `BAc`/`BAc`/`ABc` in one process, median ratio):
+    /// upd (3200,512,2048) `cAB` x1.40, (1600,1024,4096) x1.14; bwd
+    /// (3200,512,2048) `cAB` x1.18, (512,2048,2048) `cBA` x1.16; fwd
+    /// (512,2048,2048) `cBA` x1.15, (3200,512,2048) `ABc` x1.16, (64,4096,4096)
+    /// x1.05; (256,1024,1024) neutral (0.98-1.01).
+    pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
+        let outer = if a >= b { "AB" } else { "BA" };
+        if red > Self::HEURISTIC_CHUNK {
+            PassConfig {
+                chunk: Self::HEURISTIC_CHUNK,
+                ..PassConfig::spec(&format!("c{outer}"))
+            }
+        } else {
+            PassConfig::spec(&format!("{outer}c"))
+        }
     }
 
     /// `spec` with no blocking levels and the whole reduction per call.
@@ -100,17 +133,23 @@ impl FcTuning {
     /// a size below 64 is one block; else 64 with zero padding). 64 rows of
     /// output (bk) are 4 AVX-512 vectors and feed the 2x14 register tile; 64
     /// columns (bn) keep a block's B panel and C tile in L1; 64-deep blocks
-    /// (bc) make a BRGEMM batch element 16 KiB of weights. Loops `BAc` for fwd
-    /// and bwd (weight block-row reused across N blocks), `ABc` for upd.
+    /// (bc) make a BRGEMM batch element 16 KiB of weights. Loop orders from
+    /// [`PassConfig::heuristic`] on each pass's block counts.
     pub fn heuristic(n: usize, c: usize, k: usize) -> FcTuning {
         let cands = [64, 48, 32, 16];
+        let (bn, bc, bk) = (
+            pick_block(n, &cands),
+            pick_block(c, &cands),
+            pick_block(k, &cands),
+        );
+        let (nb, cb, kb) = (n.div_ceil(bn), c.div_ceil(bc), k.div_ceil(bk));
         FcTuning {
-            bn: pick_block(n, &cands),
-            bc: pick_block(c, &cands),
-            bk: pick_block(k, &cands),
-            fwd: PassConfig::spec("BAc"),
-            bwd: PassConfig::spec("BAc"),
-            upd: PassConfig::spec("ABc"),
+            bn,
+            bc,
+            bk,
+            fwd: PassConfig::heuristic(nb, kb, cb),
+            bwd: PassConfig::heuristic(nb, cb, kb),
+            upd: PassConfig::heuristic(kb, cb, nb),
         }
     }
 }

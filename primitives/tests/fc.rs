@@ -190,6 +190,26 @@ fn default_tuning_matches_reference_on_typical_shapes() {
     }
 }
 
+/// Reductions longer than the heuristic's chunk: the defaults split them and
+/// run the chunk loop outermost (fwd over 10 C blocks and upd over 10 N
+/// blocks here, bwd over 18 K blocks in the second shape), padded tails too.
+#[test]
+fn default_tuning_with_chunked_reductions_matches_reference() {
+    let pool = Pool::new(2).unwrap();
+    for (n, c, k, chunked) in [
+        (600, 640, 96, [true, false, true]),
+        (130, 48, 1100, [false, true, false]),
+    ] {
+        let fc = Fc::new(n, c, k, Activation::Relu).unwrap();
+        let t = fc.tuning();
+        let got = [&t.fwd, &t.bwd, &t.upd]
+            .map(|p| p.chunk == PassConfig::HEURISTIC_CHUNK && p.spec.starts_with('c'));
+        assert_eq!(got, chunked, "{n}x{c}x{k}: {t:?}");
+        check(&Problem::new(n, c, k, Activation::Relu, 5), &fc, &pool)
+            .unwrap_or_else(|e| panic!("{n}x{c}x{k}: {e}"));
+    }
+}
+
 /// Every valid spec (orders, parallel choices, blocking levels, chunks) of
 /// every pass gives the default spec's result.
 #[test]
