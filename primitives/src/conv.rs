@@ -42,6 +42,7 @@ use crate::error::{check_buf, shape, Result};
 use crate::fc::{act_grad, pick_block, Chunked, PassConfig};
 use crate::layout::SyncPtr;
 use crate::loops::{LoopDef, LoopNest};
+use crate::math::add_rows;
 use crate::tensor::{par_images, Filter, Tensor4};
 use crate::threads::Pool;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
@@ -885,7 +886,7 @@ impl Conv {
         let pr = &self.params;
         let t = &self.tuning;
         let (p, q, d) = (pr.p(), pr.q(), pr.dilation);
-        let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
+        let cb = pr.c.div_ceil(t.bc);
         let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
         let plane = hp * wp * t.bc;
         let mut guard;
@@ -909,10 +910,28 @@ impl Conv {
         let (dzp, xp) = (dz.data.as_ptr() as usize, xs.as_ptr() as usize);
         let dwp = SyncPtr(dw.data.as_mut_ptr());
         let rs = pr.r * pr.s;
+        // The bias gradient rides along: the item of tap (0, 0) and C block
+        // 0 adds the dY rows its BRGEMM just read (hot in L2) into db[ki].
+        // A separate pass re-read all of dY from memory: 25 MiB, 4.6 ms,
+        // a quarter of the 64->256 1x1 layer's update.
+        db.fill(0.0);
+        let bk = t.bk;
+        let dbp = SyncPtr(db.as_mut_ptr());
         u.nest.run(pool, |i| {
             let (r0, ki, ci, r, s) = (i[0], i[1], i[2], i[3], i[4]);
             let cnt = u.chunk.min(rows - r0);
             let a = (dzp as *const f32).wrapping_add(ki * p * q * t.bk);
+            if ci == 0 && r == 0 && s == 0 {
+                // SAFETY: db[ki] is touched by this item alone within a
+                // chunk, and chunks of one K block run in order (loop a is
+                // a serial reduction); the rows lie inside dZ (checked).
+                unsafe {
+                    let out = std::slice::from_raw_parts_mut(dbp.get().add(ki * bk), bk);
+                    for &off in &u.a_off[r0..r0 + cnt] {
+                        add_rows(out, std::slice::from_raw_parts(a.add(off), q * bk));
+                    }
+                }
+            }
             let b = (xp as *const f32).wrapping_add(ci * plane + (r * wp + s) * d * t.bc);
             // SAFETY: sizes checked at the entry; the block
             // dW[ki][ci][r][s] belongs to one thread (loop a, the reduction,
@@ -931,21 +950,6 @@ impl Conv {
                     std::ptr::null(),
                 )
             };
-        });
-        // Bias gradient: per K block, sums over images and pixels.
-        let bk = t.bk;
-        let dbp = SyncPtr(db.as_mut_ptr());
-        pool.for_each(kb, |k| {
-            // SAFETY: each K block of db belongs to one thread.
-            let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(k * bk), bk) };
-            out.fill(0.0);
-            for ni in 0..pr.n {
-                for px in dz.data[(ni * kb + k) * p * q * bk..][..p * q * bk].chunks_exact(bk) {
-                    for (o, v) in out.iter_mut().zip(px) {
-                        *o += v;
-                    }
-                }
-            }
         });
         Ok(())
     }

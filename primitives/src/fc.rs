@@ -30,6 +30,7 @@
 use crate::error::{check_buf, shape, Error, Result};
 use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
+use crate::math::add_rows;
 use crate::threads::Pool;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch};
 use std::sync::Arc;
@@ -663,10 +664,29 @@ impl Fc {
         let (dzp, xp) = (dz.data.as_ptr() as usize, x.data.as_ptr() as usize);
         let dwp = SyncPtr(dw.data.as_mut_ptr());
         let p = &self.upd;
+        // The bias gradient rides along: the item of C block 0 adds the dZ
+        // blocks its BRGEMM just read (hot in L2) into db[kb], instead of a
+        // second pass over dZ from memory.
+        db.fill(0.0);
+        let dbp = SyncPtr(db.as_mut_ptr());
         p.nest.run(pool, |i| {
             let (kb, cb, n0) = (i[0], i[1], i[2]);
             let cnt = p.chunk.min(p.red - n0);
             let a = (dzp as *const f32).wrapping_add((n0 * kbn + kb) * bn * bk);
+            if cb == 0 {
+                // SAFETY: db[kb] is touched by this item alone, and the
+                // chunks of one K block run in order (loop c is a serial
+                // reduction); the blocks lie inside dZ (checked).
+                unsafe {
+                    let out = std::slice::from_raw_parts_mut(dbp.get().add(kb * bk), bk);
+                    for j in 0..cnt {
+                        add_rows(
+                            out,
+                            std::slice::from_raw_parts(a.add(j * kbn * bn * bk), bn * bk),
+                        );
+                    }
+                }
+            }
             let b = (xp as *const f32).wrapping_add((n0 * cbn + cb) * bn * bc);
             // SAFETY: as in forward; dW[kb][cb] is owned by one thread.
             unsafe {
@@ -676,22 +696,6 @@ impl Fc {
                     std::ptr::null(),
                 )
             };
-        });
-        // Bias gradient: sums over N, one K block per task.
-        let nbn = self.n.div_ceil(bn);
-        let dbp = SyncPtr(db.as_mut_ptr());
-        pool.for_each(kbn, |kb| {
-            // SAFETY: each K block of db belongs to one thread.
-            let out = unsafe { std::slice::from_raw_parts_mut(dbp.get().add(kb * bk), bk) };
-            out.fill(0.0);
-            for nb in 0..nbn {
-                let blk = &dz.data[(nb * kbn + kb) * bn * bk..][..bn * bk];
-                for row in blk.chunks_exact(bk) {
-                    for (o, v) in out.iter_mut().zip(row) {
-                        *o += v;
-                    }
-                }
-            }
         });
         Ok(())
     }

@@ -89,6 +89,18 @@ macro_rules! widest {
 }
 pub(crate) use widest;
 
+widest! {
+    /// `out += ` the sum of the rows of `src` (rows of `out.len()`, in
+    /// order): a bias gradient's reduction over pixels or minibatch rows.
+    pub(crate) fn add_rows / add_rows_plain(out: &mut [f32], src: &[f32]) {
+        for row in src.chunks_exact(out.len()) {
+            for (o, v) in out.iter_mut().zip(row) {
+                *o += v;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

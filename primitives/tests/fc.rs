@@ -94,7 +94,7 @@ impl Problem {
         let mut dx = fc.x_layout();
         fc.backward_data(pool, &dz, &wt, &mut dx).unwrap();
         let mut dw = fc.w_layout();
-        let mut db = vec![0.0; fc.padded_k()];
+        let mut db = vec![f32::NAN; fc.padded_k()]; // every entry must be written
         fc.backward_weights(pool, &dz, &x, &mut dw, &mut db)
             .unwrap();
         // Padding must stay zero (the next layer and the optimizer rely on it).
