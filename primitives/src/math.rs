@@ -104,6 +104,23 @@ widest! {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn add_rows_dispatched_equals_plain() {
+        let bk = 48;
+        let src: Vec<f32> = (0..bk * 37)
+            .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
+            .collect();
+        let (mut a, mut b) = (vec![0.5f32; bk], vec![0.5f32; bk]);
+        super::add_rows(&mut a, &src);
+        super::add_rows_plain(&mut b, &src);
+        assert_eq!(
+            a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        let want: f64 = 0.5 + (0..37).map(|r| src[r * bk + 5] as f64).sum::<f64>();
+        assert!((a[5] as f64 - want).abs() < 1e-4, "{} vs {want}", a[5]);
+    }
+
+    #[test]
     fn close_to_libm() {
         let mut worst = (0.0f64, 0.0f64, 0.0f64);
         let mut x = -90.0f32;
