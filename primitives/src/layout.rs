@@ -282,8 +282,20 @@ impl Blocked {
 }
 
 /// `dst` (c x r, row-major) = transpose of `src` (r x c, row-major), in
-/// 8x8 tiles so both sides stay in few cache lines.
-fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
+/// 8x8 tiles so both sides stay in few cache lines: with AVX in registers
+/// (8 row loads, 24 shuffles, 8 row stores per tile) when both sides are
+/// multiples of 8, else element by element. The scalar loop moved about
+/// 3 GB/s here, half the memory bandwidth, which made the weight transpose
+/// of backward-data cost as much as the GEMM on a 4096x4096 layer at N = 64.
+pub(crate) fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
+    let (src, dst) = (&src[..r * c], &mut dst[..r * c]);
+    #[cfg(target_arch = "x86_64")]
+    if r.is_multiple_of(8) && c.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX checked just above; both slices hold r * c values
+        // (sliced above) and r, c are multiples of 8.
+        unsafe { transpose_avx(src, dst, r, c) };
+        return;
+    }
     const T: usize = 8;
     for i0 in (0..r).step_by(T) {
         for j0 in (0..c).step_by(T) {
@@ -291,6 +303,62 @@ fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
                 for j in j0..(j0 + T).min(c) {
                     dst[j * r + i] = src[i * c + j];
                 }
+            }
+        }
+    }
+}
+
+/// The AVX 8x8-tile transpose of [`transpose_block`].
+///
+/// # Safety
+/// The CPU has AVX; `src` and `dst` hold at least `r * c` values; `r` and
+/// `c` are multiples of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_avx(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
+    use std::arch::x86_64::*;
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for i0 in (0..r).step_by(8) {
+        for j0 in (0..c).step_by(8) {
+            let row = |i: usize| _mm256_loadu_ps(sp.add((i0 + i) * c + j0));
+            let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
+            let (r4, r5, r6, r7) = (row(4), row(5), row(6), row(7));
+            // Pairs of rows interleaved, then pairs of pairs, then the
+            // 128-bit halves: column j of the tile ends up in t[j].
+            let (a0, a1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+            let (a2, a3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+            let (a4, a5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+            let (a6, a7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+            const LO: i32 = 0b01_00_01_00;
+            const HI: i32 = 0b11_10_11_10;
+            let (b0, b1) = (
+                _mm256_shuffle_ps::<LO>(a0, a2),
+                _mm256_shuffle_ps::<HI>(a0, a2),
+            );
+            let (b2, b3) = (
+                _mm256_shuffle_ps::<LO>(a1, a3),
+                _mm256_shuffle_ps::<HI>(a1, a3),
+            );
+            let (b4, b5) = (
+                _mm256_shuffle_ps::<LO>(a4, a6),
+                _mm256_shuffle_ps::<HI>(a4, a6),
+            );
+            let (b6, b7) = (
+                _mm256_shuffle_ps::<LO>(a5, a7),
+                _mm256_shuffle_ps::<HI>(a5, a7),
+            );
+            let t = [
+                _mm256_permute2f128_ps::<0x20>(b0, b4),
+                _mm256_permute2f128_ps::<0x20>(b1, b5),
+                _mm256_permute2f128_ps::<0x20>(b2, b6),
+                _mm256_permute2f128_ps::<0x20>(b3, b7),
+                _mm256_permute2f128_ps::<0x31>(b0, b4),
+                _mm256_permute2f128_ps::<0x31>(b1, b5),
+                _mm256_permute2f128_ps::<0x31>(b2, b6),
+                _mm256_permute2f128_ps::<0x31>(b3, b7),
+            ];
+            for (j, v) in t.into_iter().enumerate() {
+                _mm256_storeu_ps(dp.add((j0 + j) * r + i0), v);
             }
         }
     }
@@ -343,6 +411,22 @@ impl SyncPtr {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn transpose_block_tiles_and_tails() {
+        // 16x24 and 64x64 take the 8x8 AVX tiles where the CPU has AVX;
+        // 13x8 and 8x5 the element loop.
+        for (r, c) in [(16, 24), (64, 64), (13, 8), (8, 5), (1, 1)] {
+            let src: Vec<f32> = (0..r * c).map(|i| i as f32).collect();
+            let mut dst = vec![f32::NAN; r * c];
+            super::transpose_block(&src, &mut dst, r, c);
+            for i in 0..r {
+                for j in 0..c {
+                    assert_eq!(dst[j * r + i], src[i * c + j], "{r}x{c} at ({i}, {j})");
+                }
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

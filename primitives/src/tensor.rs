@@ -272,11 +272,7 @@ impl Filter {
                         )
                     };
                     // s is [bc][bk], d is [bk][bc].
-                    for i in 0..bc {
-                        for j in 0..bk {
-                            d[j * bc + i] = s[i * bk + j];
-                        }
-                    }
+                    crate::layout::transpose_block(s, d, bc, bk);
                 }
             }
         });
