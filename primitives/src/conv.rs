@@ -39,7 +39,7 @@
 //! spec gives the same result (the tests run every one).
 
 use crate::error::{check_buf, shape, Result};
-use crate::fc::{act_grad, pick_block, Chunked, PassConfig};
+use crate::fc::{mul_act_grad, pick_block, Chunked, PassConfig};
 use crate::layout::SyncPtr;
 use crate::loops::{LoopDef, LoopNest};
 use crate::math::add_rows;
@@ -791,9 +791,7 @@ impl Conv {
         par_images(pool, dz, |i, img| {
             let len = img.len();
             let (dy, y) = (&dy.data[i * len..][..len], &y.data[i * len..][..len]);
-            for ((o, g), v) in img.iter_mut().zip(dy).zip(y) {
-                *o = g * act_grad(act, *v, 0.0);
-            }
+            mul_act_grad(act, img, dy, y, &[]);
         });
         Ok(())
     }
