@@ -126,12 +126,13 @@ pub fn flatten(pool: &Pool, x: &Tensor4, out: &mut Blocked) -> Result<()> {
     let out_ref = &*out;
     let n = x.n;
     pool.for_each(n, |ni| {
-        for c in 0..x.c {
+        let src = (0..x.c).flat_map(|c| {
             let base = x.index(ni, c, 0, 0);
-            for p in 0..hw {
-                // SAFETY: row ni of the output belongs to this thread.
-                unsafe { *o.get().add(out_ref.index(ni, c * hw + p)) = x.data[base + p * bc] };
-            }
+            (0..hw).map(move |p| base + p * bc)
+        });
+        for (from, to) in src.zip(out_ref.row_offsets(ni)) {
+            // SAFETY: row ni of the output belongs to this thread.
+            unsafe { *o.get().add(to) = x.data[from] };
         }
     });
     Ok(())
@@ -144,11 +145,12 @@ pub fn unflatten(pool: &Pool, d: &Blocked, dx: &mut Tensor4) -> Result<()> {
     let (hw, bc, c) = (dx.h * dx.w, dx.bc, dx.c);
     crate::tensor::par_images(pool, dx, |ni, img| {
         img.fill(0.0);
-        for ch in 0..c {
+        let dst = (0..c).flat_map(|ch| {
             let base = (ch / bc) * hw * bc + ch % bc;
-            for p in 0..hw {
-                img[base + p * bc] = d.data[d.index(ni, ch * hw + p)];
-            }
+            (0..hw).map(move |p| base + p * bc)
+        });
+        for (to, from) in dst.zip(d.row_offsets(ni)) {
+            img[to] = d.data[from];
         }
     });
     Ok(())

@@ -103,6 +103,21 @@ impl Blocked {
             }
     }
 
+    /// The offsets of row `r`'s elements, columns 0.. in order: what
+    /// [`Blocked::index`] gives for each, without its four divisions per
+    /// element.
+    pub fn row_offsets(&self, r: usize) -> impl Iterator<Item = usize> + '_ {
+        let (i, ri) = (r / self.br, r % self.br);
+        (0..self.col_blocks()).flat_map(move |j| {
+            let n = self.bc.min(self.cols - j * self.bc);
+            let (base, step) = match self.inner {
+                Inner::RowMajor => (self.block(i, j) + ri * self.bc, 1),
+                Inner::ColMajor => (self.block(i, j) + ri, self.br),
+            };
+            (0..n).map(move |ci| base + ci * step)
+        })
+    }
+
     /// Converts a plain row-major `rows x cols` matrix.
     pub fn from_plain(
         plain: &[f32],
@@ -428,6 +443,18 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn row_offsets_match_index() {
+        for inner in [Inner::RowMajor, Inner::ColMajor] {
+            let b = Blocked::zeros(13, 7, 4, 3, inner).unwrap();
+            for r in 0..13 {
+                let got: Vec<usize> = b.row_offsets(r).collect();
+                let want: Vec<usize> = (0..7).map(|c| b.index(r, c)).collect();
+                assert_eq!(got, want, "{inner:?} row {r}");
+            }
+        }
+    }
 
     #[test]
     fn round_trip_with_padding_and_transpose() {
