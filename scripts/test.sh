@@ -2,7 +2,7 @@
 # Installs what the tests need on a fresh Debian/Ubuntu machine (as root or
 # with sudo) and runs every test of the workspace:
 #   - all crates, all targets, doc tests, on this machine's ISAs;
-#   - the BRGEMM_ISA override, once per ISA;
+#   - the BRGEMM_ISA override, once per ISA, and the primitives on each;
 #   - a short CNN run on Fashion-MNIST (Debian package dataset-fashion-mnist);
 #   - the NEON kernels for real: cross-built for aarch64 and run under qemu;
 #   - the GPU crate: generated kernels executed on OpenCL (PoCL, on the CPU),
@@ -113,6 +113,13 @@ done
 say "BRGEMM_ISA override, one run per ISA"
 for isa in avx512 avx2 neon portable reference bogus; do
   BRGEMM_ISA=$isa cargo test -q -p brgemm --test env_isa --test exact
+done
+
+# The primitives on every kernel ISA of this CPU; their element-wise loops
+# (widest!) follow BRGEMM_ISA too, so this also runs each compiled version.
+say "primitives per ISA: ${req//,/ }"
+for isa in ${req//,/ }; do
+  BRGEMM_ISA=$isa cargo test -q -p brgemm-primitives
 done
 
 # ---- NEON under qemu -------------------------------------------------------

@@ -5,7 +5,7 @@
 //! exponent bits): relative error below 5e-7 on [-87, 88].
 //!
 //! `widest!` (crate-internal) compiles such a loop once per x86 vector ISA
-//! and picks the widest the CPU has at run time: the crate builds for
+//! and picks the one the kernels use at run time: the crate builds for
 //! baseline x86-64, where LLVM vectorises with 4-lane SSE2 only.
 
 /// e^x (x clamped to [-87.3, 88.3], so no infinities or denormals).
@@ -47,9 +47,12 @@ pub fn tanh(x: f32) -> f32 {
 
 /// `widest! { fn name / plain(args) { body } }` defines `plain`, the body
 /// as an `#[inline(always)]` fn, and `name`, which runs that body compiled
-/// for AVX-512F, else AVX2 with FMA, else the build target, chosen at run
-/// time. Plain `*` and `+` are never fused into FMAs, so every version gives
-/// the same bits (the tests compare `name` with `plain`).
+/// for the ISA the kernels use ([`brgemm::Isa::selected`]: the best one, or
+/// `BRGEMM_ISA`): AVX-512F, AVX2 with FMA, else the build target. So a
+/// forced ISA covers the element-wise loops too, and the test script's runs
+/// per ISA test every version. Plain `*` and `+` are never fused into FMAs,
+/// so every version gives the same bits (the tests compare `name` with
+/// `plain`).
 macro_rules! widest {
     ($(#[$m:meta])* $vis:vis fn $name:ident / $plain:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         #[inline(always)]
@@ -72,15 +75,13 @@ macro_rules! widest {
                 unsafe fn wide256($($arg: $ty),*) {
                     $plain($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: AVX-512F checked just above.
-                    return unsafe { wide512($($arg),*) };
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: AVX2 and FMA checked just above.
-                    return unsafe { wide256($($arg),*) };
+                match brgemm::Isa::selected() {
+                    // SAFETY: `selected` returns only ISAs this CPU supports
+                    // (AVX-512F; AVX2 and FMA).
+                    Ok(brgemm::Isa::Avx512) => return unsafe { wide512($($arg),*) },
+                    // SAFETY: as above.
+                    Ok(brgemm::Isa::Avx2) => return unsafe { wide256($($arg),*) },
+                    _ => {}
                 }
             }
             $plain($($arg),*)
