@@ -709,45 +709,39 @@ impl Fc {
 }
 
 widest! {
-    /// `out = dy * relu'(y)`.
-    fn relu_grad / relu_grad_plain(out: &mut [f32], dy: &[f32], y: &[f32]) {
+    /// `out = dy * act'(y)` for the activations whose derivative is a
+    /// function of the output y (ReLU, sigmoid, tanh); others leave `out`.
+    /// The match sits outside the loops, so each loop vectorises.
+    fn grad_from_y / grad_from_y_plain(act: Activation, out: &mut [f32], dy: &[f32], y: &[f32]) {
         let (dy, y) = (&dy[..out.len()], &y[..out.len()]);
-        for i in 0..out.len() {
-            out[i] = dy[i] * if y[i] > 0.0 { 1.0 } else { 0.0 };
-        }
-    }
-}
-
-widest! {
-    /// `out = dy * sigmoid'` from the output y.
-    fn sigmoid_grad / sigmoid_grad_plain(out: &mut [f32], dy: &[f32], y: &[f32]) {
-        let (dy, y) = (&dy[..out.len()], &y[..out.len()]);
-        for i in 0..out.len() {
-            out[i] = dy[i] * (y[i] * (1.0 - y[i]));
-        }
-    }
-}
-
-widest! {
-    /// `out = dy * tanh'` from the output y.
-    fn tanh_grad / tanh_grad_plain(out: &mut [f32], dy: &[f32], y: &[f32]) {
-        let (dy, y) = (&dy[..out.len()], &y[..out.len()]);
-        for i in 0..out.len() {
-            out[i] = dy[i] * (1.0 - y[i] * y[i]);
+        match act {
+            Activation::Relu => {
+                for i in 0..out.len() {
+                    out[i] = dy[i] * if y[i] > 0.0 { 1.0 } else { 0.0 };
+                }
+            }
+            Activation::Sigmoid => {
+                for i in 0..out.len() {
+                    out[i] = dy[i] * (y[i] * (1.0 - y[i]));
+                }
+            }
+            Activation::Tanh => {
+                for i in 0..out.len() {
+                    out[i] = dy[i] * (1.0 - y[i] * y[i]);
+                }
+            }
+            _ => {}
         }
     }
 }
 
 /// `out = dy * act'` element-wise, from the outputs `y` (GELU: from the
-/// pre-activations `z`, which it then needs, as long as `out`). The match
-/// sits outside the loops so that each loop vectorises; per element,
-/// [`act_grad`] was a call (it does not inline, GELU's `tanh` makes it
+/// pre-activations `z`, which it then needs, as long as `out`). Per
+/// element, [`act_grad`] was a call (it does not inline, GELU's `tanh` makes it
 /// large): 5% of a CNN training step. Same bits as `dy * act_grad(..)`.
 pub(crate) fn mul_act_grad(act: Activation, out: &mut [f32], dy: &[f32], y: &[f32], z: &[f32]) {
     match act {
-        Activation::Relu => relu_grad(out, dy, y),
-        Activation::Sigmoid => sigmoid_grad(out, dy, y),
-        Activation::Tanh => tanh_grad(out, dy, y),
+        Activation::Relu | Activation::Sigmoid | Activation::Tanh => grad_from_y(act, out, dy, y),
         Activation::Gelu => {
             debug_assert_eq!(z.len(), out.len(), "GELU backward without Z");
             for ((o, g), zv) in out.iter_mut().zip(dy).zip(z) {
