@@ -340,28 +340,15 @@ unsafe fn transpose_avx(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
             let (r4, r5, r6, r7) = (row(4), row(5), row(6), row(7));
             // Pairs of rows interleaved, then pairs of pairs, then the
             // 128-bit halves: column j of the tile ends up in t[j].
-            let (a0, a1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
-            let (a2, a3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
-            let (a4, a5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
-            let (a6, a7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+            let mix = |x, y| (_mm256_unpacklo_ps(x, y), _mm256_unpackhi_ps(x, y));
+            let ((a0, a1), (a2, a3)) = (mix(r0, r1), mix(r2, r3));
+            let ((a4, a5), (a6, a7)) = (mix(r4, r5), mix(r6, r7));
             const LO: i32 = 0b01_00_01_00;
             const HI: i32 = 0b11_10_11_10;
-            let (b0, b1) = (
-                _mm256_shuffle_ps::<LO>(a0, a2),
-                _mm256_shuffle_ps::<HI>(a0, a2),
-            );
-            let (b2, b3) = (
-                _mm256_shuffle_ps::<LO>(a1, a3),
-                _mm256_shuffle_ps::<HI>(a1, a3),
-            );
-            let (b4, b5) = (
-                _mm256_shuffle_ps::<LO>(a4, a6),
-                _mm256_shuffle_ps::<HI>(a4, a6),
-            );
-            let (b6, b7) = (
-                _mm256_shuffle_ps::<LO>(a5, a7),
-                _mm256_shuffle_ps::<HI>(a5, a7),
-            );
+            // Each pair of pairs splits into its low and high halves.
+            let halves = |x, y| (_mm256_shuffle_ps::<LO>(x, y), _mm256_shuffle_ps::<HI>(x, y));
+            let ((b0, b1), (b2, b3)) = (halves(a0, a2), halves(a1, a3));
+            let ((b4, b5), (b6, b7)) = (halves(a4, a6), halves(a5, a7));
             let t = [
                 _mm256_permute2f128_ps::<0x20>(b0, b4),
                 _mm256_permute2f128_ps::<0x20>(b1, b5),
@@ -426,6 +413,8 @@ impl SyncPtr {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn transpose_block_tiles_and_tails() {
         // 16x24 and 64x64 take the 8x8 AVX tiles where the CPU has AVX;
@@ -433,7 +422,7 @@ mod tests {
         for (r, c) in [(16, 24), (64, 64), (13, 8), (8, 5), (1, 1)] {
             let src: Vec<f32> = (0..r * c).map(|i| i as f32).collect();
             let mut dst = vec![f32::NAN; r * c];
-            super::transpose_block(&src, &mut dst, r, c);
+            transpose_block(&src, &mut dst, r, c);
             for i in 0..r {
                 for j in 0..c {
                     assert_eq!(dst[j * r + i], src[i * c + j], "{r}x{c} at ({i}, {j})");
@@ -441,8 +430,6 @@ mod tests {
             }
         }
     }
-
-    use super::*;
 
     #[test]
     fn row_offsets_match_index() {
