@@ -161,7 +161,7 @@ impl Pool2d {
         let kind = self.kind;
         par_images(pool, y, |ni, out| {
             let img = &x.data[ni * ilen..][..ilen];
-            let mut best = vec![0u32; bc];
+            let first = ni * out.len(); // this image's first entry of argmax
             for c in 0..cb {
                 let plane = &img[c * h * w * bc..][..h * w * bc];
                 for oy in 0..p {
@@ -173,25 +173,29 @@ impl Pool2d {
                         match kind {
                             PoolKind::Max => {
                                 dst.fill(f32::NEG_INFINITY);
-                                best.fill((y0 * w + x0) as u32);
+                                // The arg-max goes straight into its place in
+                                // `argmax`; inference keeps none.
+                                // SAFETY: argmax has one entry per element of
+                                // y (checked); each image's range belongs to
+                                // one thread.
+                                let mut best = am.map(|am| unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        (am.get() as *mut u32).add(first + o),
+                                        bc,
+                                    )
+                                });
+                                if let Some(b) = best.as_deref_mut() {
+                                    b.fill((y0 * w + x0) as u32);
+                                }
                                 for iy in y0..y1 {
                                     for ix in x0..x1 {
                                         let at = iy * w + ix;
                                         let src = &plane[at * bc..][..bc];
-                                        max_into(dst, &mut best, src, at as u32);
+                                        match best.as_deref_mut() {
+                                            Some(b) => max_into(dst, b, src, at as u32),
+                                            None => max_of(dst, src),
+                                        }
                                     }
-                                }
-                                if let Some(am) = am {
-                                    let base = ni * out.len() + o;
-                                    // SAFETY: argmax has one entry per element of y
-                                    // (checked); each image's range belongs to one thread.
-                                    unsafe {
-                                        std::slice::from_raw_parts_mut(
-                                            (am.get() as *mut u32).add(base),
-                                            bc,
-                                        )
-                                        .copy_from_slice(&best)
-                                    };
                                 }
                             }
                             PoolKind::Avg => {
@@ -291,6 +295,17 @@ widest! {
         let (best, g) = (&best[..dst.len()], &g[..dst.len()]);
         for j in 0..dst.len() {
             dst[j] += if best[j] == at { g[j] } else { 0.0 };
+        }
+    }
+}
+
+widest! {
+    /// One pixel of a max-pool window without the arg-max (inference):
+    /// `dst = src` where `src > dst`.
+    fn max_of / max_of_plain(dst: &mut [f32], src: &[f32]) {
+        let src = &src[..dst.len()];
+        for j in 0..dst.len() {
+            dst[j] = if src[j] > dst[j] { src[j] } else { dst[j] };
         }
     }
 }

@@ -95,6 +95,10 @@ fn pooling_matches_reference_and_finite_differences() {
         let mut y = pl.output();
         let mut am = vec![0u32; y.data.len()];
         pl.forward(&pool, &x, &mut y, Some(&mut am)).unwrap();
+        // Inference (no arg-max) takes its own loop: same output.
+        let mut y_inf = pl.output();
+        pl.forward(&pool, &x, &mut y_inf, None).unwrap();
+        assert_eq!(y_inf.data, y.data, "{kind:?}: forward without arg-max");
         let want = naive_pool(kind, &xs, (n, c, h, w), win, st, pad);
         assert_eq!(y.to_nchw().len(), want.len());
         for (a, b) in y.to_nchw().iter().zip(&want) {
