@@ -9,9 +9,10 @@
 //! forward, backward-data and backward-weights passes, shows progress on
 //! stderr, prints a ranked table with GFLOP/s, % of the peak of that many
 //! threads (measured in this run) and % of the L1 tile ceiling, writes
-//! `DIR/tune_fc_<shape>.csv` and an SVG chart, and with `--save FILE` stores the best configuration for this shape
-//! in FILE (a JSON list of entries, one per shape), which
-//! `brgemm_primitives::fc::load_tuning` reads back.
+//! `DIR/tune_fc_<shape>.csv` and an SVG chart, and with `--save FILE`
+//! stores the best configuration for this shape in FILE (a JSON list of
+//! entries, one per shape), which `brgemm_primitives::fc::load_tuning`
+//! reads back.
 //!
 //! ```text
 //! cargo run --release --example tune -- conv --n 8 --c 64 --k 64 --h 56 --w 56 --r 3 --s 3 \
