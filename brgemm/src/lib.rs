@@ -13,6 +13,8 @@
 //! - [`dispatch`]: a process-wide, descriptor-keyed cache of kernels.
 //! - [`Batch`] / [`RawBatch`] / [`Offsets`]: the three batch forms at call time.
 //! - [`peak::fma_peak_gflops`]: this core's measured FMA peak, for "% of peak".
+//! - [`AlignedVec`]: 64-byte aligned buffers, the fast path for the kernels
+//!   (whole cache lines per vector or tile row).
 //! - [`peak::TileCeiling`]: the main register tile's throughput on L1-resident
 //!   operands, measured the same way (what the machine allows a kernel that loads).
 //!
@@ -37,6 +39,7 @@
 mod batch;
 pub mod bf16;
 mod blocking;
+pub mod buffer;
 mod desc;
 mod error;
 mod isa;
@@ -48,6 +51,7 @@ mod tile;
 
 pub use batch::{Batch, Offsets, RawBatch};
 pub use blocking::RegisterTile;
+pub use buffer::{aligned_vec, AlignedVec};
 pub use desc::{Activation, BatchForm, Beta, DataType, Descriptor, Epilogue, Prefetch};
 pub use error::{Error, Result};
 pub use isa::Isa;

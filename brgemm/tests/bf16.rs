@@ -35,7 +35,7 @@ impl Case {
         let a_plain: Vec<Vec<bf16>> = (0..count).map(|_| rnd(&mut s, m * k)).collect();
         let a_vnni = a_plain
             .iter()
-            .map(|a| pack_a_vnni(a, m, k, m, lda).unwrap())
+            .map(|a| pack_a_vnni(a, m, k, m, lda).unwrap().to_vec()) // any alignment
             .collect();
         let b = (0..count).map(|_| rnd(&mut s, k * n)).collect();
         let c0 = rnd(&mut s, m * n).iter().map(|x| x.to_f32()).collect();

@@ -7,9 +7,10 @@
 //! loop no primitive ever runs. [`BrgemmWorkload`] instead holds several
 //! distinct blocks (each its own batch of A_i, B_i and its own C) sized so the
 //! whole set lives in L2, and one pass calls the kernel once per block, as a
-//! primitive's loop nest does.
+//! primitive's loop nest does. Its buffers are 64-byte aligned
+//! ([`brgemm::AlignedVec`]), as the primitives' packed operands are.
 
-use brgemm::{BatchForm, Descriptor, Kernel, RawBatch};
+use brgemm::{AlignedVec, BatchForm, Descriptor, Kernel, RawBatch};
 use brgemm_primitives::Pool;
 use std::time::{Duration, Instant};
 
@@ -25,9 +26,9 @@ pub struct BrgemmWorkload {
     pub batch: usize,
     /// Distinct C blocks per pass.
     pub blocks: usize,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    c: Vec<f32>,
+    a: AlignedVec<f32>,
+    b: AlignedVec<f32>,
+    c: AlignedVec<f32>,
     a_offs: Vec<usize>,
     b_offs: Vec<usize>,
     a_ptrs: Vec<*const f32>,
@@ -40,14 +41,15 @@ impl BrgemmWorkload {
         let per_block = 4 * (batch * (m * k + k * n) + m * n);
         let blocks = (l2_bytes / per_block).clamp(2, 512);
         let (sa, sb) = (m * k, k * n);
-        let fill = |len: usize, seed: usize| -> Vec<f32> {
-            (0..len)
-                .map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) / 8.0)
-                .collect()
+        let fill = |len: usize, seed: usize| {
+            AlignedVec::from_iter(
+                brgemm::buffer::ALIGN,
+                (0..len).map(|i| (((i * 7 + seed) % 13) as f32 - 6.0) / 8.0),
+            )
         };
         let a = fill(blocks * batch * sa, 1);
         let b = fill(blocks * batch * sb, 5);
-        let c = vec![0.0; blocks * m * n];
+        let c = brgemm::aligned_vec(blocks * m * n, 0.0);
         let a_offs = (0..batch).map(|i| i * sa).collect();
         let b_offs = (0..batch).map(|i| i * sb).collect();
         let mut w = BrgemmWorkload {

@@ -13,7 +13,7 @@ use crate::loss;
 use crate::optim::{OptState, Optimizer};
 use crate::threads::Pool;
 use brgemm::bf16::bf16;
-use brgemm::Activation;
+use brgemm::{Activation, AlignedVec};
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -63,10 +63,10 @@ struct Layer {
 /// The bf16 side of a layer: its passes and bf16 copies of the operands.
 struct Bf16Layer {
     fc: FcBf16,
-    wv: Vec<bf16>,
-    wtv: Vec<bf16>,
-    xb: Vec<bf16>,
-    dzb: Vec<bf16>,
+    wv: AlignedVec<bf16>,
+    wtv: AlignedVec<bf16>,
+    xb: AlignedVec<bf16>,
+    dzb: AlignedVec<bf16>,
     /// Whether `wv`/`wtv` match the f32 master weights.
     packed: bool,
 }
@@ -215,10 +215,10 @@ impl Mlp {
             l.bf = if on {
                 Some(Bf16Layer {
                     fc: FcBf16::new(&l.fc)?,
-                    wv: vec![],
-                    wtv: vec![],
-                    xb: vec![],
-                    dzb: vec![],
+                    wv: AlignedVec::new(0),
+                    wtv: AlignedVec::new(0),
+                    xb: AlignedVec::new(0),
+                    dzb: AlignedVec::new(0),
                     packed: false,
                 })
             } else {

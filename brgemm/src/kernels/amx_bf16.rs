@@ -19,12 +19,16 @@
 //!
 //! Measured here (asm probes, same process): `tdpbf16ps` on resident tiles
 //! 1.0-2.4 TFLOP/s (bimodal, as the recipes say), two accumulators already
-//! saturate it; the 2x2 step with its four `tileloadd` from *L1-resident*
-//! data 380-600 GFLOP/s; a double-buffered 1x2 layout (2 C + 2x3 input
-//! tiles) 290-360, worse, so tile renaming is not the limit: tile-load
-//! throughput is. This kernel, with tiles streamed from L2, reaches ~230-280
-//! GFLOP/s (same-process medians), about half of that L1 ceiling; prefetching
-//! the next step's rows into L1 changed nothing.
+//! saturate it; this 2x2 step on *L1-resident* tiles 440-470 GFLOP/s in a
+//! slow phase of the VM (380-600 over several sessions), so tile-load
+//! throughput, not `tdpbf16ps`, is the limit (a double-buffered 1x2 layout,
+//! 2 C + 2x3 input tiles, is worse: 290-360). Streamed from L2, as a
+//! primitive runs it, the kernel reaches about 70% of that ceiling *when
+//! every tile row is one cache line*: 64-byte aligned operands 292-336 vs
+//! 203-220 GFLOP/s 16 bytes off (what a `Vec` gets), on (64,64,64,16) in
+//! one process. Hence [`crate::AlignedVec`] for every packed operand.
+//! Measured and not kept: interleaving the loads with the `tdpbf16ps`
+//! (x0.97), and `prefetcht0` of the next pair's 64 lines per step (x0.83).
 
 use crate::batch::BatchSrc;
 use half::bf16;
