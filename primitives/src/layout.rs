@@ -20,6 +20,7 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::threads::Pool;
+use brgemm::{aligned_vec, AlignedVec};
 
 /// Element order inside a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -44,7 +45,7 @@ pub struct Blocked {
     /// Order inside a block.
     pub inner: Inner,
     /// `row_blocks * col_blocks * br * bc` elements.
-    pub data: Vec<f32>,
+    pub data: AlignedVec<f32>,
 }
 
 impl Blocked {
@@ -71,7 +72,7 @@ impl Blocked {
             br,
             bc,
             inner,
-            data: vec![0.0; len],
+            data: aligned_vec(len, 0.0),
         })
     }
 

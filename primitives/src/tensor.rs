@@ -16,6 +16,7 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::threads::Pool;
+use brgemm::{aligned_vec, AlignedVec};
 
 /// A blocked activation tensor `[N][C/bc][H][W][bc]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,7 +32,7 @@ pub struct Tensor4 {
     /// Channel block.
     pub bc: usize,
     /// `n * ceil(c/bc) * h * w * bc` elements.
-    pub data: Vec<f32>,
+    pub data: AlignedVec<f32>,
 }
 
 impl Tensor4 {
@@ -52,7 +53,7 @@ impl Tensor4 {
             h,
             w,
             bc,
-            data: vec![0.0; len],
+            data: aligned_vec(len, 0.0),
         })
     }
 
@@ -158,7 +159,7 @@ pub struct Filter {
     /// Input-channel block.
     pub bc: usize,
     /// `ceil(k/bk) * ceil(c/bc) * r * s * bc * bk` elements.
-    pub data: Vec<f32>,
+    pub data: AlignedVec<f32>,
 }
 
 impl Filter {
@@ -184,7 +185,7 @@ impl Filter {
             s,
             bk,
             bc,
-            data: vec![0.0; len],
+            data: aligned_vec(len, 0.0),
         })
     }
 

@@ -248,7 +248,7 @@ fn batch_norm_statistics_and_gradients() {
     bn2.forward_infer(&pool, &x, &mut y3).unwrap();
     let count = (n * h * w) as f32;
     let fix = ((count - 1.0) / count).sqrt();
-    for (a, b) in y2.data.iter().zip(&y3.data) {
+    for (a, b) in y2.data.iter().zip(y3.data.iter()) {
         // Running variance is unbiased: inference output = training output * sqrt((M-1)/M).
         assert!((a * fix - b).abs() < 1e-3, "{a} vs {b}");
     }

@@ -113,7 +113,7 @@ fn check(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) {
     y_again
         .data
         .iter_mut()
-        .zip(&y.data)
+        .zip(y.data.iter())
         .for_each(|(a, b)| *a -= b);
     assert!(
         y_again.data.iter().all(|v| *v == 0.0),
