@@ -45,7 +45,7 @@ use crate::loops::{LoopDef, LoopNest};
 use crate::math::add_rows;
 use crate::tensor::{par_images, Filter, Tensor4};
 use crate::threads::Pool;
-use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
+use brgemm::{Activation, AlignedVec, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
 use std::sync::{Arc, Mutex};
 
 /// The geometry of a convolution layer.
@@ -329,7 +329,7 @@ struct Gather {
     chunk: usize,
     a_off: Vec<usize>,
     b_off: Vec<usize>,
-    scratch: Mutex<Vec<f32>>,
+    scratch: Mutex<AlignedVec<f32>>,
 }
 
 impl Gather {
@@ -387,7 +387,7 @@ impl Gather {
             chunk,
             a_off,
             b_off,
-            scratch: Mutex::new(vec![]),
+            scratch: Mutex::new(AlignedVec::new(0)),
         })
     }
 
@@ -462,7 +462,7 @@ struct Scatter {
     main: Arc<Kernel>,
     tail: Option<Arc<Kernel>>,
     bq: usize,
-    scratch: Mutex<Vec<f32>>,
+    scratch: Mutex<AlignedVec<f32>>,
 }
 
 /// Backward-weights.
@@ -472,7 +472,7 @@ struct Upd {
     chunk: usize,
     a_off: Vec<usize>,
     b_off: Vec<usize>,
-    xpad: Mutex<Vec<f32>>,
+    xpad: Mutex<AlignedVec<f32>>,
 }
 
 enum Bwd {
@@ -615,7 +615,7 @@ impl Conv {
                 main: desc(bq)?,
                 tail: (!q.is_multiple_of(bq)).then(|| desc(q % bq)).transpose()?,
                 bq,
-                scratch: Mutex::new(vec![]),
+                scratch: Mutex::new(AlignedVec::new(0)),
             })
         };
         let rows = pr.n * p;
@@ -660,7 +660,7 @@ impl Conv {
             chunk,
             a_off,
             b_off,
-            xpad: Mutex::new(vec![]),
+            xpad: Mutex::new(AlignedVec::new(0)),
         };
         Ok(Conv {
             params,
