@@ -20,15 +20,22 @@
 //! Measured here (asm probes, same process): `tdpbf16ps` on resident tiles
 //! 1.0-2.4 TFLOP/s (bimodal, as the recipes say), two accumulators already
 //! saturate it; this 2x2 step on *L1-resident* tiles 440-470 GFLOP/s in a
-//! slow phase of the VM (380-600 over several sessions), so tile-load
-//! throughput, not `tdpbf16ps`, is the limit (a double-buffered 1x2 layout,
-//! 2 C + 2x3 input tiles, is worse: 290-360). Streamed from L2, as a
-//! primitive runs it, the kernel reaches about 70% of that ceiling *when
-//! every tile row is one cache line*: 64-byte aligned operands 292-336 vs
-//! 203-220 GFLOP/s 16 bytes off (what a `Vec` gets), on (64,64,64,16) in
-//! one process. Hence [`crate::AlignedVec`] for every packed operand.
-//! Measured and not kept: interleaving the loads with the `tdpbf16ps`
-//! (x0.97), and `prefetcht0` of the next pair's 64 lines per step (x0.83).
+//! slow phase of the VM (380-600 over several sessions), so tile loads, not
+//! `tdpbf16ps`, set the pace (a double-buffered 1x2 layout, 2 C + 2x3 input
+//! tiles, is worse: 290-360). Streamed from L2, as a primitive runs it, two
+//! things matter, on (64,64,64,16) with 1 MiB of operands:
+//! - every tile row one cache line: 64-byte aligned operands 292-336 vs
+//!   203-220 GFLOP/s 16 bytes off (what a `Vec` gets); hence
+//!   [`crate::AlignedVec`] for every packed operand;
+//! - the next pair's four tiles (same k) prefetched into L1, 16 lines after
+//!   each `tdpbf16ps`: 280-350 -> 405-490 GFLOP/s (old and new binaries
+//!   alternated), above the L1-resident figure. The same 64 prefetches
+//!   issued in one burst before the loads cost 17%, and prefetching the
+//!   next k step instead of the next pair, or two pairs ahead, gains less.
+//!
+//! Not kept: interleaving the loads with the `tdpbf16ps` (x0.97), and
+//! reversing the batch order on every other block so the next block starts
+//! on L1-hot data (neutral).
 
 use crate::batch::BatchSrc;
 use half::bf16;
@@ -127,6 +134,18 @@ pub(crate) fn available() -> bool {
     *OK.get_or_init(|| cpuid_amx_bf16() && request_permission())
 }
 
+/// `prefetcht0` of the 16 rows of a tile at `base`, `stride` bytes apart.
+#[inline(always)]
+fn prefetch_rows(base: *const u8, stride: isize) {
+    for r in 0..16 {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe {
+            core::arch::asm!("prefetcht0 [{}]", in(reg) base.wrapping_offset(r * stride),
+                options(nostack, readonly, preserves_flags))
+        };
+    }
+}
+
 /// One 32x32 block of C: `C[m0.., n0..] (+)= sum_i A_i * B_i` over the whole
 /// batch, k in steps of 32. `load_c`: start from C (beta = 1, alpha = 1),
 /// else from zero. Writes the block to `out` with row stride `ldo` (f32).
@@ -175,6 +194,11 @@ pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
     for i in 0..count {
         let a = src.a(i).add(2 * m0);
         let b = src.b(i).add(n0 * ldb);
+        // The next pair's tiles at the same k go to L1 while this step
+        // computes (the last pair re-touches its own: harmless).
+        let nxt = if i + 1 < count { i + 1 } else { i };
+        let pa = src.a(nxt).add(2 * m0) as *const u8;
+        let pb = src.b(nxt).add(n0 * ldb) as *const u8;
         let mut p = 0;
         while p < k {
             core::arch::asm!(
@@ -183,13 +207,21 @@ pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
                 "tileloadd tmm5, [{b1} + {sb}*1]",
                 "tileloadd tmm7, [{a1} + {sa}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
                 b0 = in(reg) b.add(p), b1 = in(reg) b.add(16 * ldb + p), sb = in(reg) sb,
                 a0 = in(reg) a.add(p * lda2), a1 = in(reg) a.add(p * lda2 + 32), sa = in(reg) sa,
                 options(nostack, readonly),
             );
+            // 16 lines of one next tile after each tdpbf16ps: spread out
+            // like this they gain 40-50%; issued all at once before the
+            // loads they cost 17% (probes, same process).
+            let (na, nb) = (pa.wrapping_add(2 * p * lda2), pb.wrapping_add(2 * p));
+            prefetch_rows(na, sa);
+            core::arch::asm!("tdpbf16ps tmm1, tmm4, tmm7", options(nostack, nomem));
+            prefetch_rows(na.wrapping_add(64), sa);
+            core::arch::asm!("tdpbf16ps tmm2, tmm5, tmm6", options(nostack, nomem));
+            prefetch_rows(nb, sb);
+            core::arch::asm!("tdpbf16ps tmm3, tmm5, tmm7", options(nostack, nomem));
+            prefetch_rows(nb.wrapping_offset(16 * sb), sb);
             p += 32;
         }
     }
