@@ -154,6 +154,10 @@ impl FcBf16 {
         wv.resize(w.data.len(), bf16::ZERO);
         wtv.resize(w.data.len(), bf16::ZERO);
         let (pv, pt) = (wv.as_mut_ptr() as usize, wtv.as_mut_ptr() as usize);
+        thread_local! {
+            static ROUNDED: std::cell::RefCell<AlignedVec<bf16>> =
+                std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+        }
         pool.for_each(kb * cb, |b| {
             let (ki, ci) = (b / cb, b % cb);
             let src = &w.data[b * blk..][..blk];
@@ -168,15 +172,35 @@ impl FcBf16 {
                     ),
                 )
             };
-            for i in 0..bc {
-                for j in 0..bk {
-                    let v = round_bf16(src[i * bk + j]);
-                    // forward A: m = bk (j), k = bc (i)
-                    dv[(i / 2) * 2 * bk + 2 * j + i % 2] = v;
-                    // backward A: m = bc (i), k = bk (j)
-                    dt[(j / 2) * 2 * bc + 2 * i + j % 2] = v;
+            ROUNDED.with_borrow_mut(|r| {
+                r.resize(blk, bf16::ZERO);
+                // r[i][j] = W block (bc x bk, k-pairs along i for forward).
+                for (o, v) in r.iter_mut().zip(src) {
+                    *o = round_bf16(*v);
                 }
-            }
+                // Forward A (m = bk, k = bc): rows i, i+1 interleaved.
+                for (ip, out) in dv.chunks_exact_mut(2 * bk).enumerate() {
+                    let (r0, r1) = (&r[2 * ip * bk..][..bk], &r[(2 * ip + 1) * bk..][..bk]);
+                    for ((o, a), b) in out.chunks_exact_mut(2).zip(r0).zip(r1) {
+                        o[0] = *a;
+                        o[1] = *b;
+                    }
+                }
+                // Backward A (m = bc, k = bk): the pair (j, j+1) of row i
+                // goes to k-pair row j/2 at column i, so read as 32-bit
+                // words r is a bc x bk/2 matrix and wtv's block its
+                // transpose. Moved as f32 bit patterns, never computed on.
+                // SAFETY: r is 64-byte aligned and dt starts blk (even)
+                // elements into a 64-byte aligned buffer, so both are
+                // 4-byte aligned; each holds blk bf16 = blk/2 words.
+                let (words, dst) = unsafe {
+                    (
+                        std::slice::from_raw_parts(r.as_ptr() as *const f32, blk / 2),
+                        std::slice::from_raw_parts_mut(dt.as_mut_ptr() as *mut f32, blk / 2),
+                    )
+                };
+                crate::layout::transpose_block(words, dst, bc, bk / 2);
+            });
         });
         Ok(())
     }
