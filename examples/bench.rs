@@ -264,7 +264,7 @@ fn bench_fc(o: &Opts) {
             // training step does.
             if let Ok(fb) = brgemm_primitives::fc_bf16::FcBf16::new(&fc) {
                 use brgemm_primitives::fc_bf16::to_bf16;
-                let new = || brgemm::AlignedVec::new(0);
+                let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
                 let (mut wv, mut wtv, mut xb, mut dzb) = (new(), new(), new(), new());
                 fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
                 to_bf16(&pool, &x.data, &mut xb);
@@ -722,7 +722,10 @@ fn bench_brgemm_bf16(o: &Opts) {
         // 64-byte aligned, as `pack_a_vnni` and the primitives give them:
         // from a `Vec` (16 bytes off a line) AMX runs about 1.4x slower.
         let fill = |len: usize, f: fn(usize) -> f32| {
-            brgemm::AlignedVec::from_iter(64, (0..len).map(|i| bf16::from_f32(f(i))))
+            brgemm::AlignedVec::from_iter(
+                brgemm::buffer::ALIGN,
+                (0..len).map(|i| bf16::from_f32(f(i))),
+            )
         };
         let a = fill(blocks * batch * sa, |i| ((i % 13) as f32 - 6.0) / 8.0);
         let b = fill(blocks * batch * sb, |i| ((i % 7) as f32 - 3.0) / 8.0);

@@ -9,7 +9,9 @@
 //! AMX bf16 292 vs 203 GFLOP/s (x1.44), AVX-512 f32 73.9 vs 69.9 (x1.06).
 //!
 //! [`AlignedVec`] is `aligned_vec::AVec` with the alignment fixed at 64: it
-//! derefs to a slice, clones, compares and resizes like a `Vec`.
+//! derefs to a slice, clones, compares and resizes like a `Vec`. The
+//! crate's constructors (`new`, `with_capacity`, `from_iter`) also take a
+//! run-time alignment; pass [`ALIGN`].
 
 /// The alignment of [`AlignedVec`], in bytes: one cache line.
 pub const ALIGN: usize = 64;

@@ -387,7 +387,7 @@ impl Gather {
             chunk,
             a_off,
             b_off,
-            scratch: Mutex::new(AlignedVec::new(0)),
+            scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
         })
     }
 
@@ -615,7 +615,7 @@ impl Conv {
                 main: desc(bq)?,
                 tail: (!q.is_multiple_of(bq)).then(|| desc(q % bq)).transpose()?,
                 bq,
-                scratch: Mutex::new(AlignedVec::new(0)),
+                scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
             })
         };
         let rows = pr.n * p;
@@ -660,7 +660,7 @@ impl Conv {
             chunk,
             a_off,
             b_off,
-            xpad: Mutex::new(AlignedVec::new(0)),
+            xpad: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
         };
         Ok(Conv {
             params,

@@ -215,10 +215,10 @@ impl Mlp {
             l.bf = if on {
                 Some(Bf16Layer {
                     fc: FcBf16::new(&l.fc)?,
-                    wv: AlignedVec::new(0),
-                    wtv: AlignedVec::new(0),
-                    xb: AlignedVec::new(0),
-                    dzb: AlignedVec::new(0),
+                    wv: AlignedVec::new(brgemm::buffer::ALIGN),
+                    wtv: AlignedVec::new(brgemm::buffer::ALIGN),
+                    xb: AlignedVec::new(brgemm::buffer::ALIGN),
+                    dzb: AlignedVec::new(brgemm::buffer::ALIGN),
                     packed: false,
                 })
             } else {

@@ -38,7 +38,7 @@ fn forward_and_backward_data_match_the_rounded_reference() {
             w.set_plain(&ws).unwrap();
             let mut bias = vec![0.0; fc.padded_k()];
             bias[..k].copy_from_slice(&bs);
-            let new = || brgemm::AlignedVec::new(0);
+            let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
             let (mut wv, mut wtv, mut xb) = (new(), new(), new());
             fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
             to_bf16(&pool, &x.data, &mut xb);
@@ -67,7 +67,7 @@ fn forward_and_backward_data_match_the_rounded_reference() {
             }
             let mut dz = fc.y_layout();
             dz.set_plain(&gs).unwrap();
-            let mut dzb = brgemm::AlignedVec::new(0);
+            let mut dzb = brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
             to_bf16(&pool, &dz.data, &mut dzb);
             let mut dx = fc.x_layout();
             fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap();
