@@ -51,7 +51,7 @@ venv=target/gpu-venv
 if [ ! -x "$venv/bin/ptxas-ok" ]; then
   say "NVRTC and ptxas wheels into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86
+  "$venv/bin/pip" install -q --no-cache-dir nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86
   touch "$venv/bin/ptxas-ok" && chmod +x "$venv/bin/ptxas-ok"
 fi
 nv=$(echo "$PWD/$venv"/lib/python3*/site-packages/nvidia)
@@ -76,30 +76,72 @@ export BRGEMM_REQUIRE_ISAS=$req
 export BRGEMM_REQUIRE_FASHION=1
 
 # ---- tests on this machine -------------------------------------------------
+# One build serves every step below. A `cargo test -p X` or a second feature
+# set would resolve features anew and compile another copy of every dependency
+# (the CI disk ran out that way), so the per-ISA reruns start the test
+# binaries of this build directly; incremental caches are no use to CI.
+export CARGO_INCREMENTAL=0
+feats=(--workspace --features mpi,cuda)
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
 say "workspace tests, MPI included (required ISAs: $req)"
-cargo test --workspace --all-targets --features mpi,cuda
-cargo test --workspace --doc --features mpi,cuda
+cargo test "${feats[@]}" --all-targets
+cargo test "${feats[@]}" --doc
+cargo test "${feats[@]}" --all-targets --no-run --message-format=json -q > target/ci-test-binaries.json
+
+# run_tests DIR [TEST...]: the test binaries built above for the package in
+# DIR (its lib, bins and integration tests, or only the named tests), each
+# run from DIR as `cargo test` would.
+run_tests() {
+  local dir=$PWD/$1 lines line
+  shift
+  mapfile -t lines < <(python3 - target/ci-test-binaries.json "$dir" "$@" <<'PY'
+import json, os, sys
+pkg_dir, names = sys.argv[2], set(sys.argv[3:])
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m["profile"]["test"]:
+        continue
+    if os.path.dirname(m["manifest_path"]) != pkg_dir:
+        continue
+    t = m["target"]
+    if names:
+        if "test" not in t["kind"] or t["name"] not in names:
+            continue
+    elif "example" in t["kind"] or "bench" in t["kind"]:
+        continue
+    print(pkg_dir + "\t" + m["executable"])
+PY
+  )
+  [ ${#lines[@]} -gt 0 ] || { echo "no test binaries for $dir $*"; exit 1; }
+  for line in "${lines[@]}"; do
+    echo "  ${line##*/}"
+    (cd "${line%%$'\t'*}" && "${line#*$'\t'}" -q)
+  done
+}
 
 say "API docs build without warnings (broken intra-doc links fail)"
-RUSTDOCFLAGS="-D warnings" cargo doc -q --workspace --no-deps --features mpi,cuda
+RUSTDOCFLAGS="-D warnings" cargo doc -q "${feats[@]}" --no-deps
+
+# The examples as programs, with the tests' profile and features (shared deps).
+cargo build -q "${feats[@]}" --profile test --examples
+ex=target/debug/examples
 
 say "train_mlp on the OpenCL device (the GPU code path, on PoCL)"
-out=$(cargo run -q --features cuda --example train_mlp -- --device opencl --epochs 10)
+out=$($ex/train_mlp --device opencl --epochs 10)
 echo "$out" | tail -3
 acc=$(echo "$out" | sed -n 's/^test_accuracy=//p')
 [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a >= 0.9) }' || { echo "train_mlp --device opencl: test_accuracy '$acc' < 0.9"; exit 1; }
 
 say "train_mpi under mpirun, 2 ranks"
-cargo build -q --features mpi --example train_mpi
-out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 target/debug/examples/train_mpi --epochs 3)
+out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 $ex/train_mpi --epochs 3)
 echo "$out" | tail -4
 echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi printed no test_accuracy line"; exit 1; }
 
 say "bf16: AMX permission refused (BRGEMM_AMX_DENY) falls back"
-BRGEMM_AMX_DENY=1 cargo test -q -p brgemm --test bf16
+BRGEMM_AMX_DENY=1 run_tests brgemm bf16
 
 say "mixed-precision FC on every bf16 kernel this CPU has"
 bf16_isas="reference fp32"
@@ -107,19 +149,19 @@ if [ "$(uname -m)" = x86_64 ] && grep -m1 '^flags' /proc/cpuinfo | grep -qw avx5
   bf16_isas+=" avx512bf16"
 fi
 for isa in $bf16_isas; do
-  BRGEMM_BF16_ISA=$isa cargo test -q -p brgemm-primitives --test fc_bf16
+  BRGEMM_BF16_ISA=$isa run_tests primitives fc_bf16
 done
 
 say "BRGEMM_ISA override, one run per ISA"
 for isa in avx512 avx2 neon portable reference bogus; do
-  BRGEMM_ISA=$isa cargo test -q -p brgemm --test env_isa --test exact
+  BRGEMM_ISA=$isa run_tests brgemm env_isa exact
 done
 
 # The primitives on every kernel ISA of this CPU; their element-wise loops
 # (widest!) follow BRGEMM_ISA too, so this also runs each compiled version.
 say "primitives per ISA: ${req//,/ }"
 for isa in ${req//,/ }; do
-  BRGEMM_ISA=$isa cargo test -q -p brgemm-primitives
+  BRGEMM_ISA=$isa run_tests primitives
 done
 
 # ---- NEON under qemu -------------------------------------------------------
