@@ -405,7 +405,12 @@ impl Bf16Kernel {
                 // Straight into C when no epilogue arithmetic is needed;
                 // else through an L1-hot 32x32 block.
                 let direct = d.alpha == 1.0;
-                let mut tmp = [0.0f32; 32 * 32];
+                // Zeroed (4 KiB) only on the path that uses it.
+                let mut tmp = if direct {
+                    None
+                } else {
+                    Some([0.0f32; 32 * 32])
+                };
                 for n0 in (0..d.n).step_by(32) {
                     for m0 in (0..d.m).step_by(32) {
                         let cb = c.add(n0 * d.ldc + m0);
@@ -423,7 +428,7 @@ impl Bf16Kernel {
                                 d.ldc,
                             );
                             epilogue(d, cb, d.ldc, m0, 32, 32, bias, None);
-                        } else {
+                        } else if let Some(tmp) = tmp.as_mut() {
                             amx::block(
                                 src,
                                 count,
@@ -436,7 +441,7 @@ impl Bf16Kernel {
                                 tmp.as_mut_ptr(),
                                 32,
                             );
-                            epilogue(d, cb, d.ldc, m0, 32, 32, bias, Some(&tmp));
+                            epilogue(d, cb, d.ldc, m0, 32, 32, bias, Some(tmp));
                         }
                     }
                 }
