@@ -18,7 +18,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::IsaKernels;
-use crate::{BatchForm, Descriptor, Isa, Kernel, KernelOptions, RawBatch};
+use crate::{aligned_vec, AlignedVec, BatchForm, Descriptor, Isa, Kernel, KernelOptions, RawBatch};
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
@@ -118,8 +118,9 @@ const CEIL_N: usize = 28;
 const CEIL_K: usize = 64;
 const CEIL_BATCH: usize = 2;
 
-/// A, B and C of the ceiling's BRGEMM.
-type CeilOperands = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// A, B and C of the ceiling's BRGEMM, 64-byte aligned like the primitives'
+/// operands (a `Vec` sits 16 bytes off a line: 2-3% lower here).
+type CeilOperands = (AlignedVec<f32>, AlignedVec<f32>, AlignedVec<f32>);
 
 thread_local! {
     /// Per-thread operands, so slices on several threads at once do not share lines.
@@ -163,9 +164,9 @@ impl TileCeiling {
             let mut buf = cell.borrow_mut();
             let (a, b, c) = buf.get_or_insert_with(|| {
                 (
-                    vec![0.01; CEIL_M * CEIL_K * CEIL_BATCH],
-                    vec![0.02; CEIL_K * CEIL_N * CEIL_BATCH],
-                    vec![0.0; CEIL_M * CEIL_N],
+                    aligned_vec(CEIL_M * CEIL_K * CEIL_BATCH, 0.01),
+                    aligned_vec(CEIL_K * CEIL_N * CEIL_BATCH, 0.02),
+                    aligned_vec(CEIL_M * CEIL_N, 0.0),
                 )
             });
             let t = Instant::now();
