@@ -403,46 +403,22 @@ impl Bf16Kernel {
             Bf16Isa::Amx => {
                 amx::ensure_config(&amx::CONFIG);
                 // Straight into C when no epilogue arithmetic is needed;
-                // else through an L1-hot 32x32 block.
-                let direct = d.alpha == 1.0;
-                // Zeroed (4 KiB) only on the path that uses it.
-                let mut tmp = if direct {
-                    None
-                } else {
+                // else through an L1-hot 32x32 block on the stack, set up
+                // (4 KiB zeroed) only on that path.
+                let mut staged = if d.alpha != 1.0 {
                     Some([0.0f32; 32 * 32])
+                } else {
+                    None
                 };
                 for n0 in (0..d.n).step_by(32) {
                     for m0 in (0..d.m).step_by(32) {
                         let cb = c.add(n0 * d.ldc + m0);
-                        if direct {
-                            amx::block(
-                                src,
-                                count,
-                                d.k,
-                                d.lda,
-                                d.ldb,
-                                m0,
-                                n0,
-                                d.beta == Beta::One,
-                                cb,
-                                d.ldc,
-                            );
-                            epilogue(d, cb, d.ldc, m0, 32, 32, bias, None);
-                        } else if let Some(tmp) = tmp.as_mut() {
-                            amx::block(
-                                src,
-                                count,
-                                d.k,
-                                d.lda,
-                                d.ldb,
-                                m0,
-                                n0,
-                                false,
-                                tmp.as_mut_ptr(),
-                                32,
-                            );
-                            epilogue(d, cb, d.ldc, m0, 32, 32, bias, Some(tmp));
-                        }
+                        let (out, ldo, load_c) = match staged.as_mut() {
+                            Some(t) => (t.as_mut_ptr(), 32, false),
+                            None => (cb, d.ldc, d.beta == Beta::One),
+                        };
+                        amx::block(src, count, d.k, d.lda, d.ldb, m0, n0, load_c, out, ldo);
+                        epilogue(d, cb, d.ldc, m0, 32, 32, bias, staged.as_ref());
                     }
                 }
             }
