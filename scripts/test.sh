@@ -112,13 +112,13 @@ for line in open(sys.argv[1]):
             continue
     elif "example" in t["kind"] or "bench" in t["kind"]:
         continue
-    print(pkg_dir + "\t" + m["executable"])
+    print(m["executable"])
 PY
   )
   [ ${#lines[@]} -gt 0 ] || { echo "no test binaries for $dir $*"; exit 1; }
   for line in "${lines[@]}"; do
     echo "  ${line##*/}"
-    (cd "${line%%$'\t'*}" && "${line#*$'\t'}" -q)
+    (cd "$dir" && "$line" -q)
   done
 }
 
