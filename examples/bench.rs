@@ -22,6 +22,12 @@
 //! barely moves while everything that loads operands slows down with the
 //! neighbours; the second ratio says how much of a shortfall is the
 //! primitive's and how much the machine's at that moment.
+//!
+//! The 2-thread lines of `fc`, `conv` and `lstm` carry `speedup_vs_1t`: the
+//! same pass run on one thread and on two in turn, the median of the
+//! per-pair time ratios. The 1- and 2-thread lines themselves are taken
+//! seconds to minutes apart, so their GFLOP/s ratio mixes scaling with the
+//! machine's drift.
 
 #[path = "support/workload.rs"]
 mod workload;
@@ -212,15 +218,16 @@ fn bench_fc(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = fc.flops();
-            let line = |pass: &str, spec: &str, m: &Measured, s_layout: f64| {
+            let line = |pass: &str, spec: &str, m: &Measured, s_layout: f64, sp: Option<f64>| {
                 let gf = flops / m.secs / 1e9;
                 println!(
-                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}}}"#,
+                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}{}}}"#,
                     t.bn,
                     t.bc,
                     t.bk,
                     flops / s_layout / 1e9,
-                    m.json(gf)
+                    m.json(gf),
+                    speedup_field(sp)
                 );
             };
             let m = measure_pool(
@@ -229,13 +236,19 @@ fn bench_fc(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("fwd", &t.fwd.spec, &m, m.secs);
+            let sp = scaling(threads, &pool, samples, |p| {
+                fc.forward(p, &x, &w, &bias, &mut y, None).unwrap()
+            });
+            line("fwd", &t.fwd.spec, &m, m.secs, sp);
             let m = measure_pool(
                 || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
+            let sp = scaling(threads, &pool, samples, |p| {
+                fc.backward_data(p, &dz, &wt, &mut dx).unwrap()
+            });
             let s2 = measure_pool(
                 || {
                     fc.transpose_weights(&pool, &w, &mut wt).unwrap();
@@ -246,7 +259,7 @@ fn bench_fc(o: &Opts) {
                 samples,
             )
             .secs;
-            line("bwd", &t.bwd.spec, &m, s2);
+            line("bwd", &t.bwd.spec, &m, s2, sp);
             // upd reads X in place (row-major B): no layout step to add.
             let m = measure_pool(
                 || {
@@ -257,7 +270,10 @@ fn bench_fc(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("upd", &t.upd.spec, &m, m.secs);
+            let sp = scaling(threads, &pool, samples, |p| {
+                fc.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
+            });
+            line("upd", &t.upd.spec, &m, m.secs, sp);
             // Mixed precision: the bf16 passes on the same shape, in the same
             // run; `gflops_with_convert` adds rounding the activations (or
             // output gradients) to bf16 and packing the weights, as one
@@ -398,14 +414,15 @@ fn bench_conv(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = conv.flops();
-            let line = |pass: &str, spec: &str, m: &Measured| {
+            let line = |pass: &str, spec: &str, m: &Measured, sp: Option<f64>| {
                 let gf = flops / m.secs / 1e9;
                 println!(
-                    r#"{{"bench":"conv","pass":"{pass}","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}}}"#,
+                    r#"{{"bench":"conv","pass":"{pass}","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}{}}}"#,
                     t.bc,
                     t.bk,
                     t.bq,
-                    m.json(gf)
+                    m.json(gf),
+                    speedup_field(sp)
                 );
             };
             let m = measure_pool(
@@ -414,14 +431,20 @@ fn bench_conv(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("fwd", &t.fwd.spec, &m);
+            let sp = scaling(threads, &pool, samples, |p| {
+                conv.forward(p, &x, &wf, &bias, &mut y).unwrap()
+            });
+            line("fwd", &t.fwd.spec, &m, sp);
             let m = measure_pool(
                 || conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            line("bwd", &t.bwd.spec, &m);
+            let sp = scaling(threads, &pool, samples, |p| {
+                conv.backward_data(p, &dz, &wt, &mut dx).unwrap()
+            });
+            line("bwd", &t.bwd.spec, &m, sp);
             let m = measure_pool(
                 || {
                     conv.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
@@ -431,9 +454,24 @@ fn bench_conv(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("upd", &t.upd.spec, &m);
+            let sp = scaling(threads, &pool, samples, |p| {
+                conv.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
+            });
+            line("upd", &t.upd.spec, &m, sp);
         }
     }
+}
+
+/// For a line on more than one thread: the speed-up over one thread,
+/// measured by alternating the two ([`workload::speedup`]).
+fn scaling(threads: usize, pool: &Pool, samples: usize, f: impl FnMut(&Pool)) -> Option<f64> {
+    (threads > 1).then(|| workload::speedup(f, &Pool::new(1).expect("pool"), pool, samples))
+}
+
+/// `,"speedup_vs_1t":x` for a multi-thread line, else nothing.
+fn speedup_field(sp: Option<f64>) -> String {
+    sp.map(|x| format!(r#","speedup_vs_1t":{x:.2}"#))
+        .unwrap_or_default()
 }
 
 /// LSTM forward and backward+update (BPTT, dX, dW, dR, db) on the paper's
@@ -463,14 +501,15 @@ fn bench_lstm(o: &Opts) {
         let mut gr = rnn.grads();
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
-            let line = |pass: &str, flops: f64, m: &Measured| {
+            let line = |pass: &str, flops: f64, m: &Measured, sp: Option<f64>| {
                 let gf = flops / m.secs / 1e9;
                 println!(
-                    r#"{{"bench":"lstm","pass":"{pass}","t":{t},"n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}}}"#,
+                    r#"{{"bench":"lstm","pass":"{pass}","t":{t},"n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},{}{}}}"#,
                     tn.bn,
                     tn.bc,
                     tn.bk,
-                    m.json(gf)
+                    m.json(gf),
+                    speedup_field(sp)
                 );
             };
             let m = measure_pool(
@@ -482,14 +521,21 @@ fn bench_lstm(o: &Opts) {
                 &probe,
                 samples,
             );
-            line("fwd", rnn.flops(), &m);
+            let sp = scaling(threads, &pool, samples, |p| {
+                rnn.forward(p, &x, &w, &r, &bias, None, None, &mut st)
+                    .unwrap()
+            });
+            line("fwd", rnn.flops(), &m, sp);
             let m = measure_pool(
                 || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
-            line("bwd_upd", 2.0 * rnn.flops(), &m);
+            let sp = scaling(threads, &pool, samples, |p| {
+                rnn.backward(p, &dh, &x, &w, &r, &st, &mut gr).unwrap()
+            });
+            line("bwd_upd", 2.0 * rnn.flops(), &m, sp);
         }
     }
 }

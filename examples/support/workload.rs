@@ -325,6 +325,27 @@ pub fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: u
     out.measured()
 }
 
+/// The speed-up of `many` over `one` thread at the same moments: `f` runs
+/// on each pool in turn, `samples` times after a warm-up call on each, and
+/// the median of the per-pair time ratios is returned. Two lines measured
+/// minutes apart on this machine can differ by 20-50% whatever the thread
+/// count, so a ratio of their GFLOP/s says little about scaling.
+pub fn speedup(mut f: impl FnMut(&Pool), one: &Pool, many: &Pool, samples: usize) -> f64 {
+    f(one);
+    f(many);
+    let mut r: Vec<f64> = (0..samples.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f(one);
+            let s1 = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            f(many);
+            s1 / t.elapsed().as_secs_f64()
+        })
+        .collect();
+    median(&mut r)
+}
+
 /// The median (upper median for even lengths).
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -53,7 +53,7 @@ pub use conv::{Conv, ConvParams, ConvTuning};
 pub use error::{Error, Result};
 pub use fc::{Fc, FcTuning, PassConfig};
 pub use layout::{Blocked, Inner};
-pub use loops::{LoopDef, LoopNest};
+pub use loops::{LoopDef, LoopNest, Schedule};
 pub use model::{LayerSpec, Mlp};
 pub use norm::BatchNorm;
 pub use optim::Optimizer;
