@@ -30,6 +30,12 @@
 //!   the other in most slices (median static/sum 0.85), while the register-only
 //!   FMA probe was even.
 //!
+//! A loop marked [`LoopDef::ordered`] (the time steps of a recurrence, whose
+//! every iteration reads all of the previous one's results) must sit outside
+//! the parallel group, and the group inside it ends with a barrier under
+//! either schedule. A whole sequence is then one nest run, one hand-off to
+//! the pool, instead of one per step (8-40 us each here).
+//!
 //! `BRGEMM_SCHEDULE=static` or `=steal`, read when a nest is built, sets the
 //! default for nests built afterwards; [`LoopNest::with_schedule`] sets one
 //! nest's.
@@ -66,6 +72,11 @@ pub struct LoopDef {
     /// Whether iterations of this loop may run on different threads (false for
     /// a reduction into the same output).
     pub parallel_ok: bool,
+    /// Whether each iteration needs all of the previous one's results (the
+    /// time steps of a recurrence): the loop must be outside the parallel
+    /// group, and every instance of the group inside it ends with a barrier
+    /// under either schedule.
+    pub ordered: bool,
 }
 
 impl LoopDef {
@@ -78,6 +89,7 @@ impl LoopDef {
             step,
             blocks: vec![],
             parallel_ok: true,
+            ordered: false,
         }
     }
     /// Sets the blocking levels.
@@ -88,6 +100,13 @@ impl LoopDef {
     /// Marks the loop as a reduction: it may not be parallel.
     pub fn reduction(mut self) -> Self {
         self.parallel_ok = false;
+        self
+    }
+    /// Marks the loop as ordered (see [`LoopDef::ordered`]): serial, outside
+    /// the parallel loops, a barrier between its iterations.
+    pub fn ordered(mut self) -> Self {
+        self.parallel_ok = false;
+        self.ordered = true;
         self
     }
     /// Iterations of the innermost level over the whole range.
@@ -148,6 +167,9 @@ pub struct LoopNest {
     /// Levels `par.0 .. par.1` form the parallel group (empty: all serial).
     par: (usize, usize),
     schedule: Schedule,
+    /// An ordered loop encloses the parallel group: barrier after each
+    /// instance whatever the schedule.
+    ordered: bool,
 }
 
 /// One thread's chunk in one instance of the group: iterations taken from
@@ -228,10 +250,12 @@ impl StealState {
     }
 }
 
-/// Per-thread view of a run: the steal state (None: static) and how many
-/// instances of the group this thread has entered.
+/// Per-thread view of a run: the shared state (None: one thread, or static
+/// with no ordered loop), whether to steal, and how many instances of the
+/// group this thread has entered.
 struct RunCtx<'a> {
-    steal: Option<&'a StealState>,
+    shared: Option<&'a StealState>,
+    steal: bool,
     instance: usize,
 }
 
@@ -359,12 +383,27 @@ impl LoopNest {
             }
             _ => (0, 0),
         };
+        if par.0 != par.1 {
+            if let Some(lv) = levels[par.1..].iter().find(|lv| loops[lv.lp].ordered) {
+                let l = &loops[lv.lp];
+                return Err(spec_err(
+                    spec,
+                    format!(
+                        "loop '{}' ({}) must be outside the parallel loops: each of its iterations needs all of the previous one's results",
+                        (b'a' + lv.lp as u8) as char,
+                        l.name
+                    ),
+                ));
+            }
+        }
+        let ordered = par.0 != par.1 && levels[..par.0].iter().any(|lv| loops[lv.lp].ordered);
         Ok(LoopNest {
             loops,
             spec: spec.to_string(),
             levels,
             par,
             schedule: Schedule::from_env()?,
+            ordered,
         })
     }
 
@@ -408,12 +447,13 @@ impl LoopNest {
         } else {
             pool.threads()
         };
-        let steal =
-            (threads > 1 && self.schedule == Schedule::Steal).then(|| StealState::new(threads));
+        let steal = self.schedule == Schedule::Steal;
+        let shared = (threads > 1 && (steal || self.ordered)).then(|| StealState::new(threads));
         let go = |t: usize| {
             let mut cur = [0usize; MAX_LOOPS];
             let mut ctx = RunCtx {
-                steal: steal.as_ref(),
+                shared: shared.as_ref(),
+                steal,
                 instance: 0,
             };
             self.level(0, &mut cur, t, threads, &body, &mut ctx);
@@ -429,7 +469,8 @@ impl LoopNest {
     pub fn run_serial<F: Fn(&[usize])>(&self, body: F) {
         let mut cur = [0usize; MAX_LOOPS];
         let mut ctx = RunCtx {
-            steal: None,
+            shared: None,
+            steal: false,
             instance: 0,
         };
         self.level(0, &mut cur, 0, 1, &body, &mut ctx);
@@ -511,13 +552,21 @@ impl LoopNest {
             self.level(g1, cur, t, nt, body, ctx);
             *cur = saved;
         };
-        let Some(st) = ctx.steal else {
+        let Some(st) = ctx.shared else {
             let (begin, end) = share(t);
             for lin in begin..end {
                 visit(lin, ctx);
             }
             return;
         };
+        if !ctx.steal {
+            // Static, inside an ordered loop.
+            let (begin, end) = share(t);
+            for lin in begin..end {
+                visit(lin, ctx);
+            }
+            return st.barrier();
+        }
         let inst = ctx.instance;
         ctx.instance += 1;
         if t == 0 {
@@ -616,6 +665,41 @@ mod tests {
         for (ab, s) in seen.iter().enumerate() {
             assert_eq!(*s.lock().unwrap(), (0..6).collect::<Vec<_>>(), "block {ab}");
         }
+    }
+
+    #[test]
+    fn ordered_loops_finish_each_step_before_the_next() {
+        let pool = Pool::new(3).unwrap();
+        let loops = || {
+            vec![
+                LoopDef::new("a", 5, 1),
+                LoopDef::new("b", 3, 1),
+                LoopDef::new("steps", 8, 1).ordered(),
+            ]
+        };
+        for sched in [Schedule::Static, Schedule::Steal] {
+            let nest = LoopNest::new(loops(), "cAB").unwrap().with_schedule(sched);
+            let done = AtomicUsize::new(0);
+            let early = AtomicUsize::new(0);
+            nest.run(&pool, |i| {
+                if (i[0] + i[1]) % 4 == 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                if done.load(Ordering::SeqCst) < i[2] * 15 {
+                    early.fetch_add(1, Ordering::SeqCst);
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            });
+            assert_eq!(done.into_inner(), 8 * 15);
+            assert_eq!(early.into_inner(), 0, "{sched:?}: a step started early");
+        }
+        let e = LoopNest::new(loops(), "ABc").unwrap_err().to_string();
+        assert!(
+            e.contains("'c' (steps) must be outside the parallel loops"),
+            "{e}"
+        );
+        let e = LoopNest::new(loops(), "aCb").unwrap_err().to_string();
+        assert!(e.contains("cannot run in parallel"), "{e}");
     }
 
     #[test]

@@ -33,7 +33,10 @@
 //!
 //! Per step the `(n block, k block)` items are a loop nest (spec over `a` =
 //! N blocks, `b` = K blocks; default `AB`, both parallel); steps are
-//! sequential (a step needs all of the previous step's h).
+//! sequential (a step needs all of the previous step's h). The steps are
+//! themselves the nest's outermost loop `c`, marked ordered (and backward's
+//! two phases per step `d`), so a whole sequence is one hand-off to the pool
+//! with a barrier between steps rather than one hand-off per step.
 
 use crate::error::{check_buf, shape, Result};
 use crate::fc::{Fc, FcTuning, PassConfig};
@@ -72,9 +75,11 @@ pub struct RnnTuning {
     pub bc: usize,
     /// Hidden block.
     pub bk: usize,
-    /// Per-step forward nest over (N blocks, K blocks).
+    /// Per-step forward nest over (N blocks, K blocks); the steps loop is
+    /// put in front of this spec as `c`.
     pub fwd: PassConfig,
-    /// Per-step backward nest over (N blocks, K blocks).
+    /// Per-step backward nest over (N blocks, K blocks); the steps and the
+    /// two phases of a step are put in front as `cd`.
     pub bwd: PassConfig,
 }
 
@@ -220,14 +225,25 @@ impl Rnn {
         let input = Fc::with_tuning(t * np, c, gk, Activation::Identity, fc_t(tn.bc))?;
         let recur = Fc::with_tuning(t * np, k, gk, Activation::Identity, fc_t(tn.bk))?;
         let (nb, kb) = (np / tn.bn, kp / tn.bk);
-        let step_nest = |which: &str, cfg: &PassConfig| {
-            cfg.nest(
-                &format!("rnn {which}"),
-                vec![
-                    LoopDef::new("N blocks", nb, 1),
-                    LoopDef::new("K blocks", kb, 1),
-                ],
-            )
+        // The steps are an ordered loop outside the user's per-step spec
+        // (`c` in front; backward adds its two phases as `d`): a whole
+        // sequence is one hand-off to the pool, with a barrier per step.
+        let step_nest = |which: &str, cfg: &PassConfig, phases: usize| {
+            let mut loops = vec![
+                LoopDef::new("N blocks", nb, 1),
+                LoopDef::new("K blocks", kb, 1),
+                LoopDef::new("steps", t, 1).ordered(),
+            ];
+            let mut outer = "c".to_string();
+            if phases > 1 {
+                loops.push(LoopDef::new("phases", phases, 1).ordered());
+                outer.push('d');
+            }
+            let cfg = PassConfig {
+                spec: format!("{outer}{}", cfg.spec),
+                ..cfg.clone()
+            };
+            cfg.nest(&format!("rnn {which}"), loops)
         };
         let (bn, bk) = (tn.bn, tn.bk);
         // Software prefetch of the next recurrent block pays once R streams
@@ -261,8 +277,8 @@ impl Rnn {
             n,
             c,
             k,
-            fwd_nest: step_nest("fwd", &tn.fwd)?,
-            bwd_nest: step_nest("bwd", &tn.bwd)?,
+            fwd_nest: step_nest("fwd", &tn.fwd, 1)?,
+            bwd_nest: step_nest("bwd", &tn.bwd, 2)?,
             tuning: tn,
             input,
             recur,
@@ -513,68 +529,64 @@ impl Rnn {
         let hpp = SyncPtr(st.h_prev.data.as_mut_ptr());
         let cp = SyncPtr(st.c.data.as_mut_ptr());
         let blk = bn * bk;
-        for t in 0..self.t {
-            self.fwd_nest.run(pool, |i| {
-                let (ni, ki) = (i[0], i[1]);
-                let row = t * nb + ni;
-                // SAFETY: all offsets are inside buffers whose shapes were
-                // checked; the (step, n block, k block) blocks of gates, h,
-                // h_prev[t+1] and c[t+1] are written by this item only, and
-                // h_prev[t] (read by every item) was finished by the
-                // previous step (each step's nest returns before the next).
-                unsafe {
-                    let hprev = (hpp.get() as *const f32).add(row * kb * blk);
-                    let gate = |j: usize| gp.get().add((row * gkb + j * kb + ki) * blk);
-                    for j in 0..g {
-                        self.rec_kernel.execute_raw(
-                            RawBatch::Stride {
-                                a: (rp as *const f32).add((j * kb + ki) * kb * bk * bk),
-                                b: hprev,
-                                count: kb,
-                            },
-                            gate(j),
-                            std::ptr::null(),
-                        );
+        self.fwd_nest.run(pool, |i| {
+            let (ni, ki, t) = (i[0], i[1], i[2]);
+            let row = t * nb + ni;
+            // SAFETY: all offsets are inside buffers whose shapes were
+            // checked; the (step, n block, k block) blocks of gates, h,
+            // h_prev[t+1] and c[t+1] are written by this item only, and
+            // h_prev[t] (read by every item) was finished by the
+            // previous step (the steps loop is ordered: a barrier
+            // separates steps).
+            unsafe {
+                let hprev = (hpp.get() as *const f32).add(row * kb * blk);
+                let gate = |j: usize| gp.get().add((row * gkb + j * kb + ki) * blk);
+                for j in 0..g {
+                    self.rec_kernel.execute_raw(
+                        RawBatch::Stride {
+                            a: (rp as *const f32).add((j * kb + ki) * kb * bk * bk),
+                            b: hprev,
+                            count: kb,
+                        },
+                        gate(j),
+                        std::ptr::null(),
+                    );
+                }
+                let hout = std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
+                match self.kind {
+                    CellKind::Rnn => {
+                        rnn_cell::rnn_fwd(std::slice::from_raw_parts_mut(gate(0), blk), hout)
                     }
-                    let hout =
-                        std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
-                    match self.kind {
-                        CellKind::Rnn => {
-                            rnn_cell::rnn_fwd(std::slice::from_raw_parts_mut(gate(0), blk), hout)
-                        }
-                        CellKind::Lstm => {
-                            let cprev = std::slice::from_raw_parts(
-                                cp.get().add((row * kb + ki) * blk),
-                                blk,
-                            );
-                            let cnew = std::slice::from_raw_parts_mut(
-                                cp.get().add(((row + nb) * kb + ki) * blk),
-                                blk,
-                            );
-                            rnn_cell::lstm_fwd(
-                                std::slice::from_raw_parts_mut(gate(0), blk),
-                                std::slice::from_raw_parts_mut(gate(1), blk),
-                                std::slice::from_raw_parts_mut(gate(2), blk),
-                                std::slice::from_raw_parts_mut(gate(3), blk),
-                                cprev,
-                                cnew,
-                                hout,
-                            );
-                        }
-                    }
-                    // Hidden padding stays zero by itself: zero weight
-                    // rows and bias there give G = 0, so c = f*0 + i*tanh(0)
-                    // = 0 and h = o*tanh(0) = 0 (RNN: tanh(0) = 0).
-                    if t + 1 < self.t {
-                        std::ptr::copy_nonoverlapping(
-                            hout.as_ptr(),
-                            hpp.get().add(((row + nb) * kb + ki) * blk),
+                    CellKind::Lstm => {
+                        let cprev =
+                            std::slice::from_raw_parts(cp.get().add((row * kb + ki) * blk), blk);
+                        let cnew = std::slice::from_raw_parts_mut(
+                            cp.get().add(((row + nb) * kb + ki) * blk),
                             blk,
+                        );
+                        rnn_cell::lstm_fwd(
+                            std::slice::from_raw_parts_mut(gate(0), blk),
+                            std::slice::from_raw_parts_mut(gate(1), blk),
+                            std::slice::from_raw_parts_mut(gate(2), blk),
+                            std::slice::from_raw_parts_mut(gate(3), blk),
+                            cprev,
+                            cnew,
+                            hout,
                         );
                     }
                 }
-            });
-        }
+                // Hidden padding stays zero by itself: zero weight
+                // rows and bias there give G = 0, so c = f*0 + i*tanh(0)
+                // = 0 and h = o*tanh(0) = 0 (RNN: tanh(0) = 0).
+                if t + 1 < self.t {
+                    std::ptr::copy_nonoverlapping(
+                        hout.as_ptr(),
+                        hpp.get().add(((row + nb) * kb + ki) * blk),
+                        blk,
+                    );
+                }
+            }
+        });
         Ok(())
     }
 
@@ -625,9 +637,12 @@ impl Rnn {
         );
         let dh0p = SyncPtr(gr.dh0.data.as_mut_ptr());
         let rtp = gr.rt.data.as_ptr() as usize;
-        for t in (0..self.t).rev() {
-            // Gate gradients of step t, block by block.
-            self.bwd_nest.run(pool, |i| {
+        // Steps from the last; per step two ordered phases over the
+        // (n block, k block) items.
+        self.bwd_nest.run(pool, |i| {
+            let t = self.t - 1 - i[2];
+            if i[3] == 0 {
+                // Gate gradients of step t, block by block.
                 let (ni, ki) = (i[0], i[1]);
                 let row = t * nb + ni;
                 let off = |j: usize| (row * gkb + j * kb + ki) * blk;
@@ -663,9 +678,8 @@ impl Rnn {
                         }
                     }
                 }
-            });
-            // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block.
-            self.bwd_nest.run(pool, |i| {
+            } else {
+                // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block.
                 let (ni, kj) = (i[0], i[1]);
                 let row = t * nb + ni;
                 // SAFETY: as above; the (n block, hidden block) of
@@ -690,8 +704,8 @@ impl Rnn {
                         );
                     }
                 }
-            });
-        }
+            }
+        });
         // Reductions over all steps at once.
         self.input.transpose_weights(pool, w, &mut gr.wt)?;
         self.input.backward_data(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
