@@ -386,7 +386,7 @@ fn tune_conv(args: &[String]) {
         v
     };
     let gather = Conv::new(p, Activation::Relu).unwrap().backward_data_form() == "gather";
-    let fwd_specs = ["ABcde", "BAcde", "ABCDe", "aBcde"];
+    let fwd_specs = ["ABcde", "BAcde", "ABCDe", "BACDe", "aBcde"];
     let bwd_specs: &[&str] = if gather {
         &fwd_specs
     } else {

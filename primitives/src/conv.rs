@@ -220,7 +220,9 @@ impl ConvTuning {
     /// 32 where a filter block-row would pass 1 MiB.
     /// Pixel runs of up to 64 (see the module docs). Specs `ABcde` for
     /// forward and gather backward-data (images and output blocks parallel;
-    /// `BAcde`, output blocks outer, when the filter exceeds 2 MiB),
+    /// `BAcde`, output blocks outer, when the filter exceeds 2 MiB; with
+    /// output rows and pixel blocks parallel too, `ABCDe`/`BACDe`, when
+    /// there are fewer than 64 image x block items),
     /// `ABcdef` for scatter, `aBCDE` for the update with chunks of rows that
     /// keep a chunk's dY and X rows within about 256 KiB of L2.
     pub fn heuristic(p: &ConvParams) -> ConvTuning {
@@ -243,7 +245,22 @@ impl ConvTuning {
         // thread), 66 -> 106 (2); bwd 39 -> 60, 59 -> 102; 8x256x14x14
         // +3-8%.
         let big = p.k * p.c * taps > 2 << 20;
-        let gather = if big { "BAcde" } else { "ABcde" };
+        // Fewer than 64 (image, output block) items leave the threads, which
+        // take the others' leftovers one item at a time (`Schedule::Steal`),
+        // pieces too coarse to even out: a whole image of 56 rows is 1/8 of
+        // res2's work. Output rows and pixel blocks then join the parallel
+        // group (same contiguous chunks, finer pieces). Measured on 2 threads,
+        // alternating in one process, 3 runs: 64->64 3x3 at 56x56 fwd
+        // x0.98-1.04, bwd x1.01-1.07; 1x1 64->256 fwd x0.99-1.21;
+        // 256->64 fwd x1.01-1.06, bwd x0.99-1.18; 128 at 28x28 x1.01-1.05;
+        // 512 at 7x7 (128 items, unchanged) x0.97-1.03.
+        let few = p.n * p.k.div_ceil(bk).min(p.c.div_ceil(bc)) < 64;
+        let gather = match (big, few) {
+            (true, true) => "BACDe",
+            (true, false) => "BAcde",
+            (false, true) => "ABCDe",
+            (false, false) => "ABcde",
+        };
         let row = if p.pointwise() { p.p() * p.q() } else { p.q() };
         ConvTuning {
             bc,
