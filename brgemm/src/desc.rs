@@ -98,6 +98,8 @@ pub enum Prefetch {
     None,
     /// Prefetch A_{i+1} and B_{i+1} into L1 while computing A_i * B_i: for
     /// batches streamed from L3 or memory (AVX-512 kernels; others ignore it).
+    /// Such kernels also take a region to prefetch for the next call
+    /// ([`crate::Kernel::execute_raw_ahead`]).
     NextPair,
 }
 

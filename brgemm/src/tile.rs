@@ -35,6 +35,15 @@ pub(crate) struct TileCall {
     /// Null when the descriptor has no bias.
     pub bias: *const f32,
     pub c: *mut f32,
+    /// A region to bring into the cache during this call (the next call's
+    /// A), spread over the k steps of the prefetching tile instances: the
+    /// next cache line to ask for and one past the last (line indices from
+    /// `ahead`; empty when there is none).
+    pub ahead: *const f32,
+    pub ahead_next: core::cell::Cell<usize>,
+    pub ahead_end: usize,
+    /// Lines of the region per tile.
+    pub ahead_per_tile: usize,
 }
 
 /// Returns `p` unchanged through an empty `asm!`, so LLVM cannot see how it
@@ -103,6 +112,15 @@ pub(crate) unsafe fn tile<
         // from L3, -5-19% when they sit in L2 (the extra loads compete with
         // the kernel's own), so it is a plan-time choice (Descriptor::prefetch).
         let nxt = if i + 1 < t.count { i + 1 } else { i };
+        // This tile's share of the ahead region, one line per k step.
+        let (mut ah, ah_end) = if PF {
+            let a0 = t.ahead_next.get();
+            let a1 = (a0 + t.ahead_per_tile.div_ceil(t.count)).min(t.ahead_end);
+            t.ahead_next.set(a1);
+            (a0, a1)
+        } else {
+            (0, 0)
+        };
         let mut pa = src.a(nxt).add(m0);
         let pb = src.b(nxt).add(boff);
         for p in 0..t.k {
@@ -114,6 +132,10 @@ pub(crate) unsafe fn tile<
                 let (j, row) = (p % NR, (p / NR) * 16);
                 if row < t.k {
                     S::prefetch(pb.wrapping_add(j * bcol + row * bstep));
+                }
+                if ah < ah_end {
+                    S::prefetch(t.ahead.wrapping_add(ah * 16));
+                    ah += 1;
                 }
             }
             let mut av = [S::zero(); MV];
@@ -249,6 +271,13 @@ pub(crate) struct TileSet<B> {
 }
 
 impl<B> TileSet<B> {
+    /// Tiles per call.
+    pub(crate) fn count(&self) -> usize {
+        let rows = self.m_full + usize::from(self.m_tail.is_some() || self.mn_tail.is_some());
+        let cols = self.n_full + usize::from(self.n_tail.is_some() || self.mn_tail.is_some());
+        rows * cols
+    }
+
     /// Covers C: columns in steps of NR (outer), rows in steps of MV vectors.
     /// The B panel of one column step is reused from L1 across the row steps.
     ///

@@ -207,3 +207,56 @@ fn zero_batch_applies_beta_and_epilogue_only() {
         }
     }
 }
+
+/// A prefetch region for the next call changes no result bit, whatever its
+/// length (none, less than the k steps can carry, far more) or address (a
+/// real buffer, or one never mapped: prefetches do not fault).
+#[test]
+fn prefetching_ahead_changes_no_result() {
+    use brgemm::{BatchForm, Descriptor, RawBatch};
+    let (m, n, k, count) = (67, 45, 19, 5);
+    let a: Vec<f32> = (0..m * k * count)
+        .map(|i| ((i * 7) % 13) as f32 - 6.0)
+        .collect();
+    let b: Vec<f32> = (0..k * n * count)
+        .map(|i| ((i * 5) % 11) as f32 - 5.0)
+        .collect();
+    let next = vec![1.0f32; 1 << 16];
+    for isa in Isa::supported() {
+        for pf in [Prefetch::None, Prefetch::NextPair] {
+            let d = Descriptor::new(m, n, k)
+                .batch_form(BatchForm::Stride { a: m * k, b: k * n })
+                .prefetch(pf);
+            let kern = Kernel::with_options(
+                &d,
+                KernelOptions {
+                    isa: Some(isa),
+                    tile: None,
+                },
+            )
+            .unwrap();
+            let batch = || RawBatch::Stride {
+                a: a.as_ptr(),
+                b: b.as_ptr(),
+                count,
+            };
+            let mut want = vec![0.0f32; m * n];
+            // SAFETY: A holds `count` m x k blocks, B `count` k x n blocks,
+            // C one m x n block; no bias in the descriptor.
+            unsafe { kern.execute_raw(batch(), want.as_mut_ptr(), std::ptr::null()) };
+            for (ahead, len) in [
+                (next.as_ptr(), 0),
+                (next.as_ptr(), 100),
+                (next.as_ptr(), next.len()),
+                (64usize as *const f32, 1 << 20),
+            ] {
+                let mut got = vec![0.0f32; m * n];
+                // SAFETY: as above; `ahead` is only prefetched.
+                unsafe {
+                    kern.execute_raw_ahead(batch(), got.as_mut_ptr(), std::ptr::null(), ahead, len)
+                };
+                assert_eq!(got, want, "{isa} {pf:?} ahead {len}");
+            }
+        }
+    }
+}

@@ -556,10 +556,16 @@ impl Fc {
                             }
                         }
                     }
-                    _ => p
-                        .kernels
-                        .pick(first, last)
-                        .execute_raw(batch, yp.get().add(off), bias),
+                    // With prefetching kernels (weights streaming from
+                    // memory), bring in the next K block's weights during
+                    // this call: the order of the default specs.
+                    _ => p.kernels.pick(first, last).execute_raw_ahead(
+                        batch,
+                        yp.get().add(off),
+                        bias,
+                        a.wrapping_add(cbn * bk * bc),
+                        if kb + 1 < kbn { cnt * bk * bc } else { 0 },
+                    ),
                 }
                 if last && clear_pad && kb + 1 == kbn {
                     let blk = std::slice::from_raw_parts_mut(yp.get().add(off), bn * bk);
@@ -631,12 +637,17 @@ impl Fc {
             let a = (wtp as *const f32).wrapping_add((cb * kbn + k0) * bc * bk);
             let b = (dzp as *const f32).wrapping_add((nb * kbn + k0) * bn * bk);
             // SAFETY: as in forward; dX[nb][cb] is owned by one thread.
+            // As in forward, the next C block's weights come in meanwhile.
             unsafe {
-                p.kernels.pick(k0 == 0, k0 + cnt == p.red).execute_raw(
-                    RawBatch::Stride { a, b, count: cnt },
-                    dxp.get().add((nb * cbn + cb) * bn * bc),
-                    std::ptr::null(),
-                )
+                p.kernels
+                    .pick(k0 == 0, k0 + cnt == p.red)
+                    .execute_raw_ahead(
+                        RawBatch::Stride { a, b, count: cnt },
+                        dxp.get().add((nb * cbn + cb) * bn * bc),
+                        std::ptr::null(),
+                        a.wrapping_add(kbn * bc * bk),
+                        if cb + 1 < cbn { cnt * bc * bk } else { 0 },
+                    )
             };
         });
         Ok(())

@@ -541,15 +541,27 @@ impl Rnn {
             unsafe {
                 let hprev = (hpp.get() as *const f32).add(row * kb * blk);
                 let gate = |j: usize| gp.get().add((row * gkb + j * kb + ki) * blk);
+                // R block-row of gate j for this item; with prefetching
+                // kernels (R streaming from memory) the next call's comes
+                // in meanwhile: the next gate's, then the next item's.
+                let r_row =
+                    |j: usize, ki: usize| (rp as *const f32).add((j * kb + ki) * kb * bk * bk);
                 for j in 0..g {
-                    self.rec_kernel.execute_raw(
+                    let next = if j + 1 < g {
+                        r_row(j + 1, ki)
+                    } else {
+                        r_row(0, (ki + 1) % kb)
+                    };
+                    self.rec_kernel.execute_raw_ahead(
                         RawBatch::Stride {
-                            a: (rp as *const f32).add((j * kb + ki) * kb * bk * bk),
+                            a: r_row(j, ki),
                             b: hprev,
                             count: kb,
                         },
                         gate(j),
                         std::ptr::null(),
+                        next,
+                        kb * bk * bk,
                     );
                 }
                 let hout = std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
@@ -690,17 +702,24 @@ impl Rnn {
                         b: dgp.get().add(row * gkb * blk) as *const f32,
                         count: gkb,
                     };
+                    // The next hidden block's R^T row comes in meanwhile
+                    // (prefetching kernels only; see forward).
+                    let next = (rtp as *const f32).add(((kj + 1) % kb) * gkb * bk * bk);
                     if t > 0 {
-                        self.rec_t_kernel.execute_raw(
+                        self.rec_t_kernel.execute_raw_ahead(
                             batch,
                             dhp.get().add(((row - nb) * kb + kj) * blk),
                             std::ptr::null(),
+                            next,
+                            gkb * bk * bk,
                         );
                     } else {
-                        self.rec_t_kernel0.execute_raw(
+                        self.rec_t_kernel0.execute_raw_ahead(
                             batch,
                             dh0p.get().add((ni * kb + kj) * blk),
                             std::ptr::null(),
+                            next,
+                            gkb * bk * bk,
                         );
                     }
                 }
