@@ -50,7 +50,7 @@
 
 use crate::error::{shape, Error, Result};
 use crate::threads::Pool;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Largest number of logical loops in one nest.
 pub const MAX_LOOPS: usize = 8;
@@ -216,6 +216,21 @@ struct StealState {
     arrived: AtomicUsize,
     generation: AtomicUsize,
     threads: usize,
+    /// Set when a thread's body panicked: it never reaches the barrier,
+    /// so the others must stop waiting (and panic too, which the pool
+    /// hands to the caller) instead of hanging.
+    poisoned: AtomicBool,
+}
+
+/// Poisons the run's barrier if this thread unwinds out of the nest.
+struct PoisonOnPanic<'a>(Option<&'a StealState>);
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        if let (Some(st), true) = (self.0, std::thread::panicking()) {
+            st.poisoned.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl StealState {
@@ -226,6 +241,7 @@ impl StealState {
             arrived: AtomicUsize::new(0),
             generation: AtomicUsize::new(0),
             threads,
+            poisoned: AtomicBool::new(false),
         }
     }
 
@@ -240,6 +256,9 @@ impl StealState {
         }
         let mut spins = 0u32;
         while self.generation.load(Ordering::Acquire) == g {
+            if self.poisoned.load(Ordering::Acquire) {
+                panic!("another thread of this loop nest panicked");
+            }
             if spins < 2000 {
                 std::hint::spin_loop();
                 spins += 1;
@@ -450,6 +469,7 @@ impl LoopNest {
         let steal = self.schedule == Schedule::Steal;
         let shared = (threads > 1 && (steal || self.ordered)).then(|| StealState::new(threads));
         let go = |t: usize| {
+            let _guard = PoisonOnPanic(shared.as_ref());
             let mut cur = [0usize; MAX_LOOPS];
             let mut ctx = RunCtx {
                 shared: shared.as_ref(),
@@ -667,18 +687,27 @@ mod tests {
         }
     }
 
+    /// Loops a, b and an ordered steps loop c.
+    fn stepped(a: usize, b: usize, steps: usize) -> Vec<LoopDef> {
+        vec![
+            LoopDef::new("a", a, 1),
+            LoopDef::new("b", b, 1),
+            LoopDef::new("steps", steps, 1).ordered(),
+        ]
+    }
+
+    /// `cAB` over [`stepped`] under each schedule.
+    fn stepped_nests(a: usize, b: usize, steps: usize) -> [(Schedule, LoopNest); 2] {
+        [Schedule::Static, Schedule::Steal].map(|s| {
+            let nest = LoopNest::new(stepped(a, b, steps), "cAB").unwrap();
+            (s, nest.with_schedule(s))
+        })
+    }
+
     #[test]
     fn ordered_loops_finish_each_step_before_the_next() {
         let pool = Pool::new(3).unwrap();
-        let loops = || {
-            vec![
-                LoopDef::new("a", 5, 1),
-                LoopDef::new("b", 3, 1),
-                LoopDef::new("steps", 8, 1).ordered(),
-            ]
-        };
-        for sched in [Schedule::Static, Schedule::Steal] {
-            let nest = LoopNest::new(loops(), "cAB").unwrap().with_schedule(sched);
+        for (sched, nest) in stepped_nests(5, 3, 8) {
             let done = AtomicUsize::new(0);
             let early = AtomicUsize::new(0);
             nest.run(&pool, |i| {
@@ -693,13 +722,38 @@ mod tests {
             assert_eq!(done.into_inner(), 8 * 15);
             assert_eq!(early.into_inner(), 0, "{sched:?}: a step started early");
         }
-        let e = LoopNest::new(loops(), "ABc").unwrap_err().to_string();
+        let e = LoopNest::new(stepped(5, 3, 8), "ABc")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("'c' (steps) must be outside the parallel loops"),
             "{e}"
         );
-        let e = LoopNest::new(loops(), "aCb").unwrap_err().to_string();
+        let e = LoopNest::new(stepped(5, 3, 8), "aCb")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot run in parallel"), "{e}");
+    }
+
+    #[test]
+    fn a_panicking_body_panics_the_run_instead_of_hanging_the_barrier() {
+        let pool = Pool::new(3).unwrap();
+        for (sched, nest) in stepped_nests(6, 4, 5) {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                nest.run(&pool, |i| {
+                    if i == [2, 1, 1] {
+                        panic!("body failed at {i:?}");
+                    }
+                })
+            }));
+            assert!(r.is_err(), "{sched:?}: the panic was lost");
+            // The pool is still usable afterwards.
+            let n = AtomicUsize::new(0);
+            nest.run(&pool, |_| {
+                n.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(n.into_inner(), 6 * 4 * 5);
+        }
     }
 
     #[test]
