@@ -25,6 +25,16 @@ enum Runner<B> {
     Reference,
 }
 
+impl<B> Runner<B> {
+    /// Register tiles per call (1 for the reference kernel).
+    fn tiles(&self) -> usize {
+        match self {
+            Runner::Tiles(t) => t.count().max(1),
+            Runner::Reference => 1,
+        }
+    }
+}
+
 enum Exec {
     Stride(Runner<StrideSrc<f32>>),
     Offset(Runner<OffsetSrc<f32>>),
@@ -158,10 +168,9 @@ impl Kernel {
             BatchForm::Packed => unreachable!("validate resolves Packed"),
         };
         let tiles = match &exec {
-            Exec::Stride(Runner::Tiles(t)) => t.count(),
-            Exec::Offset(Runner::Tiles(t)) => t.count(),
-            Exec::Address(Runner::Tiles(t)) => t.count(),
-            _ => 1,
+            Exec::Stride(r) => r.tiles(),
+            Exec::Offset(r) => r.tiles(),
+            Exec::Address(r) => r.tiles(),
         };
         Ok(Kernel {
             desc: d,
@@ -271,7 +280,7 @@ impl Kernel {
             ahead,
             ahead_next: core::cell::Cell::new(0),
             ahead_end: ahead_len.div_ceil(16),
-            ahead_per_tile: ahead_len.div_ceil(16).div_ceil(self.tiles.max(1)),
+            ahead_per_pair: ahead_len.div_ceil(16).div_ceil(self.tiles * count.max(1)),
         };
         match (&self.exec, batch, d.batch_form) {
             (

@@ -42,8 +42,8 @@ pub(crate) struct TileCall {
     pub ahead: *const f32,
     pub ahead_next: core::cell::Cell<usize>,
     pub ahead_end: usize,
-    /// Lines of the region per tile.
-    pub ahead_per_tile: usize,
+    /// Lines of the region per (tile, pair).
+    pub ahead_per_pair: usize,
 }
 
 /// Returns `p` unchanged through an empty `asm!`, so LLVM cannot see how it
@@ -115,7 +115,7 @@ pub(crate) unsafe fn tile<
         // This tile's share of the ahead region, one line per k step.
         let (mut ah, ah_end) = if PF {
             let a0 = t.ahead_next.get();
-            let a1 = (a0 + t.ahead_per_tile.div_ceil(t.count)).min(t.ahead_end);
+            let a1 = (a0 + t.ahead_per_pair).min(t.ahead_end);
             t.ahead_next.set(a1);
             (a0, a1)
         } else {

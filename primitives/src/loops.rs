@@ -270,11 +270,10 @@ impl StealState {
 }
 
 /// Per-thread view of a run: the shared state (None: one thread, or static
-/// with no ordered loop), whether to steal, and how many instances of the
-/// group this thread has entered.
+/// with no ordered loop) and how many instances of the group this thread
+/// has entered.
 struct RunCtx<'a> {
     shared: Option<&'a StealState>,
-    steal: bool,
     instance: usize,
 }
 
@@ -466,14 +465,13 @@ impl LoopNest {
         } else {
             pool.threads()
         };
-        let steal = self.schedule == Schedule::Steal;
-        let shared = (threads > 1 && (steal || self.ordered)).then(|| StealState::new(threads));
+        let barriers = self.schedule == Schedule::Steal || self.ordered;
+        let shared = (threads > 1 && barriers).then(|| StealState::new(threads));
         let go = |t: usize| {
             let _guard = PoisonOnPanic(shared.as_ref());
             let mut cur = [0usize; MAX_LOOPS];
             let mut ctx = RunCtx {
                 shared: shared.as_ref(),
-                steal,
                 instance: 0,
             };
             self.level(0, &mut cur, t, threads, &body, &mut ctx);
@@ -490,7 +488,6 @@ impl LoopNest {
         let mut cur = [0usize; MAX_LOOPS];
         let mut ctx = RunCtx {
             shared: None,
-            steal: false,
             instance: 0,
         };
         self.level(0, &mut cur, 0, 1, &body, &mut ctx);
@@ -572,21 +569,21 @@ impl LoopNest {
             self.level(g1, cur, t, nt, body, ctx);
             *cur = saved;
         };
-        let Some(st) = ctx.shared else {
-            let (begin, end) = share(t);
-            for lin in begin..end {
-                visit(lin, ctx);
+        let (begin, end) = share(t);
+        let st = match ctx.shared {
+            Some(st) if self.schedule == Schedule::Steal => st,
+            shared => {
+                // Static: this thread's chunk, then the barrier of an
+                // ordered loop if there is one.
+                for lin in begin..end {
+                    visit(lin, ctx);
+                }
+                if let Some(st) = shared {
+                    st.barrier();
+                }
+                return;
             }
-            return;
         };
-        if !ctx.steal {
-            // Static, inside an ordered loop.
-            let (begin, end) = share(t);
-            for lin in begin..end {
-                visit(lin, ctx);
-            }
-            return st.barrier();
-        }
         let inst = ctx.instance;
         ctx.instance += 1;
         if t == 0 {
@@ -597,7 +594,6 @@ impl LoopNest {
             }
         }
         let chunks = &st.chunks[inst % 2];
-        let (begin, end) = share(t);
         while let Some(p) = chunks[t].take(end - begin, true) {
             visit(begin + p, ctx);
         }
