@@ -101,20 +101,21 @@ pub fn fma_peak_gflops_for(isa: Isa, total: Duration) -> Result<f64> {
     Ok((0..8).map(|_| p.sample()).fold(0.0, f64::max))
 }
 
-/// The L1 ceiling of the ISA's main register tile: one BRGEMM of 32 x 28 x 64
-/// with a batch of 2 (A, B and C together 33.5 KiB, inside a 48 KiB L1d),
-/// called repeatedly on the same operands. Each [`TileCeiling::sample`] runs
+/// The L1 ceiling of the ISA's main register tile (the one a 64 x 64 x 64
+/// BRGEMM runs): one BRGEMM of exactly that tile's rows by a multiple of its
+/// columns (about 28) by k = 64, with a batch of 2 (A, B and C together at
+/// most ~45 KiB, inside a 48 KiB L1d), called repeatedly on the same operands. Each [`TileCeiling::sample`] runs
 /// one slice and returns its GFLOP/s; interleave it with a measurement to
 /// see how much of a shortfall is the machine's at that moment rather than
 /// the primitive's.
 #[derive(Debug)]
 pub struct TileCeiling {
     kernel: Kernel,
+    m: usize,
+    n: usize,
     reps: usize,
 }
 
-const CEIL_M: usize = 32;
-const CEIL_N: usize = 28;
 const CEIL_K: usize = 64;
 const CEIL_BATCH: usize = 2;
 
@@ -130,18 +131,27 @@ thread_local! {
 impl TileCeiling {
     /// Plans the kernel for `isa` and sizes a slice to take about `slice`.
     pub fn new(isa: Isa, slice: Duration) -> Result<TileCeiling> {
-        let d = Descriptor::new(CEIL_M, CEIL_N, CEIL_K).batch_form(BatchForm::Stride {
-            a: CEIL_M * CEIL_K,
-            b: CEIL_K * CEIL_N,
+        let opts = KernelOptions {
+            isa: Some(isa),
+            tile: None,
+        };
+        let main = Kernel::with_options(&Descriptor::new(64, 64, CEIL_K), opts)?;
+        // No edge tiles: m is the tile's rows, n a multiple of its columns.
+        let (m, n) = match main.register_tile() {
+            Some(t) => (t.mv * isa.f32_lanes(), t.nr * (28 / t.nr).max(1)),
+            None => (32, 28),
+        };
+        let d = Descriptor::new(m, n, CEIL_K).batch_form(BatchForm::Stride {
+            a: m * CEIL_K,
+            b: CEIL_K * n,
         });
-        let kernel = Kernel::with_options(
-            &d,
-            KernelOptions {
-                isa: Some(isa),
-                tile: None,
-            },
-        )?;
-        let mut c = TileCeiling { kernel, reps: 64 };
+        let kernel = Kernel::with_options(&d, opts)?;
+        let mut c = TileCeiling {
+            kernel,
+            m,
+            n,
+            reps: 64,
+        };
         let warm = Instant::now();
         while warm.elapsed() < Duration::from_millis(5) {
             c.sample();
@@ -162,13 +172,18 @@ impl TileCeiling {
     pub fn sample(&self) -> f64 {
         CEIL_BUF.with(|cell| {
             let mut buf = cell.borrow_mut();
-            let (a, b, c) = buf.get_or_insert_with(|| {
-                (
-                    aligned_vec(CEIL_M * CEIL_K * CEIL_BATCH, 0.01),
-                    aligned_vec(CEIL_K * CEIL_N * CEIL_BATCH, 0.02),
-                    aligned_vec(CEIL_M * CEIL_N, 0.0),
-                )
-            });
+            let (m, n) = (self.m, self.n);
+            let fits = |b: &CeilOperands| {
+                b.0.len() == m * CEIL_K * CEIL_BATCH && b.1.len() == CEIL_K * n * CEIL_BATCH
+            };
+            if !buf.as_ref().is_some_and(fits) {
+                *buf = Some((
+                    aligned_vec(m * CEIL_K * CEIL_BATCH, 0.01),
+                    aligned_vec(CEIL_K * n * CEIL_BATCH, 0.02),
+                    aligned_vec(m * n, 0.0),
+                ));
+            }
+            let (a, b, c) = buf.as_mut().expect("just filled");
             let t = Instant::now();
             for _ in 0..self.reps {
                 let batch = RawBatch::Stride {
@@ -204,13 +219,17 @@ mod tests {
             let c = TileCeiling::new(isa, Duration::from_millis(2)).unwrap();
             assert_eq!(c.kernel().isa(), isa);
             // The primitives block by 64: the ceiling must time the tile
-            // their 64 x 64 x 64 BRGEMMs run, not some easier one.
+            // their 64 x 64 x 64 BRGEMMs run, not some easier one, and
+            // only that tile (no edge tiles).
             let opts = KernelOptions {
                 isa: Some(isa),
                 tile: None,
             };
             let main = Kernel::with_options(&Descriptor::new(64, 64, 64), opts).unwrap();
             assert_eq!(c.kernel().register_tile(), main.register_tile(), "{isa}");
+            let (t, d) = (main.register_tile().unwrap(), c.kernel().descriptor());
+            assert_eq!(d.m, t.mv * isa.f32_lanes(), "{isa}");
+            assert_eq!(d.n % t.nr, 0, "{isa}");
             let g = c.sample();
             assert!(g.is_finite() && g > 0.0, "{isa}: {g}");
         }

@@ -4,7 +4,7 @@ use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
 use crate::blocking::{self, RegisterTile};
 use crate::desc::{BatchForm, Beta, Descriptor, Prefetch};
 use crate::error::{Error, Result};
-use crate::kernels::{self, IsaKernels};
+use crate::kernels::{self, IsaKernels, TileFamily};
 use crate::tile::{TileCall, TileSet};
 use crate::Isa;
 use std::collections::HashMap;
@@ -74,6 +74,10 @@ fn build_tiles<K: IsaKernels, B: BatchSrc<f32>>(
     forced: Option<RegisterTile>,
 ) -> Result<(TileSet<B>, RegisterTile)> {
     let lanes = K::LANES;
+    let family = TileFamily {
+        prefetch: d.prefetch == Prefetch::NextPair,
+        pipelined: pipeline_enabled(),
+    };
     let t = match forced {
         Some(t) => {
             if t.mv == 0 || t.mv > K::GRID.len() || t.nr == 0 || t.nr > K::GRID[t.mv - 1] {
@@ -85,7 +89,7 @@ fn build_tiles<K: IsaKernels, B: BatchSrc<f32>>(
             }
             t
         }
-        None => blocking::choose(d.m, d.n, d.k, lanes, K::GRID),
+        None => blocking::choose(d.m, d.n, d.k, lanes, K::choice_grid(family)),
     };
     let mb = t.mv * lanes;
     let (m_full, m_rem) = (d.m / mb, d.m % mb);
@@ -93,13 +97,8 @@ fn build_tiles<K: IsaKernels, B: BatchSrc<f32>>(
     let mv_t = m_rem.div_ceil(lanes);
     let tail_masked = m_rem % lanes != 0;
     let get = |mv: usize, nr: usize, masked: bool| {
-        K::tile_fn::<B>(
-            mv,
-            nr,
-            masked || K::ALWAYS_MASK,
-            d.prefetch == Prefetch::NextPair,
-        )
-        .expect("grid covers every smaller tile")
+        K::tile_fn::<B>(mv, nr, masked || K::ALWAYS_MASK, family)
+            .expect("grid covers every smaller tile")
     };
     let set = TileSet {
         lanes,
@@ -495,7 +494,13 @@ pub(crate) fn offset_need(max_off: usize, extent: usize) -> Result<usize> {
     })
 }
 
-type CacheKey = (Descriptor, Isa);
+/// Whether plans may use the pipelined tiles: `BRGEMM_PIPELINE=0` turns them
+/// off, read at each plan, so that one process can compare both.
+pub(crate) fn pipeline_enabled() -> bool {
+    !matches!(std::env::var("BRGEMM_PIPELINE").as_deref(), Ok("0"))
+}
+
+type CacheKey = (Descriptor, Isa, bool);
 
 /// Plans `desc` for the selected ISA, or returns the kernel already planned
 /// for it. The cache is process-wide and shared by all threads.
@@ -507,7 +512,7 @@ pub fn dispatch(desc: &Descriptor) -> Result<Arc<Kernel>> {
 pub fn dispatch_with(desc: &Descriptor, isa: Isa) -> Result<Arc<Kernel>> {
     static CACHE: OnceLock<RwLock<HashMap<CacheKey, Arc<Kernel>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (*desc, isa);
+    let key = (*desc, isa, pipeline_enabled());
     if let Some(k) = cache.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(k.clone());
     }

@@ -174,7 +174,12 @@ pub(crate) unsafe fn tile<
 /// and stored it on every FMA of the hot loop).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn store_tile<S: SimdF32, const MV: usize, const NR: usize, const MASKED: bool>(
+pub(crate) unsafe fn store_tile<
+    S: SimdF32,
+    const MV: usize,
+    const NR: usize,
+    const MASKED: bool,
+>(
     t: &TileCall,
     mut acc: [[S::V; MV]; NR],
     m0: usize,

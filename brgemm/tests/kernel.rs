@@ -134,30 +134,25 @@ fn every_register_tile_is_correct() {
             for nr in 1..=16 {
                 let t = RegisterTile { mv, nr };
                 let (m, n) = (mv * lanes * 2 + 3, nr * 2 + 1);
-                for (form, pf, rm) in [
-                    (Form::Stride, Prefetch::None, false),
-                    (Form::Offset, Prefetch::None, false),
-                    (Form::Address, Prefetch::None, false),
-                    (Form::Stride, Prefetch::NextPair, false),
-                    (Form::Offset, Prefetch::None, true),
-                ] {
-                    let ep = Epilogue {
-                        bias: true,
-                        activation: Activation::Relu,
-                    };
-                    let mut case = Case::with_b_layout(
-                        m,
-                        n,
-                        5,
-                        3,
-                        form,
-                        Beta::One,
-                        1.0,
-                        (1, 0, 2),
-                        ep,
-                        (mv * 100 + nr) as u64,
-                        rm,
-                    );
+                // k = 1, 2, 5: the pipelined tiles peel the last k step and
+                // unroll by two, so both parities and the no-loop case count.
+                for (k, form, pf, rm) in [
+                    (5, Form::Stride, Prefetch::None, false),
+                    (1, Form::Stride, Prefetch::None, false),
+                    (2, Form::Offset, Prefetch::None, true),
+                    (4, Form::Address, Prefetch::None, true),
+                ]
+                .into_iter()
+                .chain(
+                    [
+                        (Form::Offset, Prefetch::None, false),
+                        (Form::Address, Prefetch::None, false),
+                        (Form::Stride, Prefetch::NextPair, false),
+                        (Form::Offset, Prefetch::None, true),
+                    ]
+                    .map(|(f, p, r)| (5, f, p, r)),
+                ) {
+                    let mut case = Case::for_tile((m, n, k), form, (mv, nr), rm);
                     case.desc = case.desc.prefetch(pf);
                     let Ok(kern) = Kernel::with_options(
                         &case.desc,
@@ -176,9 +171,9 @@ fn every_register_tile_is_correct() {
                 }
             }
         }
-        // The smallest grid (portable) has 9 tiles, each run 5 times.
+        // The smallest grid (portable) has 9 tiles, each run 8 times.
         assert!(
-            tested >= 5 * 9,
+            tested >= 8 * 9,
             "{isa}: only {tested} tile variants exercised"
         );
     }

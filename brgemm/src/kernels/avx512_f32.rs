@@ -1,20 +1,43 @@
 //! AVX-512F fp32 microkernels: the hand-tuned ones.
 //!
-//! ```text
-//!   32 zmm registers, 16 f32 lanes each. Main tile for 64x64: MV=2, NR=14
+//! Two families of register tiles. The generic intrinsic tiles (`tile.rs`)
+//! cover the whole grid; the generated, software-pipelined assembly tiles
+//! (`build.rs`) cover MV = 2..4 and are what plans use by default.
 //!
-//!            B: 14 broadcasts (folded into vfmadd231ps {1to16})
-//!            b0   b1   ...  b13
-//!   A0 zmm  [c0 ][c2 ] ... [c26]     28 accumulators  zmm0-27
-//!   A1 zmm  [c1 ][c3 ] ... [c27]      2 A vectors     zmm28-29
-//!                                     1 broadcast     (memory operand)
-//!   rows 0..32: A1 is loaded with the row mask (all ones unless m tail;
-//!   a masked load costs the same as a plain one here, so every tile masks).
+//! ```text
+//!   Pipelined main tile for 64x64: MV=2, NR=12, 32 zmm registers
+//!
+//!   acc  zmm0-23    24 accumulators (2 vectors x 12 columns)
+//!   A    zmm24-25   this k step's column of A
+//!        zmm26-27   the next k step's column, loaded a whole step ahead
+//!   B    zmm28-31   ring of 4 broadcasts, each loaded 3 columns (6 FMAs)
+//!                   before the FMAs that read it
+//!
+//!   Intrinsic main tile for 64x64: MV=2, NR=14
+//!   acc  zmm0-27, A zmm28-29, B: 14 broadcasts folded into the FMAs as
+//!   vfmadd231ps zmm, zmm, dword ptr [..]{1to16}
+//!
+//!   Both: the last A vector is loaded with the row mask (all ones unless m
+//!   tail; a masked load costs the same as a plain one, so every tile masks).
 //! ```
 //!
-//! Grid (MV: max NR): 1: 16 (load bound beyond), 2: 14, 3: 9, 4: 6.
-//! Per k step a tile issues MV loads, NR broadcast loads and MV*NR FMAs: with
-//! two load and two FMA ports the larger tiles are FMA bound.
+//! Why pipelining: this VM shares each core with a neighbour, and whenever
+//! the neighbour is busy an FMA that must wait for a load issued in the same
+//! uop (or just before it) slows the whole loop down, while the register-only
+//! FMA probe does not move. Measured in an `asm!` harness, L1-resident
+//! operands, medians of 31 interleaved rounds: 2x14 with folded broadcasts
+//! 100-109 GFLOP/s, the same with A reloaded but B from a register 118-132,
+//! pipelined 2x12 105-114, 3x8 109-119, 4x5 107-115; all of them 134-139
+//! when the neighbour is quiet. In the library, alternating plans with and
+//! without pipelined tiles in one process (`BRGEMM_PIPELINE=0` turns them
+//! off): BRGEMM 64x64x64 x1.22-1.27, FC passes x1.07-1.25, LSTM x1.12-1.21
+//! on the large shapes, conv passes x0.99-1.19.
+//!
+//! Intrinsic grid (MV: max NR): 1: 16 (load bound beyond), 2: 14, 3: 9, 4: 6.
+//! Pipelined grid: 2: 12, 3: 8, 4: 5 (two A sets and a ring of at least two
+//! broadcasts must fit beside the accumulators; 2: 11 for the prefetching
+//! ones, short of general registers at 2x12); MV = 1 stays intrinsic, where
+//! a separate broadcast per FMA costs more uops than it saves (0.8x).
 //!
 //! Software prefetch of A_{i+1}/B_{i+1} during the k loop of A_i (one line
 //! of A per vector and one B line per k step, prefetcht0; see `tile.rs`) is a
@@ -22,13 +45,26 @@
 //! alternating with the plain kernel in one process: +5-35% when the batch
 //! streams from L3 (16 MiB workloads; FC weights larger than L2), -5-19% when
 //! it sits in L2, where the hardware prefetchers follow the column walk and
-//! the extra loads only compete with the kernel's own.
+//! the extra loads only compete with the kernel's own. The pipelined family
+//! has prefetching instances too (A_{i+1} and the ahead region, no B line: the
+//! B panels these plans stream are the L2-resident ones): on FC (64, 4096,
+//! 4096) fwd/bwd they run x1.17-1.19 against the intrinsic prefetching tiles
+//! and x1.2-1.3 against pipelined tiles without prefetch.
 
-use super::{tile_table, IsaKernels};
+use super::{tile_table, IsaKernels, TileFamily};
 use crate::batch::BatchSrc;
 use crate::simd::SimdF32;
-use crate::tile::{tile, TileCall, TileFn};
+use crate::tile::{store_tile, tile, TileCall, TileFn};
 use core::arch::x86_64::*;
+
+include!(concat!(env!("OUT_DIR"), "/avx512_pipe.rs"));
+
+/// The chooser's grid for pipelined plans: the generated tiles for MV >= 2
+/// (see `PIPE_GRID`), the intrinsic 1x16 for MV = 1, where a separate
+/// broadcast per FMA costs more uops than it saves (measured 0.8x).
+const PIPE_CHOICE_GRID: [usize; 4] = [16, PIPE_GRID[0], PIPE_GRID[1], PIPE_GRID[2]];
+/// As `PIPE_CHOICE_GRID`, for prefetching plans.
+const PIPE_PF_CHOICE_GRID: [usize; 4] = [16, PIPE_PF_GRID[0], PIPE_PF_GRID[1], PIPE_PF_GRID[2]];
 
 #[derive(Clone, Copy)]
 pub(crate) struct Avx512;
@@ -174,14 +210,29 @@ impl IsaKernels for Kernels {
         )
     }
 
+    fn choice_grid(family: TileFamily) -> &'static [usize] {
+        if family.pipelined && family.prefetch {
+            &PIPE_PF_CHOICE_GRID
+        } else if family.pipelined {
+            &PIPE_CHOICE_GRID
+        } else {
+            Self::GRID
+        }
+    }
+
     fn tile_fn<B: BatchSrc<f32>>(
         mv: usize,
         nr: usize,
         _masked: bool,
-        prefetch: bool,
+        family: TileFamily,
     ) -> Option<TileFn<B>> {
         const MASKED: bool = true;
-        if prefetch {
+        if family.pipelined {
+            if let Some(f) = pipe_tile::<B>(mv, nr, family.prefetch) {
+                return Some(f);
+            }
+        }
+        if family.prefetch {
             tile_table!(entry_pf, B, MASKED, mv, nr;
                 1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16],
                 2 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14],

@@ -34,17 +34,25 @@ pub(crate) trait IsaKernels {
     const ALWAYS_MASK: bool;
     /// The `(mv, nr)` tile instance with the given masking (from [`tile_table`]).
     fn pick<B: BatchSrc<f32>, const MASKED: bool>(mv: usize, nr: usize) -> Option<TileFn<B>>;
-    /// The tile kernel for `(mv, nr)`, masked or not, for batch form `B`,
-    /// with software prefetch of the next pair if `prefetch` and the ISA has
-    /// prefetching instances (only AVX-512: measured a loss on AVX2).
+    /// The grid the tile chooser searches for plans of `family`. ISAs with
+    /// pipelined tiles search those when `family.pipelined`; a tile
+    /// forced through `KernelOptions` may be anything in [`Self::GRID`].
+    fn choice_grid(family: TileFamily) -> &'static [usize] {
+        let _ = family;
+        Self::GRID
+    }
+    /// The tile kernel for `(mv, nr)`, masked or not, for batch form `B`, of
+    /// `family` where the ISA has it and the plain instance otherwise:
+    /// prefetching instances exist only on AVX-512 (measured a loss on
+    /// AVX2), pipelined ones only there and only up to its pipelined grid.
     /// ISAs with `ALWAYS_MASK` override it so no unmasked instance is built.
     fn tile_fn<B: BatchSrc<f32>>(
         mv: usize,
         nr: usize,
         masked: bool,
-        prefetch: bool,
+        family: TileFamily,
     ) -> Option<TileFn<B>> {
-        let _ = prefetch;
+        let _ = family;
         if masked {
             Self::pick::<B, true>(mv, nr)
         } else {
@@ -58,6 +66,17 @@ pub(crate) trait IsaKernels {
     unsafe fn fma_probe(iters: u64) -> f32;
     /// FMAs per probe step (accumulators x lanes).
     const PROBE_FMAS_PER_ITER: u64;
+}
+
+/// Which instances of the tiles a plan asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TileFamily {
+    /// Instances that prefetch the next pair and the call's ahead region
+    /// (`Prefetch::NextPair`).
+    pub prefetch: bool,
+    /// The generated, software-pipelined assembly tiles where the ISA has
+    /// them (AVX-512, MV >= 2); the intrinsic ones elsewhere.
+    pub pipelined: bool,
 }
 
 /// Expands to a `match (mv, nr)` over a grid, picking `$entry::<B, MV, NR, MASKED>`.

@@ -70,6 +70,34 @@ impl Case {
         )
     }
 
+    /// The case the per-register-tile tests run: 3 pairs, beta = 1, padded
+    /// leading dimensions, bias and ReLU, seeded by the tile.
+    pub fn for_tile(
+        (m, n, k): (usize, usize, usize),
+        form: Form,
+        (mv, nr): (usize, usize),
+        b_row_major: bool,
+    ) -> Case {
+        let ep = Epilogue {
+            bias: true,
+            activation: Activation::Relu,
+        };
+        let seed = (mv * 100 + nr) as u64;
+        Case::with_b_layout(
+            m,
+            n,
+            k,
+            3,
+            form,
+            Beta::One,
+            1.0,
+            (1, 0, 2),
+            ep,
+            seed,
+            b_row_major,
+        )
+    }
+
     /// As [`Case::new`], with B_i row-major when `b_row_major`.
     pub fn with_b_layout(
         m: usize,
