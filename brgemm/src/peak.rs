@@ -145,7 +145,15 @@ impl TileCeiling {
             a: m * CEIL_K,
             b: CEIL_K * n,
         });
-        let kernel = Kernel::with_options(&d, opts)?;
+        // Forced: the model may prefer another tile for this smaller shape
+        // (NEON picks 2x12 for 16 x 24, while 64-blocks run 4x6).
+        let kernel = Kernel::with_options(
+            &d,
+            KernelOptions {
+                tile: main.register_tile(),
+                ..opts
+            },
+        )?;
         let mut c = TileCeiling {
             kernel,
             m,
