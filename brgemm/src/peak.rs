@@ -104,15 +104,13 @@ pub fn fma_peak_gflops_for(isa: Isa, total: Duration) -> Result<f64> {
 /// The L1 ceiling of the ISA's main register tile (the one a 64 x 64 x 64
 /// BRGEMM runs): one BRGEMM of exactly that tile's rows by a multiple of its
 /// columns (about 28) by k = 64, with a batch of 2 (A, B and C together at
-/// most ~45 KiB, inside a 48 KiB L1d), called repeatedly on the same operands. Each [`TileCeiling::sample`] runs
-/// one slice and returns its GFLOP/s; interleave it with a measurement to
-/// see how much of a shortfall is the machine's at that moment rather than
-/// the primitive's.
+/// most ~45 KiB, inside a 48 KiB L1d), called repeatedly on the same
+/// operands. Each [`TileCeiling::sample`] runs one slice and returns its
+/// GFLOP/s; interleave it with a measurement to see how much of a shortfall
+/// is the machine's at that moment rather than the primitive's.
 #[derive(Debug)]
 pub struct TileCeiling {
     kernel: Kernel,
-    m: usize,
-    n: usize,
     reps: usize,
 }
 
@@ -154,12 +152,7 @@ impl TileCeiling {
                 ..opts
             },
         )?;
-        let mut c = TileCeiling {
-            kernel,
-            m,
-            n,
-            reps: 64,
-        };
+        let mut c = TileCeiling { kernel, reps: 64 };
         let warm = Instant::now();
         while warm.elapsed() < Duration::from_millis(5) {
             c.sample();
@@ -180,7 +173,7 @@ impl TileCeiling {
     pub fn sample(&self) -> f64 {
         CEIL_BUF.with(|cell| {
             let mut buf = cell.borrow_mut();
-            let (m, n) = (self.m, self.n);
+            let (m, n) = (self.kernel.descriptor().m, self.kernel.descriptor().n);
             let fits = |b: &CeilOperands| {
                 b.0.len() == m * CEIL_K * CEIL_BATCH && b.1.len() == CEIL_K * n * CEIL_BATCH
             };
