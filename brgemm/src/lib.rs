@@ -13,6 +13,8 @@
 //! - [`dispatch`]: a process-wide, descriptor-keyed cache of kernels.
 //! - [`Batch`] / [`RawBatch`] / [`Offsets`]: the three batch forms at call time.
 //! - [`peak::fma_peak_gflops`]: this core's measured FMA peak, for "% of peak".
+//! - [`cpu::stream_prefetch`]: where software prefetch pays on this core
+//!   (a per-microarchitecture measurement the primitives plan with).
 //! - [`AlignedVec`]: 64-byte aligned buffers, the fast path for the kernels
 //!   (whole cache lines per vector or tile row).
 //! - [`peak::TileCeiling`]: the main register tile's throughput on L1-resident
@@ -40,6 +42,7 @@ mod batch;
 pub mod bf16;
 mod blocking;
 pub mod buffer;
+pub mod cpu;
 mod desc;
 mod error;
 mod isa;

@@ -29,7 +29,9 @@
 //!   (`Descriptor::b_row_major`, leading dimension `stride * bc`): no
 //!   transpose of the activations, which for 1x1 layers cost as much as the
 //!   arithmetic (measured, 256->64 1x1 layer, same process: 24% -> 43% of
-//!   peak). Software prefetch of the next pair was measured to lose 1-15%.
+//!   peak). Software prefetch of the next pair was measured to lose 1-15%
+//!   (Sapphire Rapids); the gather passes use it where it pays
+//!   (`gather_prefetch`).
 //!   Every `dW[kb][cb][r][s]` block belongs to one thread: no races, no
 //!   partial sums. The default `aBCDE` walks chunks of rows outermost and
 //!   the taps of a chunk inside, so a chunk is read from memory once and
@@ -337,6 +339,21 @@ struct GatherGeom {
     flip: bool,
 }
 
+/// Prefetch of the gather passes' kernels. Where kernels prefetch operands
+/// streamed from L2 ([`brgemm::cpu::StreamPrefetch::BeyondL1`], Zen 5) each
+/// call also brings in the next output block of the default orders (its
+/// store misses otherwise wait on their lines). Measured there (same
+/// process, alternating, one thread, the ResNet-50 layers at minibatch 8):
+/// forward and backward-data x1.00-1.13 (res5 x1.08-1.09, the 1x1 256->64
+/// backward x1.13). On Sapphire Rapids next-pair prefetch lost 1-15% and
+/// stays off.
+fn gather_prefetch() -> brgemm::Prefetch {
+    match brgemm::cpu::stream_prefetch() {
+        brgemm::cpu::StreamPrefetch::BeyondL1 => brgemm::Prefetch::NextPair,
+        brgemm::cpu::StreamPrefetch::BeyondL2 => brgemm::Prefetch::None,
+    }
+}
+
 /// A planned gather pass (forward, and backward-data at stride 1).
 struct Gather {
     g: GatherGeom,
@@ -377,6 +394,7 @@ impl Gather {
             Descriptor::new(g.bo, n, g.bi)
                 .ldb(g.stride * g.bi)
                 .batch_form(BatchForm::Offset)
+                .prefetch(gather_prefetch())
         };
         let main = Chunked::new(desc(g.bq), ep)?;
         let tail = (!g.q.is_multiple_of(g.bq))
@@ -454,9 +472,14 @@ impl Gather {
             };
             // SAFETY: buffer sizes were checked at the public entry; the
             // offsets stay inside the padded input and the filter; the
-            // output block (ni, ob, pr, qb) belongs to one thread.
+            // output block (ni, ob, pr, qb) belongs to one thread. The next
+            // block (the next item of the default orders) is only prefetched,
+            // and may lie past y's end.
             unsafe {
-                ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw(
+                let c = yp
+                    .get()
+                    .add((ni * g.out_blocks + ob) * plane + (pr * g.q + q0) * g.bo);
+                ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw_ahead(
                     RawBatch::Offset {
                         a,
                         b,
@@ -464,9 +487,10 @@ impl Gather {
                         b_offs: self.b_off.as_ptr(),
                         count: cnt * rs,
                     },
-                    yp.get()
-                        .add((ni * g.out_blocks + ob) * plane + (pr * g.q + q0) * g.bo),
+                    c,
                     bias,
+                    c.wrapping_add(g.bq * g.bo),
+                    g.bq * g.bo,
                 )
             };
         });

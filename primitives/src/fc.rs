@@ -19,7 +19,8 @@
 //! block-rows and comes back from L2 for the next outer block; with more
 //! than 8 reduction blocks the reduction is split into chunks of 8 and goes
 //! outermost (`cAB`/`cBA`), so that set fits in L2 even for long
-//! reductions (the LSTM's dW over all steps: x1.4). upd's reduction runs
+//! reductions (the LSTM's dW over all steps: x1.4; on cores that prefetch
+//! from L2 only with the first output loop outside). upd's reduction runs
 //! over the minibatch, inside each output block's calls, so every
 //! `dW[kb][cb]` is owned by one thread: no races, no per-thread partial sums.
 //!
@@ -32,6 +33,7 @@ use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::math::{add_rows, widest};
 use crate::threads::Pool;
+use brgemm::cpu::StreamPrefetch;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch};
 use std::sync::Arc;
 
@@ -77,9 +79,22 @@ impl PassConfig {
     /// (3200,512,2048) `cAB` x1.18, (512,2048,2048) `cBA` x1.16; fwd
     /// (512,2048,2048) `cBA` x1.15, (3200,512,2048) `ABc` x1.16, (64,4096,4096)
     /// x1.05; (256,1024,1024) neutral (0.98-1.01).
+    ///
+    /// On cores whose kernels prefetch operands streamed from L2
+    /// ([`brgemm::cpu::StreamPrefetch::BeyondL1`], AMD Zen 5) the split pays
+    /// only with the first loop outside (`a >= b`): there it keeps the LSTM's
+    /// dW and backward-data over 32-50 blocks 2-6% faster, while with the
+    /// second loop outside the prefetching kernels keep up with the
+    /// unsplit block-rows and the split's extra C traffic loses (same
+    /// process, alternating, one thread: (256,1024,1024) fwd/bwd unsplit
+    /// x1.06/x1.05, (512,2048,2048) x1.10/x1.13, (64,4096,4096) x1.07/x1.02).
     pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
         let outer = if a >= b { "AB" } else { "BA" };
-        if red > Self::HEURISTIC_CHUNK {
+        let split_pays = match brgemm::cpu::stream_prefetch() {
+            StreamPrefetch::BeyondL2 => true,
+            StreamPrefetch::BeyondL1 => a >= b,
+        };
+        if red > Self::HEURISTIC_CHUNK && split_pays {
             PassConfig {
                 chunk: Self::HEURISTIC_CHUNK,
                 ..PassConfig::spec(&format!("c{outer}"))
@@ -132,7 +147,7 @@ pub(crate) fn pick_block(x: usize, cands: &[usize]) -> usize {
 impl FcTuning {
     /// The default: blocks of 64 where they divide the size (else 48, 32, 16;
     /// a size below 64 is one block; else 64 with zero padding). 64 rows of
-    /// output (bk) are 4 AVX-512 vectors and feed the 2x14 register tile; 64
+    /// output (bk) are 4 AVX-512 vectors and feed the 2x12 register tile; 64
     /// columns (bn) keep a block's B panel and C tile in L1; 64-deep blocks
     /// (bc) make a BRGEMM batch element 16 KiB of weights. Loop orders from
     /// [`PassConfig::heuristic`] on each pass's block counts.
@@ -254,6 +269,43 @@ impl std::fmt::Debug for Fc {
     }
 }
 
+/// Whether the backward-weights kernels prefetch, each call bringing in the
+/// next dW block (the next item of the default order) while it computes.
+/// With a short reduction upd is a stream of dW stores, and each block's
+/// store misses wait on its lines' ownership unless they were requested
+/// earlier. Measured on Zen 5 (same process, alternating, one thread):
+/// (64,4096,4096) x1.24; (256,1024,1024) and (512,2048,2048) x0.99-1.01.
+/// Where kernels prefetch only from L3 (Sapphire Rapids) this was not
+/// measured and stays off.
+fn upd_prefetch(c: usize, k: usize) -> Prefetch {
+    match brgemm::cpu::stream_prefetch() {
+        // dW larger than L2: its lines come from memory.
+        StreamPrefetch::BeyondL1 if 4 * k * c > 2 << 20 => Prefetch::NextPair,
+        _ => Prefetch::None,
+    }
+}
+
+/// Whether the forward and backward-data kernels prefetch the next pair
+/// (and the next call's weight block-row, see [`Fc::forward`]). Each call
+/// reduces over a block-row of the weights (`4 c bk` bytes in forward,
+/// `4 k bc` in backward) and one of the activations, re-read for every N
+/// block; where those come from decides ([`brgemm::cpu::StreamPrefetch`]).
+fn fc_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
+    match brgemm::cpu::stream_prefetch() {
+        // Larger than L2 and re-read for at most two N blocks: streamed from
+        // L3 (else the block-row is reused from L2, where prefetching costs
+        // 5-19% on Sapphire Rapids).
+        StreamPrefetch::BeyondL2 if 4 * k * c > (1 << 21) && n.div_ceil(t.bn) <= 2 => {
+            Prefetch::NextPair
+        }
+        // A call's operands do not fit L1 (48 KiB), so its pairs come from L2.
+        StreamPrefetch::BeyondL1 if 4 * c.min(k) * (t.bn + t.bc.min(t.bk)) > 48 << 10 => {
+            Prefetch::NextPair
+        }
+        _ => Prefetch::None,
+    }
+}
+
 fn pass(
     which: &str,
     cfg: &PassConfig,
@@ -323,14 +375,7 @@ impl Fc {
             activation: act,
         };
         let stride = |a: usize, b: usize| BatchForm::Stride { a, b };
-        // Software prefetch pays only when the weights stream from L3: larger
-        // than L2 and re-read for at most two N blocks (else the weight
-        // block-row is reused from L2, where prefetching costs 5-19%).
-        let pf = if 4 * k * c > (1 << 21) && nb <= 2 {
-            Prefetch::NextPair
-        } else {
-            Prefetch::None
-        };
+        let pf = fc_prefetch(n, c, k, &t);
         let fdesc = Descriptor::new(bk, bn, bc)
             .batch_form(stride(bk * bc, bn * bc))
             .prefetch(pf);
@@ -372,7 +417,8 @@ impl Fc {
         let udesc = Descriptor::new(bk, bc, bn)
             .b_row_major()
             .ldb(bc)
-            .batch_form(stride(kb * bn * bk, cb * bn * bc));
+            .batch_form(stride(kb * bn * bk, cb * bn * bc))
+            .prefetch(upd_prefetch(c, k));
         let upd = pass(
             "upd",
             &t.upd,
@@ -698,13 +744,19 @@ impl Fc {
                 }
             }
             let b = (xp as *const f32).wrapping_add((n0 * cbn + cb) * bn * bc);
-            // SAFETY: as in forward; dW[kb][cb] is owned by one thread.
+            // SAFETY: as in forward; dW[kb][cb] is owned by one thread. The
+            // next block is only prefetched (prefetching kernels only), and
+            // may lie past dW's end.
             unsafe {
-                p.kernels.pick(n0 == 0, n0 + cnt == p.red).execute_raw(
-                    RawBatch::Stride { a, b, count: cnt },
-                    dwp.get().add((kb * cbn + cb) * bk * bc),
-                    std::ptr::null(),
-                )
+                p.kernels
+                    .pick(n0 == 0, n0 + cnt == p.red)
+                    .execute_raw_ahead(
+                        RawBatch::Stride { a, b, count: cnt },
+                        dwp.get().add((kb * cbn + cb) * bk * bc),
+                        std::ptr::null(),
+                        dwp.get().wrapping_add((kb * cbn + cb + 1) * bk * bc),
+                        bk * bc,
+                    )
             };
         });
         Ok(())
