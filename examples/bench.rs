@@ -27,7 +27,10 @@
 //! same pass run on one thread and on two in turn, the median of the
 //! per-pair time ratios. The 1- and 2-thread lines themselves are taken
 //! seconds to minutes apart, so their GFLOP/s ratio mixes scaling with the
-//! machine's drift.
+//! machine's drift. Every 2-thread sample and pair waits (up to ~2 s) until
+//! the FMA probe on both threads at once reads at least 75% of twice one
+//! core: the 2-vCPU VMs here at times lose a vCPU to the host for seconds,
+//! and a sample taken then measures the host's scheduling.
 
 #[path = "support/workload.rs"]
 mod workload;
@@ -236,7 +239,7 @@ fn bench_fc(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.forward(p, &x, &w, &bias, &mut y, None).unwrap()
             });
             line("fwd", &t.fwd.spec, &m, m.secs, sp);
@@ -246,7 +249,7 @@ fn bench_fc(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.backward_data(p, &dz, &wt, &mut dx).unwrap()
             });
             let s2 = measure_pool(
@@ -270,7 +273,7 @@ fn bench_fc(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
             });
             line("upd", &t.upd.spec, &m, m.secs, sp);
@@ -431,7 +434,7 @@ fn bench_conv(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 conv.forward(p, &x, &wf, &bias, &mut y).unwrap()
             });
             line("fwd", &t.fwd.spec, &m, sp);
@@ -441,7 +444,7 @@ fn bench_conv(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 conv.backward_data(p, &dz, &wt, &mut dx).unwrap()
             });
             line("bwd", &t.bwd.spec, &m, sp);
@@ -454,7 +457,7 @@ fn bench_conv(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 conv.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
             });
             line("upd", &t.upd.spec, &m, sp);
@@ -464,8 +467,14 @@ fn bench_conv(o: &Opts) {
 
 /// For a line on more than one thread: the speed-up over one thread,
 /// measured by alternating the two ([`workload::speedup`]).
-fn scaling(threads: usize, pool: &Pool, samples: usize, f: impl FnMut(&Pool)) -> Option<f64> {
-    (threads > 1).then(|| workload::speedup(f, &Pool::new(1).expect("pool"), pool, samples))
+fn scaling(
+    threads: usize,
+    pool: &Pool,
+    probe: &Probes,
+    samples: usize,
+    f: impl FnMut(&Pool),
+) -> Option<f64> {
+    (threads > 1).then(|| workload::speedup(f, &Pool::new(1).expect("pool"), pool, probe, samples))
 }
 
 /// `,"speedup_vs_1t":x` for a multi-thread line, else nothing.
@@ -521,7 +530,7 @@ fn bench_lstm(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 rnn.forward(p, &x, &w, &r, &bias, None, None, &mut st)
                     .unwrap()
             });
@@ -532,7 +541,7 @@ fn bench_lstm(o: &Opts) {
                 &probe,
                 samples,
             );
-            let sp = scaling(threads, &pool, samples, |p| {
+            let sp = scaling(threads, &pool, &probe, samples, |p| {
                 rnn.backward(p, &dh, &x, &w, &r, &st, &mut gr).unwrap()
             });
             line("bwd_upd", 2.0 * rnn.flops(), &m, sp);

@@ -169,15 +169,43 @@ pub struct Probes {
     pub fma: brgemm::peak::Probe,
     /// Main tile on L1-resident operands.
     pub tile: brgemm::peak::TileCeiling,
+    /// The best of a few one-thread FMA slices at start: what one core gives.
+    one_core: f64,
 }
+
+/// A multi-thread sample counts only once the FMA probe on all the pool's
+/// threads at once reads at least this share of `threads` x one core.
+const ALL_CORES: f64 = 0.75;
+/// How many probe rounds (of one slice each) to wait for that at most.
+const MAX_WAIT_ROUNDS: usize = 200;
 
 impl Probes {
     /// Both probes for `isa`, each slice lasting about `slice`.
     pub fn new(isa: brgemm::Isa, slice: Duration) -> Probes {
+        let fma = brgemm::peak::Probe::new(isa, slice).expect("supported ISA");
+        let one_core = (0..5).map(|_| fma.sample()).fold(0.0, f64::max);
         Probes {
-            fma: brgemm::peak::Probe::new(isa, slice).expect("supported ISA"),
+            fma,
             tile: brgemm::peak::TileCeiling::new(isa, slice).expect("supported ISA"),
+            one_core,
         }
+    }
+    /// Waits until every thread of `pool` has a core of its own: the FMA
+    /// probe run on all of them at once reads at least [`ALL_CORES`] of the
+    /// sum of single cores (at most [`MAX_WAIT_ROUNDS`] slices, ~2 s). The
+    /// 2-core VM here at times loses its second vCPU to the host for
+    /// seconds; a sample taken then measures the host's scheduling (a
+    /// "2-thread" speed-up of 1.0), not the work. Returns the last reading.
+    pub fn wait_for_cores(&self, pool: &Pool) -> f64 {
+        let want = ALL_CORES * pool.threads() as f64 * self.one_core;
+        let mut got = on_every_thread(pool, || self.fma.sample());
+        for _ in 0..MAX_WAIT_ROUNDS {
+            if pool.threads() == 1 || got >= want {
+                break;
+            }
+            got = on_every_thread(pool, || self.fma.sample());
+        }
+        got
     }
     /// One slice of each on this thread: (FMA peak, tile ceiling) in GFLOP/s.
     pub fn sample(&self) -> (f64, f64) {
@@ -188,7 +216,7 @@ impl Probes {
     /// cores add up; a shared one would not).
     pub fn sample_pool(&self, pool: &Pool) -> (f64, f64) {
         (
-            on_every_thread(pool, || self.fma.sample()),
+            self.wait_for_cores(pool),
             on_every_thread(pool, || self.tile.sample()),
         )
     }
@@ -326,15 +354,23 @@ pub fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: u
 }
 
 /// The speed-up of `many` over `one` thread at the same moments: `f` runs
-/// on each pool in turn, `samples` times after a warm-up call on each, and
+/// on each pool in turn, `samples` times after a warm-up call on each (each
+/// pair once [`Probes::wait_for_cores`] sees all of `many`'s cores), and
 /// the median of the per-pair time ratios is returned. Two lines measured
 /// minutes apart on this machine can differ by 20-50% whatever the thread
 /// count, so a ratio of their GFLOP/s says little about scaling.
-pub fn speedup(mut f: impl FnMut(&Pool), one: &Pool, many: &Pool, samples: usize) -> f64 {
+pub fn speedup(
+    mut f: impl FnMut(&Pool),
+    one: &Pool,
+    many: &Pool,
+    probe: &Probes,
+    samples: usize,
+) -> f64 {
     f(one);
     f(many);
     let mut r: Vec<f64> = (0..samples.max(1))
         .map(|_| {
+            probe.wait_for_cores(many);
             let t = Instant::now();
             f(one);
             let s1 = t.elapsed().as_secs_f64();
