@@ -234,9 +234,9 @@ fn tile_fn(mv: usize, nr: usize, pf: bool) -> String {
          \x20           // stop at the last k step.\n\
          \x20           core::arch::asm!(",
         r = g.r,
-        pf_doc = if pf { ", prefetching the next pair's A and the ahead region" } else { "" },
+        pf_doc = if pf { ", prefetching the next pair's A and the ahead region (else the next pair's B)" } else { "" },
         pf_name = if pf { "_pf" } else { "" },
-        pf_setup = if pf { PF_SETUP } else { "" },
+        pf_setup = if pf { PF_SETUP.replace("SPAN", &b_span(nr)) } else { String::new() },
         bc_line = if nr > 1 { "    let bc = t.b_col * 4;\n" } else { "" },
     )
     .unwrap();
@@ -291,9 +291,22 @@ fn tile_fn(mv: usize, nr: usize, pf: bool) -> String {
     s
 }
 
+/// The elements from a tile's first B element to the end of its `nr`
+/// columns' k steps, as an expression of the generated code.
+fn b_span(nr: usize) -> String {
+    match nr {
+        1 => "t.k * t.b_step".into(),
+        2 => "t.b_col + t.k * t.b_step".into(),
+        _ => format!("{} * t.b_col + t.k * t.b_step", nr - 1),
+    }
+}
+
 /// Per pair, in the prefetching tiles: where the next pair's A starts and
 /// this (tile, pair)'s share of the ahead region, as in `tile::tile`. With no
-/// share, both ends point at A_{i+1}: prefetching it again costs nothing.
+/// share (no ahead region, or it is used up) the same line-per-step walk
+/// covers the tile's columns of the next pair's B instead, so a B that
+/// streams (a convolution's input rows) is prefetched too; on the last pair
+/// both ends point at A_{i+1}: prefetching it again costs nothing.
 const PF_SETUP: &str =
     "            let pa = src.a(if i + 1 < t.count { i + 1 } else { i }).add(m0);
             let a0 = t.ahead_next.get();
@@ -301,6 +314,9 @@ const PF_SETUP: &str =
             t.ahead_next.set(a1);
             let (ah, ahe) = if a1 > a0 {
                 (t.ahead.wrapping_add(a0 * 16), t.ahead.wrapping_add(a1 * 16))
+            } else if i + 1 < t.count {
+                let pb = src.b(i + 1).add(boff);
+                (pb, pb.wrapping_add(SPAN))
             } else {
                 (pa, pa)
             };

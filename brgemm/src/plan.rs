@@ -242,6 +242,11 @@ impl Kernel {
     /// x1.09-1.11 and x1.04); LSTM forward with K = 1024 and 2048, N = 64:
     /// x1.04-1.06 (the recurrent half of its work).
     ///
+    /// The AVX-512 pipelined tiles walk the next pair's B instead wherever
+    /// their share of `ahead` is empty (no region, or used up), so with
+    /// `ahead_len = 0` a B that streams is prefetched (see the primitives'
+    /// convolution); the intrinsic tiles always prefetch a line of it too.
+    ///
     /// # Safety
     /// As [`Kernel::execute_raw`]; `ahead` is only prefetched, never read,
     /// and may be any address.

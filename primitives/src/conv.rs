@@ -340,12 +340,17 @@ struct GatherGeom {
 }
 
 /// Prefetch of the gather passes' kernels. Where kernels prefetch operands
-/// streamed from L2 ([`brgemm::cpu::StreamPrefetch::BeyondL1`], Zen 5) each
-/// call also brings in the next output block of the default orders (its
-/// store misses otherwise wait on their lines). Measured there (same
-/// process, alternating, one thread, the ResNet-50 layers at minibatch 8):
-/// forward and backward-data x1.00-1.13 (res5 x1.08-1.09, the 1x1 256->64
-/// backward x1.13). On Sapphire Rapids next-pair prefetch lost 1-15% and
+/// streamed from L2 ([`brgemm::cpu::StreamPrefetch::BeyondL1`], Zen 5), the
+/// kernels bring in the next pair's input rows (B) while computing one, and
+/// a call of a single pair (a 1x1 layer with one input block) brings in the
+/// next output block of the default orders instead, whose store misses
+/// otherwise wait on their lines. Measured there (same process,
+/// alternating, one thread, the ResNet-50 layers at minibatch 8), against
+/// no prefetch: the next output block, forward and backward-data
+/// x1.00-1.13 (res5 x1.08-1.09, the 1x1 256->64 backward x1.13); against
+/// that, the next pair's rows for calls of several pairs: the 1x1 layers
+/// with 4 input blocks x1.30-1.32 (256->64 forward, 64->256 backward), 3x3
+/// layers x0.96-1.03. On Sapphire Rapids next-pair prefetch lost 1-15% and
 /// stays off.
 fn gather_prefetch() -> brgemm::Prefetch {
     match brgemm::cpu::stream_prefetch() {
@@ -490,7 +495,7 @@ impl Gather {
                     c,
                     bias,
                     c.wrapping_add(g.bq * g.bo),
-                    g.bq * g.bo,
+                    if cnt * rs == 1 { g.bq * g.bo } else { 0 },
                 )
             };
         });

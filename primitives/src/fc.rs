@@ -271,16 +271,19 @@ impl std::fmt::Debug for Fc {
 
 /// Whether the backward-weights kernels prefetch, each call bringing in the
 /// next dW block (the next item of the default order) while it computes.
-/// With a short reduction upd is a stream of dW stores, and each block's
-/// store misses wait on its lines' ownership unless they were requested
-/// earlier. Measured on Zen 5 (same process, alternating, one thread):
-/// (64,4096,4096) x1.24; (256,1024,1024) and (512,2048,2048) x0.99-1.01.
-/// Where kernels prefetch only from L3 (Sapphire Rapids) this was not
-/// measured and stays off.
-fn upd_prefetch(c: usize, k: usize) -> Prefetch {
+/// With a reduction of one or two N blocks upd is a stream of dW stores,
+/// and each block's store misses wait on their lines' ownership unless they
+/// were requested earlier. Measured on Zen 5 (same process, alternating,
+/// one thread): (64,4096,4096) x1.24; with 4 and 8 N blocks
+/// ((256,1024,1024), (512,2048,2048)) x0.96-1.01, so off. Where kernels
+/// prefetch only from L3 (Sapphire Rapids) this was not measured and stays
+/// off.
+fn upd_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
     match brgemm::cpu::stream_prefetch() {
         // dW larger than L2: its lines come from memory.
-        StreamPrefetch::BeyondL1 if 4 * k * c > 2 << 20 => Prefetch::NextPair,
+        StreamPrefetch::BeyondL1 if n.div_ceil(t.bn) <= 2 && 4 * k * c > 2 << 20 => {
+            Prefetch::NextPair
+        }
         _ => Prefetch::None,
     }
 }
@@ -418,7 +421,7 @@ impl Fc {
             .b_row_major()
             .ldb(bc)
             .batch_form(stride(kb * bn * bk, cb * bn * bc))
-            .prefetch(upd_prefetch(c, k));
+            .prefetch(upd_prefetch(n, c, k, &t));
         let upd = pass(
             "upd",
             &t.upd,
