@@ -184,6 +184,19 @@ fn channels_not_multiples_of_the_block() {
     check(p, t, Activation::Sigmoid, 3);
 }
 
+/// Few dW blocks (9 here) on two threads: backward-weights splits the row
+/// chunks between the threads into partial sums, then adds them (odd and
+/// even chunk counts, chunks of 1 to 3 rows, db riding along).
+#[test]
+fn update_with_few_blocks_splits_rows_between_threads() {
+    for chunk in [1, 2, 3] {
+        let p = ConvParams::new(3, 5, 7, 9, 8, 3, 3).pad(1);
+        let mut t = ConvTuning::heuristic(&p);
+        t.upd.chunk = chunk;
+        check(p, t, Activation::Relu, 11 + chunk as u64);
+    }
+}
+
 #[test]
 fn every_valid_spec_gives_the_same_result() {
     let p = ConvParams::new(2, 8, 8, 6, 6, 3, 3).pad(1);
