@@ -33,7 +33,9 @@
 //!   (Sapphire Rapids); the gather passes use it where it pays
 //!   (`gather_prefetch`).
 //!   Every `dW[kb][cb][r][s]` block belongs to one thread: no races, no
-//!   partial sums. The default `aBCDE` walks chunks of rows outermost and
+//!   partial sums (except with fewer than 8 blocks per thread, where the
+//!   threads split the rows into partial sums instead; see
+//!   [`Conv::backward_weights`]). The default `aBCDE` walks chunks of rows outermost and
 //!   the taps of a chunk inside, so a chunk is read from memory once and
 //!   reused from L2 for all R x S taps.
 //!
