@@ -361,6 +361,27 @@ fn gather_prefetch() -> brgemm::Prefetch {
     }
 }
 
+/// The register tile of gather calls that are a single pair (a 1x1 layer
+/// with one input block), where it pays: tiles of whole 64-channel output
+/// columns (4 x 4 on AVX-512) instead of the model's 2 x 11, so each tile
+/// writes four pixels' 256 contiguous bytes. Such calls do 64 k steps per
+/// output column and stream their output to memory, and on Zen 5 the
+/// stores of half-columns 256 bytes apart kept the core waiting: the 64 ->
+/// 256 1x1 forward's pattern through the raw kernel ran 4x4 x1.12-1.31
+/// over 2x11, and the ResNet-50 passes made of such calls (minibatch 8,
+/// one thread, alternating in one process) 64 -> 256 forward x1.29-1.31,
+/// 256 -> 64 backward-data x1.15-1.24; on cached operands the two tiles
+/// measured the same, and with several pairs per call 4-vector tiles lost
+/// (x0.84-0.93), so the model's choice stays there. Not measured on
+/// Sapphire Rapids: off there.
+fn single_pair_tile(bo: usize, pairs: usize) -> Option<brgemm::RegisterTile> {
+    (pairs == 1
+        && bo == 64
+        && brgemm::Isa::selected() == Ok(brgemm::Isa::Avx512)
+        && brgemm::cpu::stream_prefetch() == brgemm::cpu::StreamPrefetch::BeyondL1)
+        .then_some(brgemm::RegisterTile { mv: 4, nr: 4 })
+}
+
 /// A planned gather pass (forward, and backward-data at stride 1).
 struct Gather {
     g: GatherGeom,
@@ -403,9 +424,10 @@ impl Gather {
                 .batch_form(BatchForm::Offset)
                 .prefetch(gather_prefetch())
         };
-        let main = Chunked::new(desc(g.bq), ep)?;
+        let tile = single_pair_tile(g.bo, g.in_blocks * g.r * g.s);
+        let main = Chunked::with_tile(desc(g.bq), ep, tile)?;
         let tail = (!g.q.is_multiple_of(g.bq))
-            .then(|| Chunked::new(desc(g.q % g.bq), ep))
+            .then(|| Chunked::with_tile(desc(g.q % g.bq), ep, tile))
             .transpose()?;
         let (mut a_off, mut b_off) = (vec![], vec![]);
         for cb in 0..chunk {

@@ -213,7 +213,29 @@ pub(crate) struct Chunked {
 
 impl Chunked {
     pub(crate) fn new(base: Descriptor, ep: Epilogue) -> Result<Chunked> {
-        let k = |beta, ep| brgemm::dispatch(&base.beta(beta).epilogue(ep));
+        Chunked::with_tile(base, ep, None)
+    }
+    /// As [`Chunked::new`], with the register tile forced when `tile` is
+    /// given (planned apart from the dispatch cache).
+    pub(crate) fn with_tile(
+        base: Descriptor,
+        ep: Epilogue,
+        tile: Option<brgemm::RegisterTile>,
+    ) -> Result<Chunked> {
+        let k = |beta, ep| {
+            let d = base.beta(beta).epilogue(ep);
+            match tile {
+                None => brgemm::dispatch(&d),
+                Some(t) => Kernel::with_options(
+                    &d,
+                    brgemm::KernelOptions {
+                        isa: None,
+                        tile: Some(t),
+                    },
+                )
+                .map(Arc::new),
+            }
+        };
         Ok(Chunked {
             only: k(Beta::Zero, ep)?,
             first: k(Beta::Zero, Epilogue::default())?,

@@ -174,6 +174,25 @@ fn resnet_like_shapes() {
     }
 }
 
+/// 1x1 layers with one 64-channel input block: single-pair calls, which on
+/// some cores run a forced tile of whole output columns (forward here, and
+/// backward-data of the second, whose dY has one block); a pixel run with
+/// a tail and channel padding too.
+#[test]
+fn single_block_pointwise_layers() {
+    for (p, bq) in [
+        (ConvParams::new(2, 64, 128, 6, 11, 1, 1), 0),
+        (ConvParams::new(1, 128, 64, 5, 9, 1, 1), 0),
+        (ConvParams::new(1, 40, 70, 7, 7, 1, 1), 10),
+    ] {
+        let mut t = ConvTuning::heuristic(&p);
+        if bq > 0 {
+            t.bq = bq;
+        }
+        check(p, t, Activation::Relu, 21);
+    }
+}
+
 #[test]
 fn channels_not_multiples_of_the_block() {
     let p = ConvParams::new(2, 10, 13, 6, 7, 3, 3).pad(1);
