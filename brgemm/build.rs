@@ -306,7 +306,8 @@ fn b_span(nr: usize) -> String {
 /// share (no ahead region, or it is used up) the same line-per-step walk
 /// covers the tile's columns of the next pair's B instead, so a B that
 /// streams (a convolution's input rows) is prefetched too; on the last pair
-/// both ends point at A_{i+1}: prefetching it again costs nothing.
+/// both ends point at this pair's A (`pa`): prefetching it again costs
+/// nothing.
 const PF_SETUP: &str =
     "            let pa = src.a(if i + 1 < t.count { i + 1 } else { i }).add(m0);
             let a0 = t.ahead_next.get();

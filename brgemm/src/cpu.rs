@@ -56,7 +56,7 @@ pub fn stream_prefetch() -> StreamPrefetch {
 
 /// The CPUID vendor string and display family of this core.
 #[cfg(target_arch = "x86_64")]
-pub fn vendor_family() -> ([u8; 12], u32) {
+fn vendor_family() -> ([u8; 12], u32) {
     use std::arch::x86_64::__cpuid;
     let (l0, l1) = (__cpuid(0), __cpuid(1));
     let mut v = [0u8; 12];

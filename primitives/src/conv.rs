@@ -362,7 +362,7 @@ fn gather_prefetch() -> brgemm::Prefetch {
 }
 
 /// The register tile of gather calls that are a single pair (a 1x1 layer
-/// with one input block), where it pays: tiles of whole 64-channel output
+/// with one input block per call), where it pays: tiles of whole 64-channel output
 /// columns (4 x 4 on AVX-512) instead of the model's 2 x 11, so each tile
 /// writes four pixels' 256 contiguous bytes. Such calls do 64 k steps per
 /// output column and stream their output to memory, and on Zen 5 the
@@ -424,7 +424,7 @@ impl Gather {
                 .batch_form(BatchForm::Offset)
                 .prefetch(gather_prefetch())
         };
-        let tile = single_pair_tile(g.bo, g.in_blocks * g.r * g.s);
+        let tile = single_pair_tile(g.bo, chunk * g.r * g.s);
         let main = Chunked::with_tile(desc(g.bq), ep, tile)?;
         let tail = (!g.q.is_multiple_of(g.bq))
             .then(|| Chunked::with_tile(desc(g.q % g.bq), ep, tile))
