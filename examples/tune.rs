@@ -94,7 +94,12 @@ fn setup(args: &[String]) -> Setup {
         std::path::PathBuf::from(arg(args, "--out").unwrap_or_else(|| "target/tune".into()));
     std::fs::create_dir_all(&out_dir)
         .unwrap_or_else(|e| fail(&format!("{}: {e}", out_dir.display())));
-    let pool = Pool::new(threads).unwrap_or_else(|e| fail(&e.to_string()));
+    // Every configuration on all the threads asked for, however small the
+    // shape: the sweep compares parallel schedules (a real layer of under
+    // `MIN_PARALLEL_FLOPS` runs on one thread, see `Pool::for_work`).
+    let pool = Pool::new(threads)
+        .unwrap_or_else(|e| fail(&e.to_string()))
+        .always_parallel();
     let isa = Isa::selected().unwrap_or_else(|e| fail(&e.to_string()));
     // Short slices: one pair of them precedes every sample of every configuration.
     let probes = Probes::new(isa, Duration::from_millis(3));

@@ -836,6 +836,7 @@ impl Conv {
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check_x("X", x)?;
         self.check_f("W", w, self.filter())?;
         self.check_y("Y", y)?;
@@ -864,6 +865,7 @@ impl Conv {
         y: &Tensor4,
         dz: &mut Tensor4,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check_y("dY", dy)?;
         self.check_y("Y", y)?;
         self.check_y("dZ", dz)?;
@@ -878,6 +880,7 @@ impl Conv {
 
     /// Writes the transposed filter backward-data reads.
     pub fn transpose_filter(&self, pool: &Pool, w: &Filter, wt: &mut Filter) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check_f("W", w, self.filter())?;
         self.check_f("Wt", wt, self.filter_t())?;
         w.transpose_into(wt, pool)
@@ -892,6 +895,7 @@ impl Conv {
         wt: &Filter,
         dx: &mut Tensor4,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check_y("dZ", dz)?;
         self.check_f("Wt", wt, self.filter_t())?;
         self.check_x("dX", dx)?;
@@ -969,6 +973,7 @@ impl Conv {
         dw: &mut Filter,
         db: &mut [f32],
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check_y("dZ", dz)?;
         self.check_x("X", x)?;
         self.check_f("dW", dw, self.filter())?;

@@ -587,6 +587,7 @@ impl Fc {
         y: &mut Blocked,
         z: Option<&mut Blocked>,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check("X", x, self.x_shape())?;
         self.check("W", w, self.w_shape())?;
         self.check("Y", y, self.y_shape())?;
@@ -709,6 +710,7 @@ impl Fc {
         wt: &Blocked,
         dx: &mut Blocked,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check("dZ", dz, self.y_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         self.check("dX", dx, self.x_shape())?;
@@ -756,6 +758,7 @@ impl Fc {
         dw: &mut Blocked,
         db: &mut [f32],
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check("dZ", dz, self.y_shape())?;
         self.check("X", x, self.x_shape())?;
         self.check("dW", dw, self.w_shape())?;
@@ -811,6 +814,7 @@ impl Fc {
     /// Writes W transposed into `wt` for backward-data (O(KC), once per
     /// step; a block copy per block, parallel over `pool`).
     pub fn transpose_weights(&self, pool: &Pool, w: &Blocked, wt: &mut Blocked) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check("W", w, self.w_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         w.transpose_into_par(wt, pool)

@@ -133,6 +133,14 @@ impl FcBf16 {
         self.fwd.isa()
     }
 
+    /// The work of one pass for [`Pool::for_work`], in f32-equivalent
+    /// operations: bf16 kernels run about twice the f32 rate, so the same
+    /// hand-off needs twice the operations to pay.
+    fn work(&self) -> f64 {
+        let (n, c, k) = (self.nb * self.bn, self.cb * self.bc, self.kb * self.bk);
+        (n * c * k) as f64
+    }
+
     /// Packs the f32 weights `w` (`[K/bk][C/bc][bc][bk]`) into the VNNI
     /// layouts of forward (`wv`) and backward-data (`wtv`).
     pub fn pack_weights(
@@ -142,6 +150,7 @@ impl FcBf16 {
         wv: &mut AlignedVec<bf16>,
         wtv: &mut AlignedVec<bf16>,
     ) -> Result<()> {
+        let pool = pool.for_work(self.work());
         let (bc, bk, cb, kb) = (self.bc, self.bk, self.cb, self.kb);
         if w.data.len() != kb * cb * bc * bk || w.br != bk || w.bc != bc {
             return Err(shape(
@@ -215,6 +224,7 @@ impl FcBf16 {
         bias: &[f32],
         y: &mut Blocked,
     ) -> Result<()> {
+        let pool = pool.for_work(self.work());
         let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
         crate::error::check_buf("bf16 X", x.len(), nb * cb * bn * bc)?;
         crate::error::check_buf("packed W", wv.len(), kb * cb * bc * bk)?;
@@ -263,6 +273,7 @@ impl FcBf16 {
         wtv: &[bf16],
         dx: &mut Blocked,
     ) -> Result<()> {
+        let pool = pool.for_work(self.work());
         let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
         crate::error::check_buf("bf16 dZ", dz.len(), nb * kb * bn * bk)?;
         crate::error::check_buf("packed Wt", wtv.len(), kb * cb * bc * bk)?;

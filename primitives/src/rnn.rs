@@ -488,6 +488,7 @@ impl Rnn {
         c0: Option<&Blocked>,
         st: &mut RnnState,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
         self.check("R", r, self.r_shape())?;
         self.check(
@@ -623,6 +624,7 @@ impl Rnn {
         st: &RnnState,
         gr: &mut RnnGrads,
     ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
         self.check("dH", dh, self.seq_shape(self.t, self.k, self.tuning.bk))?;
         self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
         self.check("R", r, self.r_shape())?;

@@ -8,20 +8,50 @@
 //! pin threads to the same core while there are enough cores.
 //! Other pools (say, with fewer threads for a scaling test) can be built with
 //! [`Pool::new`].
+//!
+//! Small work runs on the calling thread. A hand-off to the pool and back
+//! costs 10-20 us here (the workers start within 2 us; the caller, asleep
+//! on rayon's latch, takes ~9 us to wake once they are done), so a layer
+//! whose pass is a few microseconds of work ran 3-5x *slower* on two
+//! threads than on one, and the MLP main job trained at 0.23M samples/s on
+//! two threads against 1.5M on one. Each layer therefore asks
+//! [`Pool::for_work`] for the pool to run a pass on, which is the calling
+//! thread alone below [`MIN_PARALLEL_FLOPS`] (measured crossover, FC
+//! forward on this machine, one pool at a time: 8.4 MFLOP ran 0.92x on two
+//! threads, 16.8 MFLOP 1.22x, 33.6 MFLOP 1.46x), and
+//! [`Pool::for_slices`] runs element-wise steps of fewer than
+//! [`MIN_PARALLEL_ELEMS`] elements on the caller. `BRGEMM_MIN_PARALLEL_FLOPS`
+//! moves the first threshold for pools built afterwards (another machine,
+//! another hand-off cost); [`Pool::always_parallel`] turns both off, as
+//! the tests do to run the parallel paths on small shapes.
 
 use crate::error::{shape, Result};
 use std::sync::OnceLock;
 
+/// Floating-point operations below which [`Pool::for_work`] keeps a pass on
+/// the calling thread (the default; see the module docs).
+pub const MIN_PARALLEL_FLOPS: f64 = 12e6;
+
+/// Elements below which [`Pool::for_slices`] runs on the calling thread: an
+/// element-wise step over 128 Ki f32 reads and writes 1 MiB, 20-40 us on
+/// one core here, about twice the hand-off.
+pub const MIN_PARALLEL_ELEMS: usize = 1 << 17;
+
 /// A pinned pool of worker threads.
 pub struct Pool {
-    pool: rayon::ThreadPool,
+    /// None for one thread: everything runs on the caller.
+    pool: Option<rayon::ThreadPool>,
     threads: usize,
+    min_flops: f64,
+    min_elems: usize,
 }
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("threads", &self.threads)
+            .field("min_flops", &self.min_flops)
+            .field("min_elems", &self.min_elems)
             .finish()
     }
 }
@@ -55,10 +85,33 @@ fn split_for_local_rank<T>(cores: Vec<T>, rank: Option<usize>, size: Option<usiz
 
 impl Pool {
     /// A pool of `threads` workers pinned round-robin to the cores this
-    /// process may run on.
+    /// process may run on. One thread means no workers: everything runs on
+    /// the calling thread.
+    ///
+    /// # Panics
+    /// If `BRGEMM_MIN_PARALLEL_FLOPS` is set but is not a non-negative number.
     pub fn new(threads: usize) -> Result<Pool> {
         if threads == 0 {
             return Err(shape("threads", 0, "need at least one thread"));
+        }
+        let min_flops = match std::env::var("BRGEMM_MIN_PARALLEL_FLOPS") {
+            Ok(s) => s
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| *v >= 0.0)
+                .unwrap_or_else(|| {
+                    panic!("BRGEMM_MIN_PARALLEL_FLOPS={s:?}: expected a non-negative number")
+                }),
+            Err(_) => MIN_PARALLEL_FLOPS,
+        };
+        if threads == 1 {
+            return Ok(Pool {
+                pool: None,
+                threads,
+                min_flops,
+                min_elems: MIN_PARALLEL_ELEMS,
+            });
         }
         let cores = process_cores();
         let pool = rayon::ThreadPoolBuilder::new()
@@ -71,7 +124,43 @@ impl Pool {
             })
             .build()
             .map_err(|e| shape("threads", threads, e.to_string()))?;
-        Ok(Pool { pool, threads })
+        Ok(Pool {
+            pool: Some(pool),
+            threads,
+            min_flops,
+            min_elems: MIN_PARALLEL_ELEMS,
+        })
+    }
+
+    /// This pool with the small-work rule off: every pass and element-wise
+    /// step goes to all its threads, however small (tests of the parallel
+    /// paths, scaling experiments on small shapes).
+    pub fn always_parallel(mut self) -> Pool {
+        self.min_flops = 0.0;
+        self.min_elems = 0;
+        self
+    }
+
+    /// The calling thread as a pool of one (no workers, no hand-off).
+    pub fn caller() -> &'static Pool {
+        static CALLER: OnceLock<Pool> = OnceLock::new();
+        CALLER.get_or_init(|| Pool {
+            pool: None,
+            threads: 1,
+            min_flops: 0.0,
+            min_elems: 0,
+        })
+    }
+
+    /// The pool to run a pass of `flops` floating-point operations on: this
+    /// one, or below its threshold ([`MIN_PARALLEL_FLOPS`] by default) the
+    /// calling thread alone, where the pass is faster than the hand-off.
+    pub fn for_work(&self, flops: f64) -> &Pool {
+        if self.threads > 1 && flops < self.min_flops {
+            Pool::caller()
+        } else {
+            self
+        }
     }
 
     /// The process-wide pool: `BRGEMM_NUM_THREADS` threads, else one per core
@@ -116,8 +205,13 @@ impl Pool {
     }
 
     /// Runs `f(offset, part)` on every thread for its contiguous share of
-    /// `out` (`part` starts at element `offset`) and waits.
+    /// `out` (`part` starts at element `offset`) and waits; with fewer than
+    /// [`MIN_PARALLEL_ELEMS`] elements (unless [`Pool::always_parallel`]),
+    /// `f(0, out)` on the calling thread.
     pub fn for_slices<T: Send, F: Fn(usize, &mut [T]) + Sync>(&self, out: &mut [T], f: F) {
+        if out.len() < self.min_elems {
+            return f(0, out);
+        }
         let (base, n) = (out.as_mut_ptr() as usize, out.len());
         self.for_ranges(n, |r| {
             // SAFETY: the shares of `0..n` are disjoint, so each thread
@@ -135,17 +229,85 @@ impl Pool {
 
     /// Runs `f(thread_index)` once on every thread of the pool and waits.
     pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
-        if self.threads == 1 {
+        match &self.pool {
             // No hand-off for a single thread: run on the caller.
-            return f(0);
+            None => f(0),
+            Some(p) => {
+                p.broadcast(|ctx| f(ctx.index()));
+            }
         }
-        self.pool.broadcast(|ctx| f(ctx.index()));
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::split_for_local_rank;
+    use super::{split_for_local_rank, Pool, MIN_PARALLEL_ELEMS, MIN_PARALLEL_FLOPS};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Which threads ran: a bit per thread index seen, and the number of calls.
+    fn seen(pool: &Pool) -> (usize, usize) {
+        let (mask, calls) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        pool.broadcast(|t| {
+            mask.fetch_or(1 << t, Ordering::Relaxed);
+            calls.fetch_add(1, Ordering::Relaxed);
+        });
+        (mask.into_inner(), calls.into_inner())
+    }
+
+    #[test]
+    fn small_work_runs_on_the_caller_and_large_work_on_every_thread() {
+        let pool = Pool::new(2).unwrap();
+        let small = pool.for_work(MIN_PARALLEL_FLOPS / 2.0);
+        assert_eq!(small.threads(), 1);
+        let caller = std::thread::current().id();
+        small.broadcast(|t| {
+            assert_eq!(t, 0);
+            assert_eq!(std::thread::current().id(), caller);
+        });
+        let large = pool.for_work(MIN_PARALLEL_FLOPS);
+        assert_eq!(large.threads(), 2);
+        assert_eq!(seen(large), (0b11, 2));
+        // Forced: every pass goes to the workers, however small.
+        let forced = Pool::new(2).unwrap().always_parallel();
+        assert_eq!(forced.for_work(1.0).threads(), 2);
+        assert_eq!(seen(forced.for_work(0.0)), (0b11, 2));
+        // One thread: always itself, never a hand-off.
+        let one = Pool::new(1).unwrap();
+        assert_eq!(seen(one.for_work(1e12)), (1, 1));
+    }
+
+    #[test]
+    fn for_slices_covers_every_element_above_and_below_the_threshold() {
+        for pool in [
+            Pool::new(2).unwrap(),
+            Pool::new(2).unwrap().always_parallel(),
+        ] {
+            for len in [
+                0,
+                1,
+                7,
+                MIN_PARALLEL_ELEMS - 1,
+                MIN_PARALLEL_ELEMS,
+                3 * MIN_PARALLEL_ELEMS + 5,
+            ] {
+                let mut v = vec![0usize; len];
+                let parts = AtomicUsize::new(0);
+                pool.for_slices(&mut v, |lo, part| {
+                    parts.fetch_add(1, Ordering::Relaxed);
+                    for (i, x) in part.iter_mut().enumerate() {
+                        *x += lo + i + 1;
+                    }
+                });
+                assert!(v.iter().enumerate().all(|(i, &x)| x == i + 1), "len {len}");
+                let parallel = len >= MIN_PARALLEL_ELEMS || pool.min_elems == 0;
+                assert_eq!(
+                    parts.into_inner(),
+                    if parallel { 2 } else { 1 },
+                    "len {len}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn shared_masks_are_split_by_local_rank_and_bound_ones_kept() {

@@ -82,7 +82,7 @@ fn naive_pool(
 
 #[test]
 fn pooling_matches_reference_and_finite_differences() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     for (kind, (n, c, h, w), bc, win, st, pad) in [
         (PoolKind::Max, (2, 5, 8, 8), 4, 2, 2, 0),
         (PoolKind::Max, (1, 3, 7, 9), 3, 3, 2, 1),
@@ -164,7 +164,7 @@ fn bn_loss(
 
 #[test]
 fn batch_norm_statistics_and_gradients() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     let (n, c, h, w, bc) = (3, 5, 4, 3, 4);
     let xs: Vec<f32> = data(n * c * h * w, 21)
         .iter()
@@ -261,7 +261,7 @@ fn batch_norm_statistics_and_gradients() {
 
 #[test]
 fn conv_gradients_match_finite_differences() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     for p in [
         ConvParams::new(2, 3, 4, 6, 5, 3, 3).pad(1),
         ConvParams::new(1, 4, 3, 7, 7, 3, 3).stride(2).pad(1),
@@ -311,7 +311,7 @@ fn dropout_is_inverted_and_thread_independent() {
     let x = vec![1.0f32; 10_000];
     let mut outs = vec![];
     for threads in [1, 2] {
-        let pool = Pool::new(threads).unwrap();
+        let pool = Pool::new(threads).unwrap().always_parallel();
         let mut d = Dropout::new(0.25, 7).unwrap();
         let mut y = vec![0.0; x.len()];
         d.forward_train(&pool, &x, &mut y).unwrap();
@@ -334,7 +334,7 @@ fn dropout_is_inverted_and_thread_independent() {
 
 #[test]
 fn flatten_round_trips_in_nchw_order() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     let (n, c, h, w) = (3, 5, 2, 3);
     let xs = data(n * c * h * w, 4);
     let x = Tensor4::from_nchw(&xs, n, c, h, w, 4).unwrap();
@@ -375,7 +375,7 @@ fn tiny_cnn(batchnorm: bool) -> (Cnn, Tensor4, Vec<usize>) {
 
 #[test]
 fn cnn_weight_gradients_match_finite_differences() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     for bn in [false, true] {
         let (mut cnn, x, labels) = tiny_cnn(bn);
         cnn.compute_gradients(&pool, &x, &labels).unwrap();
@@ -399,7 +399,7 @@ fn cnn_weight_gradients_match_finite_differences() {
 
 #[test]
 fn cnn_learns_a_toy_problem() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     let (mut cnn, x, labels) = tiny_cnn(true);
     let opt = Optimizer::adam(0.01);
     let first = cnn.train_step(&pool, &x, &labels, &opt).unwrap();

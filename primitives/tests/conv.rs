@@ -91,7 +91,7 @@ fn close(what: &str, got: &[f32], want: &[f64], scale: f64) {
 /// Runs all three passes of `conv` and compares them with the reference.
 fn check(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) {
     let conv = Conv::with_tuning(p, act, t).unwrap();
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     let xs = data(p.n * p.c * p.h * p.w, seed);
     let ws = data(p.k * p.c * p.r * p.s, seed + 1);
     let bs = data(p.k, seed + 2);

@@ -172,7 +172,7 @@ proptest! {
         let pass = PassConfig { chunk, ..PassConfig::spec("ABc") };
         let t = FcTuning { bn, bc, bk, fwd: pass.clone(), bwd: pass.clone(), upd: pass };
         let fc = Fc::with_tuning(n, c, k, act, t).unwrap();
-        let pool = Pool::new(threads).unwrap();
+        let pool = Pool::new(threads).unwrap().always_parallel();
         let p = Problem::new(n, c, k, act, seed);
         check(&p, &fc, &pool).map_err(TestCaseError::fail)?;
     }
@@ -180,7 +180,7 @@ proptest! {
 
 #[test]
 fn default_tuning_matches_reference_on_typical_shapes() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     for (n, c, k) in [(64, 64, 10), (100, 64, 128), (32, 200, 96), (1, 1, 1)] {
         for act in [Activation::Relu, Activation::Gelu] {
             let fc = Fc::new(n, c, k, act).unwrap();
@@ -195,7 +195,7 @@ fn default_tuning_matches_reference_on_typical_shapes() {
 /// blocks here, bwd over 18 K blocks in the second shape), padded tails too.
 #[test]
 fn default_tuning_with_chunked_reductions_matches_reference() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     // Where kernels prefetch from L2, upd (K blocks < C blocks) stays whole.
     let split_upd = brgemm::cpu::stream_prefetch() == brgemm::cpu::StreamPrefetch::BeyondL2;
     for (n, c, k, chunked) in [
@@ -216,7 +216,7 @@ fn default_tuning_with_chunked_reductions_matches_reference() {
 /// every pass gives the default spec's result.
 #[test]
 fn every_valid_spec_gives_the_same_result() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     // 6 N blocks, 4 C blocks, 4 K blocks: blocking levels of 2 divide every loop.
     let (n, c, k) = (48, 32, 48);
     let base = FcTuning {

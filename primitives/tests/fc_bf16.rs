@@ -16,7 +16,7 @@ fn round(v: &[f32]) -> Vec<f64> {
 
 #[test]
 fn forward_and_backward_data_match_the_rounded_reference() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     // (n, c, k, blocks): AMX-sized blocks, AVX512-BF16 tails, small blocks.
     for (n, c, k, b) in [
         (64, 128, 64, 64),
@@ -103,7 +103,7 @@ fn odd_blocks_and_gelu_are_refused() {
 /// bf16 training follows f32 training closely on a separable toy problem.
 #[test]
 fn mixed_precision_mlp_trains_like_f32() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     let (n, c, classes) = (64usize, 32usize, 4usize);
     let xs = data(n * c, 9);
     let labels: Vec<usize> = (0..n)

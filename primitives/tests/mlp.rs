@@ -36,7 +36,7 @@ fn loss_of(m: &mut Mlp, pool: &Pool, x: &Blocked, labels: &[usize]) -> f64 {
 
 #[test]
 fn gradients_match_central_finite_differences() {
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     for acts in [
         [Activation::Tanh, Activation::Sigmoid, Activation::Identity],
         [Activation::Gelu, Activation::Tanh, Activation::Identity],

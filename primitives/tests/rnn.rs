@@ -123,7 +123,7 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
     } = p.d;
     let g = kind.gates();
     let rnn = Rnn::with_tuning(kind, steps, n, c, k, t).unwrap();
-    let pool = Pool::new(threads).unwrap();
+    let pool = Pool::new(threads).unwrap().always_parallel();
     let f = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
     let mut x = rnn.x_layout();
     rnn.set_sequence(&mut x, &f(p.get(0))).unwrap();
@@ -427,7 +427,7 @@ proptest! {
 #[test]
 fn stacked_bidirectional_classifier_gradients() {
     use brgemm_primitives::{SeqClassifier, SeqSpec};
-    let pool = Pool::new(2).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
     for kind in [CellKind::Lstm, CellKind::Rnn] {
         let spec = SeqSpec {
             kind,
