@@ -6,7 +6,8 @@
 //! - [`loops`]: PARLOOPER-style loop nests ([`LoopNest`], [`LoopDef`]): a spec
 //!   string gives nesting order, blocking levels and parallel loops; tuning a
 //!   primitive's loop order needs no code change.
-//! - [`threads`]: the pinned rayon [`Pool`] the nests run on (`BRGEMM_NUM_THREADS`);
+//! - [`threads`]: the [`Pool`] the nests run on: the caller plus pinned rayon
+//!   workers (`BRGEMM_NUM_THREADS`);
 //!   passes too small to pay for a hand-off stay on the caller
 //!   (`BRGEMM_MIN_PARALLEL_FLOPS`).
 //! - [`layout`]: [`Blocked`] layouts and conversions from and to plain ones.

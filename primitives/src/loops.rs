@@ -34,7 +34,7 @@
 //! every iteration reads all of the previous one's results) must sit outside
 //! the parallel group, and the group inside it ends with a barrier under
 //! either schedule. A whole sequence is then one nest run, one hand-off to
-//! the pool, instead of one per step (8-40 us each here).
+//! the pool, instead of one per step (1-30 us each here, see [`crate::threads`]).
 //!
 //! `BRGEMM_SCHEDULE=static` or `=steal`, read when a nest is built, sets the
 //! default for nests built afterwards; [`LoopNest::with_schedule`] sets one

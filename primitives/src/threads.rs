@@ -1,24 +1,33 @@
 //! The pinned thread pool the loop nests run on.
 //!
-//! One rayon pool per process, one thread per core of the process's affinity
-//! mask (so ranks bound by `mpirun` keep to their cores), each thread pinned
-//! to its core with `core_affinity`. `BRGEMM_NUM_THREADS` sets the count.
+//! One pool per process, one thread per core of the process's affinity mask
+//! (so ranks bound by `mpirun` keep to their cores). The thread that calls
+//! into the pool is thread 0 of every parallel region and runs its share
+//! itself; the other threads are rayon workers, each pinned to its own
+//! core with `core_affinity` (worker i to the (i+1)-th core of the mask,
+//! leaving the first to the caller). `BRGEMM_NUM_THREADS` sets the count.
 //! Ranks of one node that share a mask (`mpirun --bind-to none`) split it by
 //! their local rank (`OMPI_COMM_WORLD_LOCAL_RANK`/`_SIZE`), so two ranks never
 //! pin threads to the same core while there are enough cores.
 //! Other pools (say, with fewer threads for a scaling test) can be built with
 //! [`Pool::new`].
 //!
-//! Small work runs on the calling thread. A hand-off to the pool and back
-//! costs 10-20 us here (the workers start within 2 us; the caller, asleep
-//! on rayon's latch, takes ~9 us to wake once they are done), so a layer
-//! whose pass is a few microseconds of work ran 3-5x *slower* on two
-//! threads than on one, and the MLP main job trained at 0.23M samples/s on
-//! two threads against 1.5M on one. Each layer therefore asks
-//! [`Pool::for_work`] for the pool to run a pass on, which is the calling
-//! thread alone below [`MIN_PARALLEL_FLOPS`] (measured crossover, FC
-//! forward on this machine, one pool at a time: 8.4 MFLOP ran 0.92x on two
-//! threads, 16.8 MFLOP 1.22x, 33.6 MFLOP 1.46x), and
+//! Why the caller works: with rayon's own `broadcast` it slept on a latch
+//! while the workers ran every share, and took ~9 us to wake after the
+//! last one finished: an empty region cost 11 us, and a 1 MFLOP FC
+//! forward took 21 us on two threads against 4 us on one. Now the caller
+//! runs share 0 and, done first, spins up to 50 us for the workers: an
+//! empty region costs 0.5-1.3 us while the workers are awake (~30 us when
+//! they have gone to sleep, which the caller spends on its own share).
+//! Measured on two threads, FC forward alternating in one process: 16.8
+//! MFLOP 1.22x -> 1.91x over one thread, 33.6 MFLOP 1.46x -> 1.95x; the
+//! bench layers (FC, conv, LSTM) 1.00-1.03x faster than before.
+//!
+//! Small work still runs on the calling thread alone: each layer asks
+//! [`Pool::for_work`] for the pool to run a pass on, which is the caller
+//! below [`MIN_PARALLEL_FLOPS`] (FC forward, two threads against one,
+//! every region handed to the pool: 1 MFLOP 0.90x, 2.1 MFLOP 1.22x, 8.4
+//! MFLOP 1.68x), and
 //! [`Pool::for_slices`] runs element-wise steps of fewer than
 //! [`MIN_PARALLEL_ELEMS`] elements on the caller. `BRGEMM_MIN_PARALLEL_FLOPS`
 //! moves the first threshold for pools built afterwards (another machine,
@@ -26,16 +35,22 @@
 //! the tests do to run the parallel paths on small shapes.
 
 use crate::error::{shape, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long the caller, done with its share, spins for the workers before
+/// it sleeps on the scope's latch.
+const CALLER_SPIN: Duration = Duration::from_micros(50);
 
 /// Floating-point operations below which [`Pool::for_work`] keeps a pass on
 /// the calling thread (the default; see the module docs).
-pub const MIN_PARALLEL_FLOPS: f64 = 12e6;
+pub const MIN_PARALLEL_FLOPS: f64 = 4e6;
 
-/// Elements below which [`Pool::for_slices`] runs on the calling thread: an
-/// element-wise step over 128 Ki f32 reads and writes 1 MiB, 20-40 us on
-/// one core here, about twice the hand-off.
-pub const MIN_PARALLEL_ELEMS: usize = 1 << 17;
+/// Elements below which [`Pool::for_slices`] runs on the calling thread
+/// (ReLU forward, two threads against one, awake workers: 32 Ki elements
+/// 1.00x, 64 Ki 1.19x, 128 Ki 1.81x; a sleeping worker costs ~30 us more).
+pub const MIN_PARALLEL_ELEMS: usize = 1 << 16;
 
 /// A pinned pool of worker threads.
 pub struct Pool {
@@ -114,12 +129,14 @@ impl Pool {
             });
         }
         let cores = process_cores();
+        // The caller is thread 0 of every broadcast: the pool holds the
+        // other `threads - 1`, worker i pinned to the (i + 1)-th core.
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("brgemm-{i}"))
+            .num_threads(threads - 1)
+            .thread_name(|i| format!("brgemm-{}", i + 1))
             .start_handler(move |i| {
                 if !cores.is_empty() {
-                    core_affinity::set_for_current(cores[i % cores.len()]);
+                    core_affinity::set_for_current(cores[(i + 1) % cores.len()]);
                 }
             })
             .build()
@@ -229,13 +246,33 @@ impl Pool {
 
     /// Runs `f(thread_index)` once on every thread of the pool and waits.
     pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
-        match &self.pool {
+        let Some(p) = &self.pool else {
             // No hand-off for a single thread: run on the caller.
-            None => f(0),
-            Some(p) => {
-                p.broadcast(|ctx| f(ctx.index()));
+            return f(0);
+        };
+        // The caller runs share 0 itself instead of sleeping on rayon's latch
+        // while the workers run all of them: asleep, it took ~9 us to wake
+        // after the last worker finished, and it had no work meanwhile.
+        let left = AtomicUsize::new(self.threads - 1);
+        p.in_place_scope(|s| {
+            s.spawn_broadcast(|_, ctx| {
+                f(ctx.index() + 1);
+                left.fetch_sub(1, Ordering::Release);
+            });
+            f(0);
+            // Done first: wait awake for a while (this is the caller's own
+            // core), then on the scope's latch. A worker that panicked never
+            // counts down; the scope re-raises its panic after the wait.
+            let start = Instant::now();
+            let mut spins = 0u32;
+            while left.load(Ordering::Acquire) != 0 {
+                std::hint::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(256) && start.elapsed() > CALLER_SPIN {
+                    break;
+                }
             }
-        }
+        });
     }
 }
 
