@@ -314,6 +314,22 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_in_any_share_reaches_the_caller_and_the_pool_goes_on() {
+        let pool = Pool::new(3).unwrap();
+        for bad in 0..3 {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.broadcast(|t| {
+                    if t == bad {
+                        panic!("share {t} failed");
+                    }
+                })
+            }));
+            assert!(r.is_err(), "the panic of share {bad} was lost");
+            assert_eq!(seen(&pool), (0b111, 3));
+        }
+    }
+
+    #[test]
     fn for_slices_covers_every_element_above_and_below_the_threshold() {
         for pool in [
             Pool::new(2).unwrap(),
