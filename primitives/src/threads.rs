@@ -75,6 +75,15 @@ fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
+/// `name` parsed, when set; a set value that does not parse or fails `ok`
+/// panics with the variable, its value and `expected` (a setting the user
+/// asked for is never silently replaced by the default).
+fn env_setting<T: std::str::FromStr>(name: &str, ok: fn(&T) -> bool, expected: &str) -> Option<T> {
+    let s = std::env::var(name).ok()?;
+    let v = s.trim().parse::<T>().ok().filter(ok);
+    Some(v.unwrap_or_else(|| panic!("{name}={s:?}: expected {expected}")))
+}
+
 /// The cores this process may use: its affinity mask, or this local rank's
 /// share of it when several MPI ranks of the node share one mask.
 pub fn process_cores() -> Vec<core_affinity::CoreId> {
@@ -109,29 +118,27 @@ impl Pool {
         if threads == 0 {
             return Err(shape("threads", 0, "need at least one thread"));
         }
-        let min_flops = match std::env::var("BRGEMM_MIN_PARALLEL_FLOPS") {
-            Ok(s) => s
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|v| *v >= 0.0)
-                .unwrap_or_else(|| {
-                    panic!("BRGEMM_MIN_PARALLEL_FLOPS={s:?}: expected a non-negative number")
-                }),
-            Err(_) => MIN_PARALLEL_FLOPS,
-        };
-        if threads == 1 {
-            return Ok(Pool {
-                pool: None,
-                threads,
-                min_flops,
-                min_elems: MIN_PARALLEL_ELEMS,
-            });
-        }
+        let min_flops = env_setting(
+            "BRGEMM_MIN_PARALLEL_FLOPS",
+            |v: &f64| *v >= 0.0,
+            "a non-negative number",
+        )
+        .unwrap_or(MIN_PARALLEL_FLOPS);
+        let pool = (threads > 1).then(|| Pool::workers(threads)).transpose()?;
+        Ok(Pool {
+            pool,
+            threads,
+            min_flops,
+            min_elems: MIN_PARALLEL_ELEMS,
+        })
+    }
+
+    /// The rayon workers of a `threads`-thread pool.
+    fn workers(threads: usize) -> Result<rayon::ThreadPool> {
         let cores = process_cores();
         // The caller is thread 0 of every broadcast: the pool holds the
         // other `threads - 1`, worker i pinned to the (i + 1)-th core.
-        let pool = rayon::ThreadPoolBuilder::new()
+        rayon::ThreadPoolBuilder::new()
             .num_threads(threads - 1)
             .thread_name(|i| format!("brgemm-{}", i + 1))
             .start_handler(move |i| {
@@ -140,13 +147,7 @@ impl Pool {
                 }
             })
             .build()
-            .map_err(|e| shape("threads", threads, e.to_string()))?;
-        Ok(Pool {
-            pool: Some(pool),
-            threads,
-            min_flops,
-            min_elems: MIN_PARALLEL_ELEMS,
-        })
+            .map_err(|e| shape("threads", threads, e.to_string()))
     }
 
     /// This pool with the small-work rule off: every pass and element-wise
@@ -188,17 +189,12 @@ impl Pool {
     pub fn global() -> &'static Pool {
         static POOL: OnceLock<Pool> = OnceLock::new();
         POOL.get_or_init(|| {
-            let n = match std::env::var("BRGEMM_NUM_THREADS") {
-                Ok(s) => s
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .unwrap_or_else(|| {
-                        panic!("BRGEMM_NUM_THREADS={s:?}: expected a positive integer")
-                    }),
-                Err(_) => process_cores().len().max(1),
-            };
+            let n = env_setting(
+                "BRGEMM_NUM_THREADS",
+                |&n: &usize| n > 0,
+                "a positive integer",
+            )
+            .unwrap_or_else(|| process_cores().len().max(1));
             Pool::new(n).expect("thread pool")
         })
     }
