@@ -25,9 +25,10 @@
 //!
 //! The 2-thread lines of `fc`, `conv` and `lstm` carry `speedup_vs_1t`: the
 //! same pass run on one thread and on two in turn, the median of the
-//! per-pair time ratios. The 1- and 2-thread lines themselves are taken
-//! seconds to minutes apart, so their GFLOP/s ratio mixes scaling with the
-//! machine's drift. Every 2-thread sample and pair waits (up to ~2 s) until
+//! per-pair time ratios, each timed call after an untimed one on the same
+//! pool (as one pass of a loop on that pool runs). The 1- and 2-thread
+//! lines themselves are taken seconds to minutes apart, so their GFLOP/s
+//! ratio mixes scaling with the machine's drift. Every 2-thread sample and pair waits (up to ~2 s) until
 //! the FMA probe on both threads at once reads at least 75% of twice one
 //! core: the 2-vCPU VMs here at times lose a vCPU to the host for seconds,
 //! and a sample taken then measures the host's scheduling.

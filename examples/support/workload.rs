@@ -354,11 +354,21 @@ pub fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: u
 }
 
 /// The speed-up of `many` over `one` thread at the same moments: `f` runs
-/// on each pool in turn, `samples` times after a warm-up call on each (each
-/// pair once [`Probes::wait_for_cores`] sees all of `many`'s cores), and
-/// the median of the per-pair time ratios is returned. Two lines measured
-/// minutes apart on this machine can differ by 20-50% whatever the thread
-/// count, so a ratio of their GFLOP/s says little about scaling.
+/// on each pool in turn, `samples` pairs (each once [`Probes::wait_for_cores`]
+/// sees all of `many`'s cores), and the median of the per-pair time ratios
+/// is returned. Two lines measured minutes apart on this machine can differ
+/// by 20-50% whatever the thread count, so a ratio of their GFLOP/s says
+/// little about scaling.
+///
+/// Each timed call follows an untimed one on the same pool, so it runs as
+/// one pass of a loop on that pool does: the pool's workers awake, its
+/// threads' shares of the operands in their own caches. Timing the first
+/// call after the switch instead charges the many-thread call with waking a
+/// worker that slept through the one-thread call (~30 us on this VM) and
+/// with fetching what the single thread last wrote from its core; on
+/// (256, 1024, 1024) that read 1.89/1.91/1.93 where this reads
+/// 1.95/1.97/1.98 (fwd/bwd/upd, medians of 8 rounds alternating the two
+/// ways in one process).
 pub fn speedup(
     mut f: impl FnMut(&Pool),
     one: &Pool,
@@ -366,14 +376,14 @@ pub fn speedup(
     probe: &Probes,
     samples: usize,
 ) -> f64 {
-    f(one);
-    f(many);
     let mut r: Vec<f64> = (0..samples.max(1))
         .map(|_| {
             probe.wait_for_cores(many);
+            f(one);
             let t = Instant::now();
             f(one);
             let s1 = t.elapsed().as_secs_f64();
+            f(many);
             let t = Instant::now();
             f(many);
             s1 / t.elapsed().as_secs_f64()
