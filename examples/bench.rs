@@ -187,6 +187,7 @@ fn bench_brgemm(o: &Opts) {
 }
 
 fn bench_fc(o: &Opts) {
+    use brgemm_primitives::fc::PassConfig;
     use brgemm_primitives::{Activation, Fc};
     let isa = Isa::selected().expect("ISA");
     let probe = Probes::new(isa, Duration::from_millis(10));
@@ -222,13 +223,19 @@ fn bench_fc(o: &Opts) {
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let flops = fc.flops();
-            let line = |pass: &str, spec: &str, m: &Measured, s_layout: f64, sp: Option<f64>| {
+            let line = |pass: &str,
+                        cfg: &PassConfig,
+                        m: &Measured,
+                        s_layout: f64,
+                        sp: Option<f64>| {
                 let gf = flops / m.secs / 1e9;
                 println!(
-                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{spec}","isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}{}}}"#,
+                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{}","chunk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}{}}}"#,
                     t.bn,
                     t.bc,
                     t.bk,
+                    cfg.spec,
+                    cfg.chunk,
                     flops / s_layout / 1e9,
                     m.json(gf),
                     speedup_field(sp)
@@ -243,7 +250,7 @@ fn bench_fc(o: &Opts) {
             let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.forward(p, &x, &w, &bias, &mut y, None).unwrap()
             });
-            line("fwd", &t.fwd.spec, &m, m.secs, sp);
+            line("fwd", &t.fwd, &m, m.secs, sp);
             let m = measure_pool(
                 || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
                 &pool,
@@ -263,7 +270,7 @@ fn bench_fc(o: &Opts) {
                 samples,
             )
             .secs;
-            line("bwd", &t.bwd.spec, &m, s2, sp);
+            line("bwd", &t.bwd, &m, s2, sp);
             // upd reads X in place (row-major B): no layout step to add.
             let m = measure_pool(
                 || {
@@ -277,7 +284,7 @@ fn bench_fc(o: &Opts) {
             let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
             });
-            line("upd", &t.upd.spec, &m, m.secs, sp);
+            line("upd", &t.upd, &m, m.secs, sp);
             // Mixed precision: the bf16 passes on the same shape, in the same
             // run; `gflops_with_convert` adds rounding the activations (or
             // output gradients) to bf16 and packing the weights, as one

@@ -20,7 +20,10 @@
 //! than 8 reduction blocks the reduction is split into chunks of 8 and goes
 //! outermost (`cAB`/`cBA`), so that set fits in L2 even for long
 //! reductions (the LSTM's dW over all steps: x1.4; on cores that prefetch
-//! from L2 only with the first output loop outside). upd's reduction runs
+//! from L2 only with the first output loop outside). Weights that stream
+//! from memory (one or two N blocks, long block-rows) are read in chunks of
+//! 16 blocks with the reduction innermost, each call prefetching the
+//! next's. upd's reduction runs
 //! over the minibatch, inside each output block's calls, so every
 //! `dW[kb][cb]` is owned by one thread: no races, no per-thread partial sums.
 //!
@@ -88,9 +91,26 @@ impl PassConfig {
     /// unsplit block-rows and the split's extra C traffic loses (same
     /// process, alternating, one thread: (256,1024,1024) fwd/bwd unsplit
     /// x1.06/x1.05, (512,2048,2048) x1.10/x1.13, (64,4096,4096) x1.07/x1.02).
+    ///
+    /// There, with one or two blocks in the first loop and more than
+    /// [`Self::STREAM_ROW_BLOCKS`] reduction blocks, the block-rows of the
+    /// second loop's operand (the weights) are read once or twice each and
+    /// are longer than half of L2: they stream from memory. The reduction
+    /// then stays innermost, in chunks of [`Self::STREAM_CHUNK`], and each
+    /// call prefetches the next call's chunk (256 KiB, which L2 keeps next
+    /// to the current one and X's) instead of the whole next block-row
+    /// (1 MiB at 4096 features, pushed out to L3 before it is read, where
+    /// the other tenants' traffic evicts it or delays it). Measured (same
+    /// process, alternating with the unsplit `BAc`): (64,4096,4096) fwd on
+    /// two threads x1.03-1.09 (the larger gains at the moments the whole
+    /// machine's memory traffic is heavy), one thread x1.01; bwd x1.03;
+    /// (64,4096,1024) fwd and (64,1024,4096) bwd x1.02; (128,4096,4096)
+    /// x1.00-1.01. With four or more N blocks a block-row comes back from L2
+    /// for each of them, and chunks lost 0-2%.
     pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
         let outer = if a >= b { "AB" } else { "BA" };
-        let split_pays = match brgemm::cpu::stream_prefetch() {
+        let prefetch = brgemm::cpu::stream_prefetch();
+        let split_pays = match prefetch {
             StreamPrefetch::BeyondL2 => true,
             StreamPrefetch::BeyondL1 => a >= b,
         };
@@ -99,10 +119,26 @@ impl PassConfig {
                 chunk: Self::HEURISTIC_CHUNK,
                 ..PassConfig::spec(&format!("c{outer}"))
             }
+        } else if prefetch == StreamPrefetch::BeyondL1
+            && a < b
+            && a <= 2
+            && red > Self::STREAM_ROW_BLOCKS
+        {
+            PassConfig {
+                chunk: Self::STREAM_CHUNK,
+                ..PassConfig::spec(&format!("{outer}c"))
+            }
         } else {
             PassConfig::spec(&format!("{outer}c"))
         }
     }
+
+    /// Reduction blocks per call for streamed block-rows (see
+    /// [`PassConfig::heuristic`]): 256 KiB of 64x64 blocks.
+    pub const STREAM_CHUNK: usize = 16;
+    /// Longest block-row, in reduction blocks, not treated as streamed:
+    /// 512 KiB of 64x64 blocks, half of the L2 where this was measured.
+    pub const STREAM_ROW_BLOCKS: usize = 32;
 
     /// `spec` with no blocking levels and the whole reduction per call.
     pub fn spec(spec: &str) -> Self {
@@ -267,6 +303,38 @@ struct Pass {
     /// fwd/bwd (512,2048,2048) x1.03-1.04, (256,1024,1024) x1.00-1.04;
     /// one N block ((64,4096,4096)) is unchanged by construction.
     a_inner: bool,
+    /// The reduction is the innermost loop: a chunked call is followed by
+    /// the next chunk of the same weight block-row.
+    red_inner: bool,
+}
+
+impl Pass {
+    /// The weights the call after this one reads, to prefetch during this
+    /// one: `(first block, blocks)`, counting blocks of the weights in
+    /// their order (block-row `row` of `rows` holds blocks `row * red ..`),
+    /// for a call at block-row `row`, reduction blocks `r0..r0 + cnt` and
+    /// N block `nb` of `nbn`. `None` where the next call reuses the
+    /// block-row just read (N loop inside, see `a_inner`) or there is none.
+    fn next_weights(
+        &self,
+        row: usize,
+        rows: usize,
+        (r0, cnt): (usize, usize),
+        (nb, nbn): (usize, usize),
+    ) -> Option<(usize, usize)> {
+        if self.red_inner && r0 + cnt < self.red {
+            let r1 = r0 + cnt;
+            return Some((row * self.red + r1, self.chunk.min(self.red - r1)));
+        }
+        if row + 1 == rows || (self.a_inner && nb + 1 < nbn) {
+            return None;
+        }
+        Some(if self.red_inner {
+            ((row + 1) * self.red, self.chunk)
+        } else {
+            ((row + 1) * self.red + r0, cnt)
+        })
+    }
 }
 
 /// A planned FC layer: shapes, blocking, loop nests and kernels. Buffers are
@@ -368,6 +436,7 @@ fn pass(
         chunk,
         red: red.1,
         a_inner: first('a') > first('b'),
+        red_inner: cfg.spec.ends_with(['c', 'C']),
     })
 }
 
@@ -643,17 +712,18 @@ impl Fc {
                     // memory), bring in the next K block's weights during
                     // the call before they are needed: the next call's, or
                     // with the N loop inside, the last N block's.
-                    _ => p.kernels.pick(first, last).execute_raw_ahead(
-                        batch,
-                        yp.get().add(off),
-                        bias,
-                        a.wrapping_add(cbn * bk * bc),
-                        if kb + 1 < kbn && (!p.a_inner || nb + 1 == nbn) {
-                            cnt * bk * bc
-                        } else {
-                            0
-                        },
-                    ),
+                    _ => {
+                        let (ahead, len) = p
+                            .next_weights(kb, kbn, (c0, cnt), (nb, nbn))
+                            .map_or((0, 0), |(blk, n)| (blk * bk * bc, n * bk * bc));
+                        p.kernels.pick(first, last).execute_raw_ahead(
+                            batch,
+                            yp.get().add(off),
+                            bias,
+                            (wp as *const f32).wrapping_add(ahead),
+                            len,
+                        )
+                    }
                 }
                 if last && clear_pad && kb + 1 == kbn {
                     let blk = std::slice::from_raw_parts_mut(yp.get().add(off), bn * bk);
@@ -728,6 +798,9 @@ impl Fc {
             let b = (dzp as *const f32).wrapping_add((nb * kbn + k0) * bn * bk);
             // SAFETY: as in forward; dX[nb][cb] is owned by one thread.
             // As in forward, the next C block's weights come in meanwhile.
+            let (ahead, len) = p
+                .next_weights(cb, cbn, (k0, cnt), (nb, nbn))
+                .map_or((0, 0), |(blk, n)| (blk * bc * bk, n * bc * bk));
             unsafe {
                 p.kernels
                     .pick(k0 == 0, k0 + cnt == p.red)
@@ -735,12 +808,8 @@ impl Fc {
                         RawBatch::Stride { a, b, count: cnt },
                         dxp.get().add((nb * cbn + cb) * bn * bc),
                         std::ptr::null(),
-                        a.wrapping_add(kbn * bc * bk),
-                        if cb + 1 < cbn && (!p.a_inner || nb + 1 == nbn) {
-                            cnt * bc * bk
-                        } else {
-                            0
-                        },
+                        (wtp as *const f32).wrapping_add(ahead),
+                        len,
                     )
             };
         });
@@ -889,5 +958,87 @@ pub fn act_grad(act: Activation, y: f32, z: f32) -> f32 {
             0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * C * (1.0 + 3.0 * 0.044715 * z * z)
         }
         _ => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calls of a pass's nest on one thread, in order: (block-row,
+    /// first reduction block, N block).
+    fn calls(spec: &str, rows: usize, red: usize, chunk: usize, nbn: usize) -> Vec<[usize; 3]> {
+        let mut v = vec![];
+        if spec == "cBA" {
+            for c0 in (0..red).step_by(chunk) {
+                for x in 0..rows * nbn {
+                    v.push([x / nbn, c0, x % nbn]);
+                }
+            }
+            return v;
+        }
+        for x in 0..rows * nbn {
+            for c0 in (0..red).step_by(chunk) {
+                v.push(match spec {
+                    "BAc" => [x / nbn, c0, x % nbn],
+                    "ABc" => [x % rows, c0, x / rows],
+                    _ => unreachable!(),
+                });
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn each_call_prefetches_the_weights_the_next_call_reads() {
+        let (rows, red) = (3, 40);
+        for (spec, nbn, chunk) in [
+            ("BAc", 1, 16),
+            ("BAc", 2, 16),
+            ("BAc", 1, 0),
+            ("BAc", 3, 0),
+            ("ABc", 2, 16),
+            ("ABc", 2, 0),
+            ("cBA", 1, 8),
+            ("cBA", 2, 8),
+        ] {
+            let cfg = PassConfig {
+                chunk,
+                ..PassConfig::spec(spec)
+            };
+            let t = FcTuning {
+                bn: 64,
+                bc: 64,
+                bk: 64,
+                fwd: cfg.clone(),
+                bwd: cfg,
+                upd: PassConfig::spec("ABc"),
+            };
+            let fc =
+                Fc::with_tuning(64 * nbn, 64 * red, 64 * rows, Activation::Identity, t).unwrap();
+            let p = &fc.fwd;
+            let seq = calls(spec, rows, red, p.chunk, nbn);
+            assert_eq!(seq.len(), rows * nbn * red.div_ceil(p.chunk));
+            let mut prefetched = 0;
+            for (i, &[row, r0, nb]) in seq.iter().enumerate() {
+                let got = p.next_weights(row, rows, (r0, p.chunk.min(red - r0)), (nb, nbn));
+                let Some(&[r1, c1, nb1]) = seq.get(i + 1) else {
+                    assert_eq!(got, None, "{spec} {nbn} {chunk}: after the last call");
+                    continue;
+                };
+                match got {
+                    Some(g) => {
+                        assert_eq!(g, (r1 * red + c1, p.chunk.min(red - c1)), "{spec} call {i}");
+                        prefetched += 1;
+                    }
+                    // Only where the next call goes back to a row read
+                    // before: the same row for the next N block, or row 0.
+                    None => assert!(r1 < row || (r1 == row && nb1 != nb), "{spec} call {i}"),
+                }
+            }
+            if spec == "BAc" && nbn == 1 {
+                assert_eq!(prefetched, seq.len() - 1, "{spec} {chunk}");
+            }
+        }
     }
 }
