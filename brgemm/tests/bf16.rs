@@ -1,7 +1,9 @@
 //! bf16 kernels against an f64 reference computed from the same bf16 values.
 
 use brgemm::bf16::{bf16, pack_a_vnni, Bf16Isa, Bf16Kernel};
-use brgemm::{Activation, Batch, BatchForm, Beta, DataType, Descriptor, Epilogue, Offsets};
+use brgemm::{
+    Activation, Batch, BatchForm, Beta, DataType, Descriptor, Epilogue, Offsets, Prefetch,
+};
 use proptest::prelude::*;
 
 fn rnd(seed: &mut u64, n: usize) -> Vec<bf16> {
@@ -187,15 +189,16 @@ proptest! {
         std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(48)))]
 
     /// Reference and AVX512-BF16 kernels: any shape, odd k, tails, zero
-    /// batch, all forms.
+    /// batch, all forms, with and without prefetching the next pair.
     #[test]
     fn any_shape_kernels_match_f64(m in 1usize..=40, n in 1usize..=40, k in 1usize..=40, count in 0usize..=5,
                              pad in 0usize..=3, form in 0u8..3, beta1 in any::<bool>(), relu in any::<bool>(),
-                             seed in any::<u64>()) {
+                             pf in any::<bool>(), seed in any::<u64>()) {
         let c = Case::new(m, n, k, count.max(1), pad, seed);
         let c = c.with_count(count);
         let ep = Epilogue { bias: relu, activation: if relu { Activation::Relu } else { Activation::Identity } };
-        let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, 0.75, ep);
+        let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, 0.75, ep)
+            .prefetch(if pf { Prefetch::NextPair } else { Prefetch::None });
         for isa in [Bf16Isa::Avx512Bf16, Bf16Isa::Fp32, Bf16Isa::Reference] {
             if isa.is_supported() {
                 c.check(&d, isa, form).map_err(TestCaseError::fail)?;

@@ -8,10 +8,22 @@
 //!   A1 zmm  [c1 ][c3 ] ...                   MV <= 2, NR <= 12: 24 acc + 2 A + 1 B
 //! ```
 //!
-//! Measured here: `vdpbf16ps` issues once per two cycles on this CPU (an asm
-//! probe with 12 chains: ~70 GFLOP/s, about the fp32 FMA rate), and the kernel
-//! reaches 57-68 GFLOP/s, 85-95% of that. It is the fallback for shapes AMX
-//! cannot take, and halves the memory traffic of fp32, not its compute time.
+//! Measured on Sapphire Rapids: `vdpbf16ps` issues once per two cycles (an
+//! asm probe with 12 chains: ~70 GFLOP/s, about the fp32 FMA rate), and the
+//! kernel reaches 57-68 GFLOP/s, 85-95% of that; there it is the fallback
+//! for shapes AMX cannot take, and halves the memory traffic of fp32, not
+//! its compute time. On Zen 5, which has no AMX, it issues twice as often:
+//! the FC passes run at 1.7-1.9x the f32 kernel (`bench -- fc`).
+//!
+//! With [`Prefetch::NextPair`] each k-pair step also asks for the lines of
+//! A_{i+1} it will load at the same step (one line per vector, prefetcht0),
+//! as the f32 kernel does. The tiles walk C column-block by column-block,
+//! each over the whole batch, so the first tile of a call streams all of A
+//! at several times the call's average rate, and the L2 prefetchers alone
+//! leave it waiting on memory. Measured on Zen 5 (FC passes, same process,
+//! alternating): (64,4096,4096) fwd/bwd x1.96/x1.87 on one thread and
+//! x1.72/x1.69 on two, (128,4096,4096) x1.40-1.50, (512,2048,2048)
+//! x1.04-1.09; calls of 256 KiB or less (L2-resident A) x0.99-1.00.
 //!
 //! Handles any shape: m tails by masked loads and stores (free on AVX-512),
 //! n tails by smaller unrolled tiles, an odd k by a last half pair whose B
@@ -19,7 +31,7 @@
 //! the end of B is read.
 
 use crate::batch::BatchSrc;
-use crate::desc::{Activation, Beta, Descriptor};
+use crate::desc::{Activation, Beta, Descriptor, Prefetch};
 use core::arch::x86_64::*;
 use half::bf16;
 
@@ -50,7 +62,7 @@ fn opaque(p: *const bf16) -> *const bf16 {
 /// `n0..n0+NR` inside the planned shape; pointers valid as for the f32 kernel.
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize>(
+unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize, const PF: bool>(
     t: &Call<'_>,
     src: &B,
     m0: usize,
@@ -69,7 +81,16 @@ unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize>(
     for i in 0..t.count {
         let mut a = src.a(i).add(2 * m0);
         let mut b = src.b(i).add(n0 * ldb);
+        // The last pair prefetches itself: harmless, and no address past
+        // the batch is formed.
+        let mut pa = src.a(if i + 1 < t.count { i + 1 } else { i }).add(2 * m0);
         for _ in 0..kp {
+            if PF {
+                for v in 0..MV {
+                    _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(32 * v) as *const i8);
+                }
+                pa = pa.wrapping_add(lda2);
+            }
             let mut av = [_mm512_setzero_si512(); MV];
             for v in 0..MV {
                 av[v] = _mm512_maskz_loadu_epi32(masks[v], a.add(32 * v) as *const i32);
@@ -161,17 +182,21 @@ unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize>(
 }
 
 macro_rules! pick {
-    ($B:ty, $mv:expr, $nr:expr; $($m:literal => [$($n:literal)*]),*) => {
-        match ($mv, $nr) {
-            $($( ($m, $n) => Some(tile::<$B, $m, $n> as TileFn<$B>), )*)*
+    ($B:ty, $mv:expr, $nr:expr, $pf:expr; $($m:literal => [$($n:literal)*]),*) => {
+        match ($mv, $nr, $pf) {
+            $($(
+                ($m, $n, false) => Some(tile::<$B, $m, $n, false> as TileFn<$B>),
+                ($m, $n, true) => Some(tile::<$B, $m, $n, true> as TileFn<$B>),
+            )*)*
             _ => None,
         }
     };
 }
 
-/// The `(mv, nr)` tile for batch form `B` (mv in 1..=2, nr in 1..=12).
-pub(crate) fn tile_fn<B: BatchSrc<bf16>>(mv: usize, nr: usize) -> Option<TileFn<B>> {
-    pick!(B, mv, nr;
+/// The `(mv, nr)` tile for batch form `B` (mv in 1..=2, nr in 1..=12),
+/// prefetching the next pair's A when `pf`.
+pub(crate) fn tile_fn<B: BatchSrc<bf16>>(mv: usize, nr: usize, pf: bool) -> Option<TileFn<B>> {
+    pick!(B, mv, nr, pf;
         1 => [1 2 3 4 5 6 7 8 9 10 11 12],
         2 => [1 2 3 4 5 6 7 8 9 10 11 12])
 }
@@ -183,6 +208,7 @@ pub(crate) fn tile_fn<B: BatchSrc<bf16>>(mv: usize, nr: usize) -> Option<TileFn<
 pub(crate) unsafe fn run<B: BatchSrc<bf16>>(t: &Call<'_>, src: &B) {
     let (m, n) = (t.d.m, t.d.n);
     const NR: usize = 12;
+    let pf = t.d.prefetch == Prefetch::NextPair;
     let mut n0 = 0;
     while n0 < n {
         let nr = NR.min(n - n0);
@@ -191,7 +217,7 @@ pub(crate) unsafe fn run<B: BatchSrc<bf16>>(t: &Call<'_>, src: &B) {
             let rows = (m - m0).min(32);
             let mv = rows.div_ceil(16);
             let last_rows = rows - (mv - 1) * 16;
-            let f = tile_fn::<B>(mv, nr).expect("1..=2 x 1..=12 are all instantiated");
+            let f = tile_fn::<B>(mv, nr, pf).expect("1..=2 x 1..=12 are all instantiated");
             f(t, src, m0, n0, last_rows);
             m0 += 32;
         }
