@@ -201,8 +201,8 @@ fn bench_fc(o: &Opts) {
         let t = fc.tuning().clone();
         let mut x = fc.x_layout();
         let mut w = fc.w_layout();
-        fill(&mut x.data, 7, 8.0);
-        fill(&mut w.data, 5, 64.0);
+        fill(x.data_mut(), 7, 8.0);
+        fill(w.data_mut(), 5, 64.0);
         let bias = vec![0.1f32; fc.padded_k()];
         let (mut y, mut dz, mut dx, mut wt, mut dw) = (
             fc.y_layout(),
@@ -211,14 +211,14 @@ fn bench_fc(o: &Opts) {
             fc.wt_layout(),
             fc.w_layout(),
         );
-        fill(&mut dz.data, 3, 4.0);
+        fill(dz.data_mut(), 3, 4.0);
         // Written before any timing: a never-written buffer maps the shared
         // zero page, which reads like an L1-resident block.
         fc.transpose_weights(&Pool::new(1).expect("pool"), &w, &mut wt)
             .expect("transpose");
-        fill(&mut dx.data, 2, 8.0);
-        fill(&mut y.data, 2, 8.0);
-        fill(&mut dw.data, 2, 8.0);
+        fill(dx.data_mut(), 2, 8.0);
+        fill(y.data_mut(), 2, 8.0);
+        fill(dw.data_mut(), 2, 8.0);
         let mut db = vec![0.0f32; fc.padded_k()];
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
@@ -294,8 +294,8 @@ fn bench_fc(o: &Opts) {
                 let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
                 let (mut wv, mut wtv, mut xb, mut dzb) = (new(), new(), new(), new());
                 fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
-                to_bf16(&pool, &x.data, &mut xb);
-                to_bf16(&pool, &dz.data, &mut dzb);
+                to_bf16(&pool, x.data(), &mut xb);
+                to_bf16(&pool, dz.data(), &mut dzb);
                 let bline = |pass: &str, m: &Measured, s_conv: f64, f32_s: f64| {
                     let (s, peak) = (m.secs, m.peak_gflops);
                     let gf = flops / s / 1e9;
@@ -326,7 +326,7 @@ fn bench_fc(o: &Opts) {
                 let sc = measure_pool(
                     || {
                         fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
-                        to_bf16(&pool, &x.data, &mut xb);
+                        to_bf16(&pool, x.data(), &mut xb);
                         fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap()
                     },
                     &pool,
@@ -350,7 +350,7 @@ fn bench_fc(o: &Opts) {
                 );
                 let sc = measure_pool(
                     || {
-                        to_bf16(&pool, &dz.data, &mut dzb);
+                        to_bf16(&pool, dz.data(), &mut dzb);
                         fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap()
                     },
                     &pool,
@@ -361,7 +361,7 @@ fn bench_fc(o: &Opts) {
                 bline("bwd", &mb, sc, f32_bwd);
             }
         }
-        x.data.clear();
+        drop(x);
     }
 }
 
@@ -407,8 +407,8 @@ fn bench_conv(o: &Opts) {
         let conv = Conv::new(p, Activation::Relu).expect("plan");
         let mut x = conv.x_tensor();
         let mut wf = conv.filter();
-        fill(&mut x.data, 7, 8.0);
-        fill(&mut wf.data, 5, 64.0);
+        fill(x.data_mut(), 7, 8.0);
+        fill(wf.data_mut(), 5, 64.0);
         let bias = vec![0.1f32; conv.padded_k()];
         let (mut y, mut dz, mut dx, mut wt, mut dw) = (
             conv.y_tensor(),
@@ -417,7 +417,7 @@ fn bench_conv(o: &Opts) {
             conv.filter_t(),
             conv.filter(),
         );
-        fill(&mut dz.data, 3, 4.0);
+        fill(dz.data_mut(), 3, 4.0);
         conv.transpose_filter(&Pool::new(1).unwrap(), &wf, &mut wt)
             .unwrap();
         let mut db = vec![0.0f32; conv.padded_k()];
@@ -507,13 +507,13 @@ fn bench_lstm(o: &Opts) {
         let rnn = Rnn::new(CellKind::Lstm, t, n, c, k).expect("plan");
         let tn = rnn.tuning().clone();
         let mut x = rnn.x_layout();
-        fill(&mut x.data, 7, 8.0);
+        fill(x.data_mut(), 7, 8.0);
         let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
-        fill(&mut w.data, 5, 64.0);
-        fill(&mut r.data, 3, 64.0);
+        fill(w.data_mut(), 5, 64.0);
+        fill(r.data_mut(), 3, 64.0);
         let bias = vec![0.0f32; rnn.bias_len()];
         let mut dh = rnn.h_layout();
-        fill(&mut dh.data, 3, 4.0);
+        fill(dh.data_mut(), 3, 4.0);
         let mut st = rnn.state();
         let mut gr = rnn.grads();
         for threads in [1usize, 2] {
@@ -633,7 +633,7 @@ fn bench_mpi() {
     ];
     let mut model = Mlp::new(feats, per_rank, &specs, 1).expect("model");
     let mut x = model.input_layout();
-    x.data
+    x.data_mut()
         .iter_mut()
         .enumerate()
         .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);
@@ -661,7 +661,7 @@ fn bench_mpi() {
     };
     let mut cnn = brgemm_primitives::Cnn::new(&spec, cnn_rank, 1).expect("cnn");
     let mut xi = cnn.input_tensor();
-    xi.data
+    xi.data_mut()
         .iter_mut()
         .enumerate()
         .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);

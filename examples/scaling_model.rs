@@ -78,19 +78,19 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize], input_grad: bool) -> (Vec<
         };
         let fc = Fc::new(batch, c, k, act).expect("plan");
         let mut x = fc.x_layout();
-        x.data
+        x.data_mut()
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 7) as f32 / 8.0);
         let mut wt = fc.w_layout();
-        wt.data
+        wt.data_mut()
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 5) as f32 / 64.0);
         let b = vec![0.0; fc.padded_k()];
         let (mut y, mut dy, mut dz, mut dx) =
             (fc.y_layout(), fc.y_layout(), fc.y_layout(), fc.x_layout());
-        dy.data
+        dy.data_mut()
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 3) as f32 - 1.0);
@@ -113,14 +113,14 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize], input_grad: bool) -> (Vec<
             })
         };
         let mut st = OptState::default();
-        let mut p = wt.data.clone();
-        opt_s += median(|| st.step(&Optimizer::adam(1e-3), &mut p, &dw.data));
+        let mut p = wt.data().to_vec();
+        opt_s += median(|| st.step(&Optimizer::adam(1e-3), &mut p, dw.data()));
         layers.push(LayerCost {
             name: format!("fc{l} {c}->{k}"),
             fwd,
             bwd,
             upd,
-            grad_bytes: 4.0 * (dw.data.len() + db.len()) as f64,
+            grad_bytes: 4.0 * (dw.data().len() + db.len()) as f64,
         });
     }
     (layers, opt_s)
@@ -140,14 +140,14 @@ fn measure_cnn(pool: &Pool, batch: usize) -> (Vec<LayerCost>, f64) {
         )
         .expect("plan");
         let mut x = conv.x_tensor();
-        x.data
+        x.data_mut()
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 7) as f32 / 8.0);
         let (mut w, mut wt, mut dw) = (conv.filter(), conv.filter_t(), conv.filter());
         // Written, not just allocated: never-written pages all map to the
         // zero page and would read as if L1-resident.
-        w.data
+        w.data_mut()
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 5) as f32 / 64.0);
@@ -155,7 +155,7 @@ fn measure_cnn(pool: &Pool, batch: usize) -> (Vec<LayerCost>, f64) {
         let mut db = b.clone();
         let (mut y, mut dz, mut dx) = (conv.y_tensor(), conv.y_tensor(), conv.x_tensor());
         let mp = Pool2d::new(PoolKind::Max, &y, 2, 2, 0).expect("pool");
-        let (mut py, mut am) = (mp.output(), vec![0u32; mp.output().data.len()]);
+        let (mut py, mut am) = (mp.output(), vec![0u32; mp.output().data().len()]);
         let fwd = median(|| {
             conv.forward(pool, &x, &w, &b, &mut y).unwrap();
             mp.forward(pool, &y, &mut py, Some(&mut am)).unwrap();
@@ -174,14 +174,14 @@ fn measure_cnn(pool: &Pool, batch: usize) -> (Vec<LayerCost>, f64) {
             })
         };
         let mut st = OptState::default();
-        let mut p = w.data.clone();
-        opt_s += median(|| st.step(&Optimizer::adam(1e-3), &mut p, &dw.data));
+        let mut p = w.data().to_vec();
+        opt_s += median(|| st.step(&Optimizer::adam(1e-3), &mut p, dw.data()));
         layers.push(LayerCost {
             name: format!("conv{l} {c}->{k}"),
             fwd,
             bwd,
             upd,
-            grad_bytes: 4.0 * (dw.data.len() + db.len()) as f64,
+            grad_bytes: 4.0 * (dw.data().len() + db.len()) as f64,
         });
     }
     let (fc, fc_opt) = measure(pool, batch, &[64 * 7 * 7, 128, 10], true);

@@ -194,9 +194,9 @@ fn tune_fc(args: &[String]) {
         };
         let fc0 = Fc::with_tuning(n, c, k, Activation::Relu, base.clone()).expect("plan");
         let mut x = fc0.x_layout();
-        fill(&mut x.data, 7, 8.0);
+        fill(x.data_mut(), 7, 8.0);
         let mut w = fc0.w_layout();
-        fill(&mut w.data, 5, 64.0);
+        fill(w.data_mut(), 5, 64.0);
         let bias = vec![0.0f32; fc0.padded_k()];
         let (mut y, mut dz, mut dx, mut dw) = (
             fc0.y_layout(),
@@ -204,7 +204,7 @@ fn tune_fc(args: &[String]) {
             fc0.x_layout(),
             fc0.w_layout(),
         );
-        fill(&mut dz.data, 3, 4.0);
+        fill(dz.data_mut(), 3, 4.0);
         let mut wt = fc0.wt_layout();
         fc0.transpose_weights(&pool, &w, &mut wt).unwrap();
         let mut db = vec![0.0f32; fc0.padded_k()];
@@ -412,9 +412,9 @@ fn tune_conv(args: &[String]) {
                 };
                 let c0 = Conv::with_tuning(p, Activation::Relu, base.clone()).expect("plan");
                 let mut x = c0.x_tensor();
-                fill(&mut x.data, 7, 8.0);
+                fill(x.data_mut(), 7, 8.0);
                 let mut w = c0.filter();
-                fill(&mut w.data, 5, 64.0);
+                fill(w.data_mut(), 5, 64.0);
                 let bias = vec![0.0f32; c0.padded_k()];
                 let (mut y, mut dz, mut dx, mut dw, mut wt) = (
                     c0.y_tensor(),
@@ -423,7 +423,7 @@ fn tune_conv(args: &[String]) {
                     c0.filter(),
                     c0.filter_t(),
                 );
-                fill(&mut dz.data, 3, 4.0);
+                fill(dz.data_mut(), 3, 4.0);
                 c0.transpose_filter(&pool, &w, &mut wt).unwrap();
                 let mut db = vec![0.0f32; c0.padded_k()];
                 let mut configs: Vec<(&'static str, PassConfig)> = vec![];
@@ -592,13 +592,13 @@ fn tune_lstm(args: &[String]) {
                     continue;
                 };
                 let mut x = rnn.x_layout();
-                fill(&mut x.data, 7, 8.0);
+                fill(x.data_mut(), 7, 8.0);
                 let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
-                fill(&mut w.data, 5, 64.0);
-                fill(&mut r.data, 3, 64.0);
+                fill(w.data_mut(), 5, 64.0);
+                fill(r.data_mut(), 3, 64.0);
                 let bias = vec![0.0f32; rnn.bias_len()];
                 let mut dh = rnn.h_layout();
-                fill(&mut dh.data, 3, 4.0);
+                fill(dh.data_mut(), 3, 4.0);
                 let mut st = rnn.state();
                 let mut gr = rnn.grads();
                 let samples = if quick { 3 } else { 5 };

@@ -56,11 +56,11 @@ impl Dataset {
     /// (rows beyond `idx.len()` are zeroed) and returns their labels.
     pub fn fill_batch(&self, idx: &[usize], x: &mut Blocked) -> Vec<usize> {
         let f = self.features;
-        x.data.fill(0.0);
+        x.data_mut().fill(0.0);
         for (r, &i) in idx.iter().enumerate() {
             for c in 0..f {
                 let at = x.index(r, c);
-                x.data[at] = self.x[i * f + c];
+                x.data_mut()[at] = self.x[i * f + c];
             }
         }
         idx.iter().map(|&i| self.y[i]).collect()

@@ -22,6 +22,10 @@ pub struct TrainConfig {
     /// Mixed precision: bf16 operands in forward and backward-data, f32
     /// master weights, optimizer and loss ([`Mlp::set_bf16`]).
     pub bf16: bool,
+    /// Stop with [`Error::NonFinite`](brgemm_primitives::Error::NonFinite)
+    /// when a step's loss or gradient norm is not finite (default); `false`
+    /// lets an experiment watch a divergence.
+    pub check_finite: bool,
 }
 
 impl Default for TrainConfig {
@@ -33,6 +37,7 @@ impl Default for TrainConfig {
             optimizer: Optimizer::adam(3e-3),
             seed: 1,
             bf16: false,
+            check_finite: true,
         }
     }
 }
@@ -112,17 +117,19 @@ impl EpochPlan {
 }
 
 /// The epoch loop the training loops share: a new shuffle per epoch,
-/// `step(model, minibatch)` (returns its loss), then `evaluate(model)`, then
-/// `report` with the epoch's mean loss, test accuracy and items/s.
+/// `step(model, minibatch, step_index)` (returns its loss; the index counts
+/// the run's steps from 0), then `evaluate(model)`, then `report` with the
+/// epoch's mean loss, test accuracy and items/s.
 pub(crate) fn run_epochs<M, E>(
     model: &mut M,
     plan: EpochPlan,
-    mut step: impl FnMut(&mut M, &[usize]) -> std::result::Result<f32, E>,
+    mut step: impl FnMut(&mut M, &[usize], u64) -> std::result::Result<f32, E>,
     mut evaluate: impl FnMut(&mut M) -> std::result::Result<f64, E>,
     report: &mut dyn FnMut(&EpochReport),
 ) -> std::result::Result<(), E> {
     let mut rng = Rng::new(plan.seed);
     let mut order: Vec<usize> = (0..plan.len).collect();
+    let mut index = 0u64;
     for epoch in 1..=plan.epochs {
         rng.shuffle(&mut order);
         let (mut loss_sum, mut steps, mut seen) = (0.0f64, 0usize, 0usize);
@@ -131,7 +138,8 @@ pub(crate) fn run_epochs<M, E>(
             if plan.whole_batches && chunk.len() < plan.batch {
                 continue;
             }
-            loss_sum += step(model, chunk)? as f64;
+            loss_sum += step(model, chunk, index)? as f64;
+            index += 1;
             steps += 1;
             seen += chunk.len();
         }
@@ -147,6 +155,48 @@ pub(crate) fn run_epochs<M, E>(
     Ok(())
 }
 
+/// A CPU model the training loops step: its gradient norm for the guard,
+/// and its optimizer step.
+pub(crate) trait Guarded {
+    fn gradient_norm(&self) -> f64;
+    fn apply_gradients(&mut self, opt: &Optimizer);
+}
+
+macro_rules! guarded {
+    ($($t:ty),*) => {$(
+        impl Guarded for $t {
+            fn gradient_norm(&self) -> f64 {
+                <$t>::gradient_norm(self)
+            }
+            fn apply_gradients(&mut self, opt: &Optimizer) {
+                <$t>::apply_gradients(self, opt)
+            }
+        }
+    )*};
+}
+guarded!(
+    Mlp,
+    brgemm_primitives::Cnn,
+    brgemm_primitives::SeqClassifier
+);
+
+/// One checked step: `compute` the gradients, then (unless `check` is off)
+/// the non-finite guard, which stops before the optimizer touches the
+/// weights, then the optimizer. Shared by the CPU training loops.
+pub(crate) fn guarded_step<M: Guarded>(
+    m: &mut M,
+    (check, index): (bool, u64),
+    opt: &Optimizer,
+    compute: impl FnOnce(&mut M) -> Result<f32>,
+) -> Result<f32> {
+    let loss = compute(m)?;
+    if check {
+        brgemm_primitives::guard::check_step(index, loss, m.gradient_norm())?;
+    }
+    m.apply_gradients(opt);
+    Ok(loss)
+}
+
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
 /// every epoch. Returns the trained model.
 pub fn train(
@@ -156,15 +206,18 @@ pub fn train(
     test: &Dataset,
     mut report: impl FnMut(&EpochReport),
 ) -> Result<Mlp> {
+    cfg.optimizer.validate()?;
     let mut model = build(cfg, train)?;
     let mut x = model.input_layout();
     let plan = EpochPlan::mlp(cfg, train.len());
     run_epochs(
         &mut model,
         plan,
-        |m, chunk| {
+        |m, chunk, index| {
             let labels = train.fill_batch(chunk, &mut x);
-            m.train_step(pool, &x, &labels, &cfg.optimizer)
+            guarded_step(m, (cfg.check_finite, index), &cfg.optimizer, |m| {
+                m.compute_gradients(pool, &x, &labels)
+            })
         },
         |m| accuracy(m, pool, test),
         &mut report,

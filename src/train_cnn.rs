@@ -22,6 +22,9 @@ pub struct CnnConfig {
     pub optimizer: Optimizer,
     /// Seed of the weights, shuffles and dropout masks.
     pub seed: u64,
+    /// Stop when a step's loss or gradient norm is not finite (default;
+    /// see [`crate::train::TrainConfig::check_finite`]).
+    pub check_finite: bool,
 }
 
 impl Default for CnnConfig {
@@ -42,6 +45,7 @@ impl Default for CnnConfig {
             epochs: 3,
             optimizer: Optimizer::adam(1e-3),
             seed: 1,
+            check_finite: true,
         }
     }
 }
@@ -65,13 +69,13 @@ pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Cnn> {
 /// returns their labels.
 pub fn fill_images(set: &ImageSet, idx: &[usize], x: &mut Tensor4) -> Vec<usize> {
     let f = set.data.features;
-    x.data.fill(0.0);
+    x.data_mut().fill(0.0);
     for (r, &i) in idx.iter().enumerate() {
         let img = &set.data.x[i * f..][..f];
-        for c in 0..x.c {
-            for p in 0..x.h * x.w {
-                let at = x.index(r, c, p / x.w, p % x.w);
-                x.data[at] = img[c * x.h * x.w + p];
+        for c in 0..x.c() {
+            for p in 0..x.h() * x.w() {
+                let at = x.index(r, c, p / x.w(), p % x.w());
+                x.data_mut()[at] = img[c * x.h() * x.w() + p];
             }
         }
     }
@@ -98,6 +102,7 @@ pub fn train(
     test: &ImageSet,
     mut report: impl FnMut(&EpochReport),
 ) -> Result<Cnn> {
+    cfg.optimizer.validate()?;
     let mut model = build(cfg, train)?;
     let mut x = model.input_tensor();
     let plan = crate::train::EpochPlan {
@@ -110,9 +115,12 @@ pub fn train(
     crate::train::run_epochs(
         &mut model,
         plan,
-        |m, chunk| {
+        |m, chunk, index| {
             let labels = fill_images(train, chunk, &mut x);
-            m.train_step(pool, &x, &labels, &cfg.optimizer)
+            let check = (cfg.check_finite, index);
+            crate::train::guarded_step(m, check, &cfg.optimizer, |m| {
+                m.compute_gradients(pool, &x, &labels)
+            })
         },
         |m| accuracy(m, pool, test),
         &mut report,

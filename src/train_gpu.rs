@@ -51,9 +51,19 @@ pub fn train(
     run_epochs(
         &mut model,
         plan,
-        |m, chunk| {
+        |m, chunk, index| {
             let (x, labels) = gather(train, chunk);
-            m.train_step(&dev, &x, &labels, &cfg.optimizer)
+            let loss = m.train_step(&dev, &x, &labels, &cfg.optimizer)?;
+            // The gradients stay on the device: the loss is what is checked
+            // (a non-finite gradient makes the next step's loss non-finite).
+            if cfg.check_finite && !loss.is_finite() {
+                return Err(brgemm_gpu::Error::Invalid {
+                    what: format!("loss at step {index}"),
+                    value: loss.to_string(),
+                    why: "not finite: training stopped".into(),
+                });
+            }
+            Ok(loss)
         },
         |m| accuracy(m, &dev, test),
         &mut report,

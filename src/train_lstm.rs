@@ -29,6 +29,9 @@ pub struct SeqConfig {
     pub optimizer: Optimizer,
     /// Seed of the weights and the shuffles.
     pub seed: u64,
+    /// Stop when a step's loss or gradient norm is not finite (default;
+    /// see [`crate::train::TrainConfig::check_finite`]).
+    pub check_finite: bool,
 }
 
 impl SeqConfig {
@@ -46,6 +49,7 @@ impl SeqConfig {
             epochs: 4,
             optimizer: Optimizer::adam(2e-3),
             seed: 1,
+            check_finite: true,
         }
     }
 }
@@ -117,6 +121,7 @@ pub fn train(
     test: &Dataset,
     mut report: impl FnMut(&EpochReport),
 ) -> Result<SeqClassifier> {
+    cfg.optimizer.validate()?;
     let mut model = build(cfg, train)?;
     let mut x = model.input_layout();
     let mut plain = vec![];
@@ -130,9 +135,12 @@ pub fn train(
     crate::train::run_epochs(
         &mut model,
         plan,
-        |m, chunk| {
+        |m, chunk, index| {
             let labels = fill_sequences(m, train, chunk, &mut plain, &mut x)?;
-            m.train_step(pool, &x, &labels, &cfg.optimizer)
+            let check = (cfg.check_finite, index);
+            crate::train::guarded_step(m, check, &cfg.optimizer, |m| {
+                m.compute_gradients(pool, &x, &labels)
+            })
         },
         |m| accuracy(m, pool, test),
         &mut report,

@@ -73,7 +73,14 @@ impl Activation {
     pub fn apply(self, x: f32) -> f32 {
         match self {
             Activation::Identity => x,
-            Activation::Relu => x.max(0.0),
+            // NaN stays NaN (f32::max would turn it into 0).
+            Activation::Relu => {
+                if x < 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }
             Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             Activation::Tanh => x.tanh(),
             Activation::Gelu => {

@@ -44,9 +44,12 @@ pub(crate) trait SimdF32: Copy {
     /// # Safety
     /// See [`SimdF32::zero`].
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// ReLU that propagates NaN: `a < 0 ? 0 : a` per lane (a NaN input stays
+    /// NaN, so a diverged layer is seen downstream instead of hidden as 0).
+    ///
     /// # Safety
     /// See [`SimdF32::zero`].
-    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn relu(a: Self::V) -> Self::V;
     /// Horizontal sum (used by the peak probe only).
     ///
     /// # Safety

@@ -226,7 +226,7 @@ pub(crate) unsafe fn store_tile<
     if t.act == Activation::Relu {
         for j in 0..NR {
             for v in 0..MV {
-                acc[j][v] = S::max(acc[j][v], zero);
+                acc[j][v] = S::relu(acc[j][v]);
             }
         }
     }

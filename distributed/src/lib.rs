@@ -115,11 +115,11 @@ impl Replica for Mlp {
     }
     fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
         let (w, b) = Mlp::parameters_mut(self, g);
-        vec![&mut w.data[..], b]
+        vec![&mut w.data_mut()[..], b]
     }
     fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
         let (w, b) = Mlp::gradients_mut(self, g);
-        vec![&mut w.data[..], b]
+        vec![&mut w.data_mut()[..], b]
     }
     fn compute_gradients_with(
         &mut self,
@@ -129,7 +129,7 @@ impl Replica for Mlp {
         ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
     ) -> Result<f32> {
         Mlp::compute_gradients_with(self, pool, x, labels, |i, dw, db| {
-            ready(i, &mut [&mut dw.data[..], db])
+            ready(i, &mut [&mut dw.data_mut()[..], db])
         })
     }
     fn apply_gradients(&mut self, opt: &Optimizer) {
@@ -191,6 +191,10 @@ pub struct DataParallel {
     recv: Vec<f32>,
     /// Statistics of the steps so far.
     pub stats: CommStats,
+    /// Steps run so far (named by the non-finite guard).
+    steps: u64,
+    /// Whether a non-finite global loss or gradient stops training.
+    check_finite: bool,
 }
 
 impl DataParallel {
@@ -229,7 +233,46 @@ impl DataParallel {
             send: vec![0.0; offset],
             recv: vec![0.0; offset],
             stats: CommStats::default(),
+            steps: 0,
+            check_finite: true,
         }
+    }
+
+    /// Turns the non-finite guard off (on by default): with it on, a step
+    /// whose global loss or all-reduced gradient norm is not finite returns
+    /// [`Error::NonFinite`] on every rank alike, before the optimizer runs.
+    pub fn set_check_finite(&mut self, on: bool) {
+        self.check_finite = on;
+    }
+
+    /// The guard on the global (identical on every rank) loss and
+    /// gradients, then the optimizer.
+    fn finish_step<R: Replica>(
+        &mut self,
+        model: &mut R,
+        loss: f32,
+        grads: &[f32],
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        let index = self.steps;
+        self.steps += 1;
+        if self.check_finite {
+            let norm = match self.size {
+                1 => (0..model.groups())
+                    .map(|g| {
+                        let n = brgemm_primitives::guard::norm(
+                            model.gradients_mut(g).iter().map(|s| &**s),
+                        );
+                        n * n
+                    })
+                    .sum::<f64>()
+                    .sqrt(),
+                _ => brgemm_primitives::guard::norm([grads]),
+            };
+            brgemm_primitives::guard::check_step(index, loss, norm)?;
+        }
+        model.apply_gradients(opt);
+        Ok(loss)
     }
 
     /// This rank.
@@ -333,8 +376,7 @@ impl DataParallel {
             // Nothing to reduce: exactly the single-process step, so weak
             // scaling is measured against the real one-rank baseline.
             let loss = model.compute_gradients_with(pool, x, labels, &mut |_, _| {})?;
-            model.apply_gradients(opt);
-            return Ok(loss);
+            return self.finish_step(model, loss, &[], opt);
         }
         let scale = labels.len() as f32 / global_rows as f32;
         let (slots, buckets) = (&self.slots, &self.buckets);
@@ -410,10 +452,12 @@ impl DataParallel {
                 at += n;
             }
         }
-        model.apply_gradients(opt);
         let mut global_loss = 0.0f32;
         self.world
             .all_reduce_into(&(loss * scale), &mut global_loss, SystemOperation::sum());
-        Ok(global_loss)
+        let recv = std::mem::take(&mut self.recv);
+        let out = self.finish_step(model, global_loss, &recv, opt);
+        self.recv = recv;
+        out
     }
 }

@@ -296,6 +296,17 @@ impl Cnn {
         }
     }
 
+    /// The L2 norm of every gradient of the last backward, for
+    /// [`crate::guard::check_step`].
+    pub fn gradient_norm(&self) -> f64 {
+        let convs = self.stages.iter().flat_map(|s| {
+            let bn = s.bn.iter().flat_map(|b| [&b.dgamma[..], &b.dbeta[..]]);
+            [&s.dw.data[..], &s.db[..]].into_iter().chain(bn)
+        });
+        let head = self.mlp.gradient_norm();
+        (crate::guard::norm(convs).powi(2) + head * head).sqrt()
+    }
+
     /// The gradient buffers of group `g`, matching
     /// [`Cnn::group_parameters_mut`].
     pub fn group_gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {

@@ -562,9 +562,9 @@ enum Bwd {
 /// [`Conv::x_tensor`] and friends to allocate them).
 pub struct Conv {
     /// The geometry.
-    pub params: ConvParams,
+    pub(crate) params: ConvParams,
     /// Activation after the bias.
-    pub act: Activation,
+    pub(crate) act: Activation,
     tuning: ConvTuning,
     fwd: Gather,
     bwd: Bwd,
@@ -578,6 +578,17 @@ impl std::fmt::Debug for Conv {
             .field("act", &self.act)
             .field("tuning", &self.tuning)
             .finish()
+    }
+}
+
+impl Conv {
+    /// The layer's shape.
+    pub fn params(&self) -> &ConvParams {
+        &self.params
+    }
+    /// The fused activation of forward.
+    pub fn act(&self) -> Activation {
+        self.act
     }
 }
 

@@ -8,12 +8,12 @@ use crate::layout::{Blocked, SyncPtr};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
 
-/// y = max(x, 0).
+/// y = max(x, 0), NaN kept as NaN (so a diverged layer shows downstream).
 pub fn relu_forward(pool: &Pool, x: &[f32], y: &mut [f32]) -> Result<()> {
     check_buf("relu output", y.len(), x.len())?;
     pool.for_slices(y, |lo, out| {
         for (o, v) in out.iter_mut().zip(&x[lo..]) {
-            *o = v.max(0.0);
+            *o = brgemm::Activation::Relu.apply(*v);
         }
     });
     Ok(())
@@ -36,7 +36,7 @@ pub fn relu_backward(pool: &Pool, dy: &[f32], y: &[f32], dx: &mut [f32]) -> Resu
 #[derive(Debug, Clone)]
 pub struct Dropout {
     /// Probability of dropping an element, in [0, 1).
-    pub p: f32,
+    pub(crate) p: f32,
     /// The scale per element of the last training forward (0 or 1/(1-p)).
     mask: Vec<f32>,
     rng: Rng,
@@ -45,6 +45,13 @@ pub struct Dropout {
 /// Elements per independently seeded run of the mask: the mask is the same
 /// for any number of threads.
 const DROP_RUN: usize = 4096;
+
+impl Dropout {
+    /// Drop probability.
+    pub fn p(&self) -> f32 {
+        self.p
+    }
+}
 
 impl Dropout {
     /// Dropout with probability `p`, masks drawn from `seed`.

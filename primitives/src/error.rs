@@ -35,6 +35,27 @@ pub enum Error {
     /// Planning a BRGEMM failed.
     #[error("kernel: {0}")]
     Kernel(#[from] brgemm::Error),
+    /// A training step produced a loss or gradient that is not finite; the
+    /// optimizer did not run, so the weights are those before the step.
+    #[error("training stopped at step {step}: the {what} is {value} (not finite)")]
+    NonFinite {
+        /// 0-based step of the run.
+        step: u64,
+        /// `"loss"` or `"gradient norm"`.
+        what: String,
+        /// The value.
+        value: f64,
+    },
+    /// A setting (hyper-parameter, option, file) is invalid.
+    #[error("bad setting: {what} = {value}: {reason}")]
+    Setting {
+        /// The setting, e.g. `"learning rate"`.
+        what: String,
+        /// Its value.
+        value: String,
+        /// Why.
+        reason: String,
+    },
     /// Reading or writing a file failed.
     #[error("io: {0}")]
     Io(String),
@@ -49,6 +70,18 @@ pub(crate) fn shape(
     reason: impl Into<String>,
 ) -> Error {
     Error::Shape {
+        what: what.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+pub(crate) fn setting(
+    what: impl Into<String>,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> Error {
+    Error::Setting {
         what: what.into(),
         value: value.to_string(),
         reason: reason.into(),

@@ -341,13 +341,13 @@ impl Pass {
 /// passed to each call (see [`Fc::x_layout`] and friends to allocate them).
 pub struct Fc {
     /// Minibatch.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Input features.
-    pub c: usize,
+    pub(crate) c: usize,
     /// Output features.
-    pub k: usize,
+    pub(crate) k: usize,
     /// Activation after the bias.
-    pub act: Activation,
+    pub(crate) act: Activation,
     tuning: FcTuning,
     fwd: Pass,
     fwd_pre: Option<Chunked>,
@@ -438,6 +438,25 @@ fn pass(
         a_inner: first('a') > first('b'),
         red_inner: cfg.spec.ends_with(['c', 'C']),
     })
+}
+
+impl Fc {
+    /// Minibatch rows.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Input features.
+    pub fn c(&self) -> usize {
+        self.c
+    }
+    /// Output features.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    /// The fused activation of forward.
+    pub fn act(&self) -> Activation {
+        self.act
+    }
 }
 
 impl Fc {

@@ -31,24 +31,82 @@ pub enum Inner {
     ColMajor,
 }
 
+/// Read accessors for a tensor's private shape fields, and its storage as
+/// slices: the length of the buffer is fixed by the constructor, so safe code
+/// can change values but never hand a pass a buffer shorter than its shape.
+macro_rules! storage_accessors {
+    ($t:ty { $($field:ident: $doc:literal),* $(,)? }) => {
+        impl $t {
+            $(
+                #[doc = $doc]
+                #[inline]
+                pub fn $field(&self) -> usize {
+                    self.$field
+                }
+            )*
+            /// The storage, padding included.
+            #[inline]
+            pub fn data(&self) -> &[f32] {
+                &self.data
+            }
+            /// The storage, padding included, to write values in place (its
+            /// length is fixed). Writing non-zero values into the padding
+            /// makes the padding no longer neutral; the plain setters never
+            /// do.
+            #[inline]
+            pub fn data_mut(&mut self) -> &mut [f32] {
+                &mut self.data
+            }
+        }
+    };
+}
+pub(crate) use storage_accessors;
+
 /// A blocked, zero-padded matrix.
+///
+/// Shape and storage are private: a `Blocked` is made only by its
+/// constructors, which size the buffer, so no safe call can hand a primitive
+/// a buffer shorter than the shape it declares.
+///
+/// ```compile_fail
+/// use brgemm_primitives::{Blocked, Inner};
+/// let mut b = Blocked::zeros(4, 4, 2, 2, Inner::RowMajor).unwrap();
+/// b.rows = 1 << 20; // private: the shape cannot be changed under the buffer
+/// ```
+/// ```compile_fail
+/// use brgemm_primitives::{Blocked, Inner};
+/// let mut b = Blocked::zeros(4, 4, 2, 2, Inner::RowMajor).unwrap();
+/// b.data = brgemm::aligned_vec(1, 0.0); // private: no shorter buffer
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Blocked {
     /// Logical rows.
-    pub rows: usize,
+    pub(crate) rows: usize,
     /// Logical columns.
-    pub cols: usize,
+    pub(crate) cols: usize,
     /// Rows per block.
-    pub br: usize,
+    pub(crate) br: usize,
     /// Columns per block.
-    pub bc: usize,
+    pub(crate) bc: usize,
     /// Order inside a block.
-    pub inner: Inner,
+    pub(crate) inner: Inner,
     /// `row_blocks * col_blocks * br * bc` elements.
-    pub data: AlignedVec<f32>,
+    pub(crate) data: AlignedVec<f32>,
 }
 
+storage_accessors!(Blocked {
+    rows: "Logical rows.",
+    cols: "Logical columns.",
+    br: "Rows per block.",
+    bc: "Columns per block.",
+});
+
 impl Blocked {
+    /// Order inside a block.
+    pub fn inner(&self) -> Inner {
+        self.inner
+    }
+
     /// A zero matrix.
     pub fn zeros(rows: usize, cols: usize, br: usize, bc: usize, inner: Inner) -> Result<Blocked> {
         for (what, v) in [
@@ -64,7 +122,7 @@ impl Blocked {
         let len = rows
             .div_ceil(br)
             .checked_mul(cols.div_ceil(bc))
-            .and_then(|x| x.checked_mul(br * bc))
+            .and_then(|x| x.checked_mul(br.checked_mul(bc)?))
             .ok_or_else(|| shape("rows x cols", format!("{rows}x{cols}"), "too large"))?;
         Ok(Blocked {
             rows,

@@ -14,6 +14,8 @@
 //! - [`fc`]: the fully-connected layer [`Fc`] (forward with fused bias and
 //!   activation, backward-data, backward-weights) and its [`FcTuning`];
 //!   [`fc_bf16`]: its mixed-precision (bf16 operand) forward and backward-data.
+//! - [`guard`]: non-finite detection (loss, gradient norm) for training
+//!   loops.
 //! - [`loss`], [`optim`], [`init`]: softmax cross-entropy, SGD with momentum,
 //!   Adam, Kaiming/Xavier initialisation from a seeded RNG.
 //! - [`tensor`], [`conv`]: blocked 4-D tensors ([`Tensor4`], [`Filter`]) and
@@ -35,6 +37,7 @@ pub mod eltwise;
 pub mod error;
 pub mod fc;
 pub mod fc_bf16;
+pub mod guard;
 pub mod init;
 pub mod layout;
 pub mod loops;

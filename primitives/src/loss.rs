@@ -48,7 +48,9 @@ pub fn softmax_cross_entropy(
             *pj = (*pj - mx).exp();
             sum += *pj;
         }
-        loss -= ((p[label] / sum).max(f32::MIN_POSITIVE) as f64).ln();
+        // log-softmax, not log(p): no clamp that would turn a NaN or an
+        // underflowed probability into a finite-looking loss.
+        loss -= (logits.data[logits.index(r, label)] - mx) as f64 - (sum as f64).ln();
         for (j, pj) in p.iter().enumerate() {
             let g = pj / sum - if j == label { 1.0 } else { 0.0 };
             let i = dlogits.index(r, j);

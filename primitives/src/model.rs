@@ -360,6 +360,12 @@ impl Mlp {
         }
     }
 
+    /// The L2 norm of every gradient of the last backward (weights and
+    /// biases of all layers), for [`crate::guard::check_step`].
+    pub fn gradient_norm(&self) -> f64 {
+        crate::guard::norm(self.layers.iter().flat_map(|l| [&l.dw.data[..], &l.db[..]]))
+    }
+
     /// One training step: gradients, then the optimizer. Returns the loss.
     pub fn train_step(
         &mut self,

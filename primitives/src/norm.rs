@@ -17,21 +17,21 @@ use crate::threads::Pool;
 #[derive(Debug, Clone)]
 pub struct BatchNorm {
     /// Channels.
-    pub c: usize,
+    pub(crate) c: usize,
     /// Channel block of the tensors it reads.
-    pub bc: usize,
+    pub(crate) bc: usize,
     /// Added to the variance.
     pub eps: f32,
     /// Weight of the new minibatch in the running statistics.
     pub momentum: f32,
     /// Scale.
-    pub gamma: Vec<f32>,
+    pub(crate) gamma: Vec<f32>,
     /// Shift.
-    pub beta: Vec<f32>,
+    pub(crate) beta: Vec<f32>,
     /// Running mean (inference).
-    pub running_mean: Vec<f32>,
+    pub(crate) running_mean: Vec<f32>,
     /// Running (unbiased) variance (inference).
-    pub running_var: Vec<f32>,
+    pub(crate) running_var: Vec<f32>,
     /// Minibatch mean of the last training forward.
     saved_mean: Vec<f32>,
     /// 1 / sqrt(var + eps) of the last training forward.
@@ -48,6 +48,49 @@ fn same_dims(what: &str, t: &Tensor4, x: &Tensor4) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+impl BatchNorm {
+    /// Channels.
+    pub fn c(&self) -> usize {
+        self.c
+    }
+    /// Channel block of the tensors it reads.
+    pub fn bc(&self) -> usize {
+        self.bc
+    }
+    /// Scale (length `padded_c`).
+    pub fn gamma(&self) -> &[f32] {
+        &self.gamma
+    }
+    /// Scale, to update in place (the length is fixed).
+    pub fn gamma_mut(&mut self) -> &mut [f32] {
+        &mut self.gamma
+    }
+    /// Shift (length `padded_c`).
+    pub fn beta(&self) -> &[f32] {
+        &self.beta
+    }
+    /// Shift, to update in place (the length is fixed).
+    pub fn beta_mut(&mut self) -> &mut [f32] {
+        &mut self.beta
+    }
+    /// Running mean (inference).
+    pub fn running_mean(&self) -> &[f32] {
+        &self.running_mean
+    }
+    /// Running mean, to set in place (e.g. when loading a model).
+    pub fn running_mean_mut(&mut self) -> &mut [f32] {
+        &mut self.running_mean
+    }
+    /// Running (unbiased) variance (inference).
+    pub fn running_var(&self) -> &[f32] {
+        &self.running_var
+    }
+    /// Running variance, to set in place (e.g. when loading a model).
+    pub fn running_var_mut(&mut self) -> &mut [f32] {
+        &mut self.running_var
+    }
 }
 
 impl BatchNorm {

@@ -45,6 +45,43 @@ impl Optimizer {
         }
     }
 
+    /// Checks the hyper-parameters: a NaN or infinite learning rate would
+    /// train "successfully" into all-NaN weights.
+    pub fn validate(&self) -> crate::Result<()> {
+        use crate::error::setting;
+        let finite_pos = |what: &str, v: f32| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(setting(what, v, "must be finite and above 0"))
+            }
+        };
+        let unit = |what: &str, v: f32| {
+            if (0.0..1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(setting(what, v, "must be in [0, 1)"))
+            }
+        };
+        match *self {
+            Optimizer::Sgd { lr, momentum } => {
+                finite_pos("learning rate", lr)?;
+                unit("momentum", momentum)
+            }
+            Optimizer::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+            } => {
+                finite_pos("learning rate", lr)?;
+                unit("beta1", beta1)?;
+                unit("beta2", beta2)?;
+                finite_pos("eps", eps)
+            }
+        }
+    }
+
     /// Adam with the usual defaults and learning rate `lr`.
     pub fn adam(lr: f32) -> Self {
         Optimizer::Adam {

@@ -24,15 +24,38 @@ pub enum PoolKind {
 #[derive(Debug, Clone)]
 pub struct Pool2d {
     /// Max or average.
-    pub kind: PoolKind,
+    pub(crate) kind: PoolKind,
     /// Input (n, c, h, w, bc).
-    pub input: (usize, usize, usize, usize, usize),
+    pub(crate) input: (usize, usize, usize, usize, usize),
     /// Window height and width.
-    pub window: (usize, usize),
+    pub(crate) window: (usize, usize),
     /// Stride.
-    pub stride: usize,
+    pub(crate) stride: usize,
     /// Zero padding on every side.
-    pub pad: usize,
+    pub(crate) pad: usize,
+}
+
+impl Pool2d {
+    /// Max or average.
+    pub fn kind(&self) -> PoolKind {
+        self.kind
+    }
+    /// Input (n, c, h, w, bc).
+    pub fn input(&self) -> (usize, usize, usize, usize, usize) {
+        self.input
+    }
+    /// Window (height, width).
+    pub fn window(&self) -> (usize, usize) {
+        self.window
+    }
+    /// Stride.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+    /// Zero padding on each side.
+    pub fn pad(&self) -> usize {
+        self.pad
+    }
 }
 
 impl Pool2d {
@@ -305,20 +328,23 @@ widest! {
     fn max_of / max_of_plain(dst: &mut [f32], src: &[f32]) {
         let src = &src[..dst.len()];
         for j in 0..dst.len() {
-            dst[j] = if src[j] > dst[j] { src[j] } else { dst[j] };
+            // A NaN input wins and then stays: NaN propagates as in PyTorch.
+            let better = src[j] > dst[j] || src[j].is_nan();
+            dst[j] = if better { src[j] } else { dst[j] };
         }
     }
 }
 
 widest! {
     /// One pixel of a max-pool window: per channel, `best = at` and `dst =
-    /// src` where `src > dst` (so the first maximum wins, NaN never). Selects,
+    /// src` where `src > dst` or `src` is NaN (so the first maximum wins, and
+    /// a NaN input reaches the output and stays there). Selects,
     /// not branches: the loop vectorises, where the branchy one stayed scalar
     /// (17% of a CNN training step).
     fn max_into / max_into_plain(dst: &mut [f32], best: &mut [u32], src: &[f32], at: u32) {
         let (best, src) = (&mut best[..dst.len()], &src[..dst.len()]);
         for j in 0..dst.len() {
-            let better = src[j] > dst[j];
+            let better = src[j] > dst[j] || src[j].is_nan();
             dst[j] = if better { src[j] } else { dst[j] };
             best[j] = if better { at } else { best[j] };
         }

@@ -105,30 +105,30 @@ impl RnnTuning {
 #[derive(Debug, Clone)]
 pub struct RnnState {
     /// h_1 .. h_T (`T*Np x K`).
-    pub h: Blocked,
+    pub(crate) h: Blocked,
     /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
-    pub h_prev: Blocked,
+    pub(crate) h_prev: Blocked,
     /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
-    pub c: Blocked,
+    pub(crate) c: Blocked,
     /// Activated gates of every step (`T*Np x g*Kp`).
-    pub gates: Blocked,
+    pub(crate) gates: Blocked,
 }
 
 /// Gradients of a backward pass.
 #[derive(Debug, Clone)]
 pub struct RnnGrads {
     /// dL/dX (`T*Np x C`).
-    pub dx: Blocked,
+    pub(crate) dx: Blocked,
     /// dL/dW (layout of W).
-    pub dw: Blocked,
+    pub(crate) dw: Blocked,
     /// dL/dR (layout of R).
-    pub dr: Blocked,
+    pub(crate) dr: Blocked,
     /// dL/db (length `g*Kp`).
-    pub db: Vec<f32>,
+    pub(crate) db: Vec<f32>,
     /// dL/dh_0 (`Np x K`).
-    pub dh0: Blocked,
+    pub(crate) dh0: Blocked,
     /// dL/dc_0 (`Np x K`; LSTM only).
-    pub dc0: Blocked,
+    pub(crate) dc0: Blocked,
     /// Scratch: dL/dG (`T*Np x g*Kp`).
     dg: Blocked,
     /// Scratch: dL/dh of the step being processed, accumulated (`T*Np x K`).
@@ -145,15 +145,15 @@ pub struct RnnGrads {
 /// `c` input features and `k` hidden units.
 pub struct Rnn {
     /// Cell.
-    pub kind: CellKind,
+    pub(crate) kind: CellKind,
     /// Steps.
-    pub t: usize,
+    pub(crate) t: usize,
     /// Minibatch.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Input features.
-    pub c: usize,
+    pub(crate) c: usize,
     /// Hidden units.
-    pub k: usize,
+    pub(crate) k: usize,
     tuning: RnnTuning,
     /// Input projection over all steps: `T*Np x C -> T*Np x g*Kp`.
     input: Fc,
@@ -185,6 +185,75 @@ impl std::fmt::Debug for Rnn {
 }
 
 use crate::rnn_cell;
+
+impl RnnState {
+    /// h_1 .. h_T (`T*Np x K`).
+    pub fn h(&self) -> &Blocked {
+        &self.h
+    }
+    /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
+    pub fn h_prev(&self) -> &Blocked {
+        &self.h_prev
+    }
+    /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
+    pub fn c(&self) -> &Blocked {
+        &self.c
+    }
+    /// Activated gates of every step (`T*Np x g*Kp`).
+    pub fn gates(&self) -> &Blocked {
+        &self.gates
+    }
+}
+
+impl RnnGrads {
+    /// dL/dX (`T*Np x C`).
+    pub fn dx(&self) -> &Blocked {
+        &self.dx
+    }
+    /// dL/dW (layout of W).
+    pub fn dw(&self) -> &Blocked {
+        &self.dw
+    }
+    /// dL/dR (layout of R).
+    pub fn dr(&self) -> &Blocked {
+        &self.dr
+    }
+    /// dL/db (length `g*Kp`).
+    pub fn db(&self) -> &[f32] {
+        &self.db
+    }
+    /// dL/dh_0 (`Np x K`).
+    pub fn dh0(&self) -> &Blocked {
+        &self.dh0
+    }
+    /// dL/dc_0 (`Np x K`; LSTM only).
+    pub fn dc0(&self) -> &Blocked {
+        &self.dc0
+    }
+}
+
+impl Rnn {
+    /// Cell.
+    pub fn kind(&self) -> CellKind {
+        self.kind
+    }
+    /// Steps.
+    pub fn t(&self) -> usize {
+        self.t
+    }
+    /// Minibatch.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Input features.
+    pub fn c(&self) -> usize {
+        self.c
+    }
+    /// Hidden units.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+}
 
 impl Rnn {
     /// Plans a layer with the heuristic tuning.

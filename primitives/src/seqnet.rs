@@ -329,6 +329,18 @@ impl SeqClassifier {
         (&g.dw, &g.dr, &g.db)
     }
 
+    /// The L2 norm of every gradient of the last backward, for
+    /// [`crate::guard::check_step`].
+    pub fn gradient_norm(&self) -> f64 {
+        let rnn = self
+            .dirs
+            .iter()
+            .flatten()
+            .flat_map(|d| [&d.gr.dw.data[..], &d.gr.dr.data[..], &d.gr.db[..]]);
+        let head = self.mlp.gradient_norm();
+        (crate::guard::norm(rnn).powi(2) + head * head).sqrt()
+    }
+
     /// One training step; returns the loss.
     pub fn train_step(
         &mut self,

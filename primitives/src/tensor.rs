@@ -19,21 +19,38 @@ use crate::threads::Pool;
 use brgemm::{aligned_vec, AlignedVec};
 
 /// A blocked activation tensor `[N][C/bc][H][W][bc]`.
+///
+/// Shape and storage are private (see [`Blocked`](crate::Blocked)): the
+/// constructors size the buffer.
+///
+/// ```compile_fail
+/// use brgemm_primitives::Tensor4;
+/// let mut t = Tensor4::zeros(1, 4, 2, 2, 4).unwrap();
+/// t.data = brgemm::aligned_vec(1, 0.0);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor4 {
     /// Minibatch.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Channels (logical).
-    pub c: usize,
+    pub(crate) c: usize,
     /// Height.
-    pub h: usize,
+    pub(crate) h: usize,
     /// Width.
-    pub w: usize,
+    pub(crate) w: usize,
     /// Channel block.
-    pub bc: usize,
+    pub(crate) bc: usize,
     /// `n * ceil(c/bc) * h * w * bc` elements.
-    pub data: AlignedVec<f32>,
+    pub(crate) data: AlignedVec<f32>,
 }
+
+crate::layout::storage_accessors!(Tensor4 {
+    n: "Minibatch.",
+    c: "Channels (logical).",
+    h: "Height.",
+    w: "Width.",
+    bc: "Channel block.",
+});
 
 impl Tensor4 {
     /// A zero tensor.
@@ -143,24 +160,40 @@ pub(crate) fn par_images<F: Fn(usize, &mut [f32]) + Sync>(pool: &Pool, t: &mut T
 }
 
 /// A blocked filter `[K/bk][C/bc][R][S][bc][bk]`: K output and C input
-/// channels, R x S taps.
+/// channels, R x S taps. Shape and storage are private, as in
+/// [`Tensor4`].
+///
+/// ```compile_fail
+/// use brgemm_primitives::Filter;
+/// let mut f = Filter::zeros(4, 4, 3, 3, 4, 4).unwrap();
+/// f.k = 1 << 20;
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Filter {
     /// Output channels.
-    pub k: usize,
+    pub(crate) k: usize,
     /// Input channels.
-    pub c: usize,
+    pub(crate) c: usize,
     /// Kernel height.
-    pub r: usize,
+    pub(crate) r: usize,
     /// Kernel width.
-    pub s: usize,
+    pub(crate) s: usize,
     /// Output-channel block (innermost).
-    pub bk: usize,
+    pub(crate) bk: usize,
     /// Input-channel block.
-    pub bc: usize,
+    pub(crate) bc: usize,
     /// `ceil(k/bk) * ceil(c/bc) * r * s * bc * bk` elements.
-    pub data: AlignedVec<f32>,
+    pub(crate) data: AlignedVec<f32>,
 }
+
+crate::layout::storage_accessors!(Filter {
+    k: "Output channels.",
+    c: "Input channels.",
+    r: "Kernel height.",
+    s: "Kernel width.",
+    bk: "Output-channel block (innermost).",
+    bc: "Input-channel block.",
+});
 
 impl Filter {
     /// A zero filter.
@@ -177,7 +210,10 @@ impl Filter {
                 return Err(shape(what, v, "must be at least 1"));
             }
         }
-        let len = k.div_ceil(bk) * c.div_ceil(bc) * r * s * bc * bk;
+        let len = [k.div_ceil(bk), c.div_ceil(bc), r, s, bc, bk]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .ok_or_else(|| shape("filter", format!("{k}x{c}x{r}x{s}"), "too large"))?;
         Ok(Filter {
             k,
             c,

@@ -93,19 +93,19 @@ fn pooling_matches_reference_and_finite_differences() {
         let x = Tensor4::from_nchw(&xs, n, c, h, w, bc).unwrap();
         let pl = Pool2d::new(kind, &x, win, st, pad).unwrap();
         let mut y = pl.output();
-        let mut am = vec![0u32; y.data.len()];
+        let mut am = vec![0u32; y.data().len()];
         pl.forward(&pool, &x, &mut y, Some(&mut am)).unwrap();
         // Inference (no arg-max) takes its own loop: same output.
         let mut y_inf = pl.output();
         pl.forward(&pool, &x, &mut y_inf, None).unwrap();
-        assert_eq!(y_inf.data, y.data, "{kind:?}: forward without arg-max");
+        assert_eq!(y_inf.data(), y.data(), "{kind:?}: forward without arg-max");
         let want = naive_pool(kind, &xs, (n, c, h, w), win, st, pad);
         assert_eq!(y.to_nchw().len(), want.len());
         for (a, b) in y.to_nchw().iter().zip(&want) {
             assert!((a - b).abs() < 1e-5, "{kind:?}: {a} vs {b}");
         }
         let gs = data(want.len(), 6);
-        let g = Tensor4::from_nchw(&gs, n, c, y.h, y.w, bc).unwrap();
+        let g = Tensor4::from_nchw(&gs, n, c, y.h(), y.w(), bc).unwrap();
         let mut dx = x.clone();
         pl.backward(&pool, &g, Some(&am), &mut dx).unwrap();
         let grad = dx.to_nchw();
@@ -155,8 +155,8 @@ fn bn_loss(
     let pool = Pool::new(1).unwrap();
     let x = Tensor4::from_nchw(xs, n, c, h, w, bc).unwrap();
     let mut bn = BatchNorm::new(c, bc).unwrap();
-    bn.gamma.copy_from_slice(gamma);
-    bn.beta.copy_from_slice(beta);
+    bn.gamma_mut().copy_from_slice(gamma);
+    bn.beta_mut().copy_from_slice(beta);
     let mut y = x.clone();
     bn.forward_train(&pool, &x, &mut y).unwrap();
     dot(gs, &y.to_nchw())
@@ -172,11 +172,11 @@ fn batch_norm_statistics_and_gradients() {
         .collect();
     let x = Tensor4::from_nchw(&xs, n, c, h, w, bc).unwrap();
     let mut bn = BatchNorm::new(c, bc).unwrap();
-    let pc = bn.gamma.len();
-    for (i, g) in bn.gamma.iter_mut().take(c).enumerate() {
+    let pc = bn.gamma().len();
+    for (i, g) in bn.gamma_mut().iter_mut().take(c).enumerate() {
         *g = 0.5 + 0.25 * i as f32;
     }
-    for (i, b) in bn.beta.iter_mut().take(c).enumerate() {
+    for (i, b) in bn.beta_mut().iter_mut().take(c).enumerate() {
         *b = 0.1 * i as f32 - 0.2;
     }
     let mut y = x.clone();
@@ -193,15 +193,15 @@ fn batch_norm_statistics_and_gradients() {
             .collect();
         let m = v.iter().sum::<f64>() / v.len() as f64;
         let sd = (v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / v.len() as f64).sqrt();
-        assert!((m - bn.beta[ch] as f64).abs() < 1e-4, "mean {m}");
-        assert!((sd - bn.gamma[ch] as f64).abs() < 1e-3, "sd {sd}");
+        assert!((m - bn.beta()[ch] as f64).abs() < 1e-4, "mean {m}");
+        assert!((sd - bn.gamma()[ch] as f64).abs() < 1e-3, "sd {sd}");
     }
     assert!(y
-        .data
+        .data()
         .iter()
         .enumerate()
         .all(|(i, v)| (i % bc) + (i / (h * w * bc) % 2) * bc < c || *v == 0.0));
-    assert!(bn.running_mean[..c].iter().any(|m| *m != 0.0));
+    assert!(bn.running_mean()[..c].iter().any(|m| *m != 0.0));
     // Inference with running statistics equal to the batch's reproduces training.
     let gs = data(n * c * h * w, 22);
     let g = Tensor4::from_nchw(&gs, n, c, h, w, bc).unwrap();
@@ -209,7 +209,7 @@ fn batch_norm_statistics_and_gradients() {
     let (mut dgamma, mut dbeta) = (vec![0.0; pc], vec![0.0; pc]);
     bn.backward(&pool, &x, &g, &mut dx, &mut dgamma, &mut dbeta)
         .unwrap();
-    let (gamma, beta) = (bn.gamma.clone(), bn.beta.clone());
+    let (gamma, beta) = (bn.gamma().to_vec(), bn.beta().to_vec());
     let dims = (n, c, h, w);
     let grad = dx.to_nchw();
     fd_check("bn dx", &mut xs.clone(), &grad, 1e-2, 2e-2, |v| {
@@ -222,7 +222,7 @@ fn batch_norm_statistics_and_gradients() {
         1e-2,
         2e-2,
         |v| {
-            let mut gm = gamma.clone();
+            let mut gm = gamma.to_vec();
             gm[..c].copy_from_slice(v);
             bn_loss(&xs, &gs, dims, bc, &gm, &beta)
         },
@@ -234,7 +234,7 @@ fn batch_norm_statistics_and_gradients() {
         1e-2,
         2e-2,
         |v| {
-            let mut bt = beta.clone();
+            let mut bt = beta.to_vec();
             bt[..c].copy_from_slice(v);
             bn_loss(&xs, &gs, dims, bc, &gamma, &bt)
         },
@@ -248,7 +248,7 @@ fn batch_norm_statistics_and_gradients() {
     bn2.forward_infer(&pool, &x, &mut y3).unwrap();
     let count = (n * h * w) as f32;
     let fix = ((count - 1.0) / count).sqrt();
-    for (a, b) in y2.data.iter().zip(y3.data.iter()) {
+    for (a, b) in y2.data().iter().zip(y3.data().iter()) {
         // Running variance is unbiased: inference output = training output * sqrt((M-1)/M).
         assert!((a * fix - b).abs() < 1e-3, "{a} vs {b}");
     }
@@ -342,7 +342,7 @@ fn flatten_round_trips_in_nchw_order() {
     eltwise::flatten(&pool, &x, &mut f).unwrap();
     assert_eq!(f.to_plain(), xs);
     let mut back = Tensor4::zeros(n, c, h, w, 4).unwrap();
-    back.data.fill(9.0);
+    back.data_mut().fill(9.0);
     eltwise::unflatten(&pool, &f, &mut back).unwrap();
     assert_eq!(back, x);
 }
@@ -380,8 +380,8 @@ fn cnn_weight_gradients_match_finite_differences() {
         let (mut cnn, x, labels) = tiny_cnn(bn);
         cnn.compute_gradients(&pool, &x, &labels).unwrap();
         for stage in 0..cnn.depth() {
-            let grad = cnn.conv_gradients(stage).0.data.clone();
-            let mut w = cnn.conv_parameters_mut(stage).0.data.clone();
+            let grad = cnn.conv_gradients(stage).0.data().to_vec();
+            let mut w = cnn.conv_parameters_mut(stage).0.data().to_vec();
             fd_check(
                 &format!("cnn stage {stage} (bn {bn}) dW"),
                 &mut w,
@@ -389,7 +389,10 @@ fn cnn_weight_gradients_match_finite_differences() {
                 2e-3,
                 3e-2,
                 |v| {
-                    cnn.conv_parameters_mut(stage).0.data.copy_from_slice(v);
+                    cnn.conv_parameters_mut(stage)
+                        .0
+                        .data_mut()
+                        .copy_from_slice(v);
                     cnn.compute_gradients(&pool, &x, &labels).unwrap() as f64
                 },
             );

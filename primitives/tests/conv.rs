@@ -111,12 +111,12 @@ fn check(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) {
     let yc = y.to_nchw();
     let mut y_again = Tensor4::from_nchw(&yc, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
     y_again
-        .data
+        .data_mut()
         .iter_mut()
-        .zip(y.data.iter())
+        .zip(y.data().iter())
         .for_each(|(a, b)| *a -= b);
     assert!(
-        y_again.data.iter().all(|v| *v == 0.0),
+        y_again.data().iter().all(|v| *v == 0.0),
         "padding of Y not zero"
     );
 
@@ -125,18 +125,18 @@ fn check(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) {
     let mut wt = conv.filter_t();
     conv.transpose_filter(&pool, &w, &mut wt).unwrap();
     let mut dx = conv.x_tensor();
-    dx.data.fill(f32::NAN);
+    dx.data_mut().fill(f32::NAN);
     conv.backward_data(&pool, &dz, &wt, &mut dx).unwrap();
     close("dX", &dx.to_nchw(), &want.dx, (p.k * p.r * p.s) as f64);
     let mut dw = conv.filter();
-    dw.data.fill(f32::NAN);
+    dw.data_mut().fill(f32::NAN);
     let mut db = vec![f32::NAN; conv.padded_k()];
     conv.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
         .unwrap();
     close("dW", &dw.to_kcrs(), &want.dw, (p.n * p.p() * p.q()) as f64);
     close("db", &db[..p.k], &want.db, (p.n * p.p() * p.q()) as f64);
     assert!(
-        dw.data.iter().all(|v| v.is_finite()),
+        dw.data().iter().all(|v| v.is_finite()),
         "dW padding not written"
     );
 }

@@ -99,13 +99,13 @@ impl Problem {
             .unwrap();
         // Padding must stay zero (the next layer and the optimizer rely on it).
         let pad_ok = |b: &Blocked| {
-            let mut live = vec![false; b.data.len()];
-            for r in 0..b.rows {
-                for c in 0..b.cols {
+            let mut live = vec![false; b.data().len()];
+            for r in 0..b.rows() {
+                for c in 0..b.cols() {
                     live[b.index(r, c)] = true;
                 }
             }
-            b.data.iter().zip(&live).all(|(v, l)| *l || *v == 0.0)
+            b.data().iter().zip(&live).all(|(v, l)| *l || *v == 0.0)
         };
         assert!(pad_ok(&dx) && pad_ok(&dw), "gradient padding written");
         assert!(

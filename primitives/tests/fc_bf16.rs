@@ -41,7 +41,7 @@ fn forward_and_backward_data_match_the_rounded_reference() {
             let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
             let (mut wv, mut wtv, mut xb) = (new(), new(), new());
             fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
-            to_bf16(&pool, &x.data, &mut xb);
+            to_bf16(&pool, x.data(), &mut xb);
             let mut y = fc.y_layout();
             fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap();
             let (xr, wr) = (round(&xs), round(&ws));
@@ -62,13 +62,13 @@ fn forward_and_backward_data_match_the_rounded_reference() {
             let rows = n.div_ceil(fc.tuning().bn) * fc.tuning().bn;
             for r in 0..rows {
                 for j in k..fc.padded_k() {
-                    assert_eq!(y.data[y.index(r, j)], 0.0, "Y padding [{r}][{j}]");
+                    assert_eq!(y.data()[y.index(r, j)], 0.0, "Y padding [{r}][{j}]");
                 }
             }
             let mut dz = fc.y_layout();
             dz.set_plain(&gs).unwrap();
             let mut dzb = brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
-            to_bf16(&pool, &dz.data, &mut dzb);
+            to_bf16(&pool, dz.data(), &mut dzb);
             let mut dx = fc.x_layout();
             fb.backward_data(&pool, &dzb, &wtv, &mut dx).unwrap();
             let gr = round(&gs);

@@ -142,7 +142,7 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
         for ni in 0..n {
             for ki in 0..k {
                 let i = s.index(ni, ki);
-                s.data[i] = v[ni * k + ki] as f32;
+                s.data_mut()[i] = v[ni * k + ki] as f32;
             }
         }
         s
@@ -152,9 +152,13 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
     rnn.forward(&pool, &x, &w, &r, &bias, Some(&h0), Some(&c0), &mut st)
         .unwrap();
     // Hidden padding columns of h stay zero on their own.
-    for r in 0..st.h.rows {
+    for r in 0..st.h().rows() {
         for c in k..rnn.padded_k() {
-            assert_eq!(st.h.data[st.h.index(r, c)], 0.0, "h padding [{r}][{c}]");
+            assert_eq!(
+                st.h().data()[st.h().index(r, c)],
+                0.0,
+                "h padding [{r}][{c}]"
+            );
         }
     }
     let mut dh = rnn.h_layout();
@@ -163,19 +167,19 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
     rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap();
     let plain_state = |s: &Blocked| {
         (0..n * k)
-            .map(|i| s.data[s.index(i / k, i % k)])
+            .map(|i| s.data()[s.index(i / k, i % k)])
             .collect::<Vec<f32>>()
     };
     Got {
-        h: rnn.sequence(&st.h),
-        dx: rnn.sequence(&gr.dx),
-        dw: (0..g).map(|gi| rnn.gate_weights(&gr.dw, gi)).collect(),
-        dr: (0..g).map(|gi| rnn.gate_weights(&gr.dr, gi)).collect(),
+        h: rnn.sequence(st.h()),
+        dx: rnn.sequence(gr.dx()),
+        dw: (0..g).map(|gi| rnn.gate_weights(gr.dw(), gi)).collect(),
+        dr: (0..g).map(|gi| rnn.gate_weights(gr.dr(), gi)).collect(),
         db: (0..g)
-            .flat_map(|gi| gr.db[gi * kp..gi * kp + k].to_vec())
+            .flat_map(|gi| gr.db()[gi * kp..gi * kp + k].to_vec())
             .collect(),
-        dh0: plain_state(&gr.dh0),
-        dc0: plain_state(&gr.dc0),
+        dh0: plain_state(gr.dh0()),
+        dc0: plain_state(gr.dc0()),
     }
 }
 
@@ -453,15 +457,15 @@ fn stacked_bidirectional_classifier_gradients() {
             };
             for which in 0..2 {
                 let grad = if which == 0 { &gw } else { &gr };
-                let n = grad.data.len();
+                let n = grad.data().len();
                 for i in [0, n / 3, n / 2, n - 7] {
-                    if grad.data[i] == 0.0 {
+                    if grad.data()[i] == 0.0 {
                         continue; // padding
                     }
                     let at = |delta: f32, m: &mut SeqClassifier| {
                         let (w, r, _) = m.parameters_mut(l, d);
                         let p = if which == 0 { w } else { r };
-                        p.data[i] += delta;
+                        p.data_mut()[i] += delta;
                     };
                     at(1e-2, &mut m);
                     let up = m.compute_gradients(&pool, &x, &labels).unwrap() as f64;
@@ -469,7 +473,7 @@ fn stacked_bidirectional_classifier_gradients() {
                     let down = m.compute_gradients(&pool, &x, &labels).unwrap() as f64;
                     at(1e-2, &mut m);
                     let fd = (up - down) / 2e-2;
-                    let an = grad.data[i] as f64;
+                    let an = grad.data()[i] as f64;
                     assert!(
                         (fd - an).abs() < 2e-2 * (1.0 + an.abs()) + 1e-3,
                         "{kind:?} layer {l} dir {d} {} [{i}]: fd {fd} vs {an}",

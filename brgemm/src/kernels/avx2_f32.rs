@@ -64,8 +64,9 @@ impl SimdF32 for Avx2 {
         _mm256_add_ps(a, b)
     }
     #[inline(always)]
-    unsafe fn max(a: __m256, b: __m256) -> __m256 {
-        _mm256_max_ps(a, b)
+    unsafe fn relu(a: __m256) -> __m256 {
+        // maxps returns its second operand when either is NaN.
+        _mm256_max_ps(_mm256_setzero_ps(), a)
     }
     #[inline(always)]
     unsafe fn prefetch(p: *const f32) {

@@ -110,8 +110,9 @@ impl SimdF32 for Avx512 {
         _mm512_add_ps(a, b)
     }
     #[inline(always)]
-    unsafe fn max(a: __m512, b: __m512) -> __m512 {
-        _mm512_max_ps(a, b)
+    unsafe fn relu(a: __m512) -> __m512 {
+        // vmaxps returns its second operand when either is NaN.
+        _mm512_max_ps(_mm512_setzero_ps(), a)
     }
     #[inline(always)]
     unsafe fn prefetch(p: *const f32) {

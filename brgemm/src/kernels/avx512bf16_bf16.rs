@@ -160,7 +160,8 @@ unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize, const PF: bo
     if act == Activation::Relu {
         for j in 0..NR {
             for v in 0..MV {
-                acc[j][v] = _mm512_max_ps(acc[j][v], _mm512_setzero_ps());
+                // vmaxps returns its second operand when either is NaN.
+                acc[j][v] = _mm512_max_ps(_mm512_setzero_ps(), acc[j][v]);
             }
         }
     }

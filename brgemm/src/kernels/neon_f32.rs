@@ -67,8 +67,9 @@ impl SimdF32 for Neon {
         vaddq_f32(a, b)
     }
     #[inline(always)]
-    unsafe fn max(a: float32x4_t, b: float32x4_t) -> float32x4_t {
-        vmaxq_f32(a, b)
+    unsafe fn relu(a: float32x4_t) -> float32x4_t {
+        // FMAX returns NaN when either operand is NaN.
+        vmaxq_f32(a, vdupq_n_f32(0.0))
     }
     #[inline(always)]
     unsafe fn sum(a: float32x4_t) -> f32 {

@@ -67,8 +67,10 @@ impl SimdF32 for Portable {
         a + b
     }
     #[inline(always)]
-    unsafe fn max(a: f32x8, b: f32x8) -> f32x8 {
-        a.max(b)
+    unsafe fn relu(a: f32x8) -> f32x8 {
+        // a < 0 is false for NaN, which keeps the NaN.
+        let zero = f32x8::splat(0.0);
+        a.simd_lt(zero).select(zero, a)
     }
     #[inline(always)]
     unsafe fn sum(a: f32x8) -> f32 {

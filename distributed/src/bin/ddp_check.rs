@@ -111,7 +111,7 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
                 for c in 0..2 {
                     for p in 0..36 {
                         let at = x.index(row, c, p / 6, p % 6);
-                        x.data[at] = data[i * feats + c * 36 + p];
+                        x.data_mut()[at] = data[i * feats + c * 36 + p];
                     }
                 }
             },
@@ -143,7 +143,7 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
             |x: &mut brgemm_primitives::Blocked, row, i| {
                 for c in 0..feats {
                     let at = x.index(row, c);
-                    x.data[at] = data[i * feats + c];
+                    x.data_mut()[at] = data[i * feats + c];
                 }
             },
             &labels,
@@ -229,11 +229,11 @@ trait Zero {
 }
 impl Zero for brgemm_primitives::Blocked {
     fn zero(&mut self) {
-        self.data.fill(0.0);
+        self.data_mut().fill(0.0);
     }
 }
 impl Zero for Tensor4 {
     fn zero(&mut self) {
-        self.data.fill(0.0);
+        self.data_mut().fill(0.0);
     }
 }
