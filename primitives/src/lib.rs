@@ -28,7 +28,8 @@
 //!   with an MLP head.
 //! - [`cnn`]: [`Cnn`], convolution stages and an MLP head trained end to end.
 //! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
-//!   gradients and optimizer state, with save and load.
+//!   gradients and optimizer state, with save and load in the checked,
+//!   atomically written [`modelfile`] format.
 #![deny(missing_docs)]
 
 pub mod cnn;
@@ -44,6 +45,7 @@ pub mod loops;
 pub mod loss;
 pub mod math;
 pub mod model;
+pub mod modelfile;
 pub mod norm;
 pub mod optim;
 pub mod pool2d;

@@ -14,7 +14,6 @@ use crate::optim::{OptState, Optimizer};
 use crate::threads::Pool;
 use brgemm::bf16::bf16;
 use brgemm::{Activation, AlignedVec};
-use std::io::{Read, Write};
 use std::path::Path;
 
 /// One layer of an [`Mlp`]: output features and activation.
@@ -79,6 +78,9 @@ pub struct Mlp {
     dlogits: Blocked,
     input_grad: bool,
 }
+
+/// The [`crate::modelfile`] kind tag of an MLP.
+const MODEL_KIND: [u8; 4] = *b"MLP\0";
 
 fn act_code(a: Activation) -> u8 {
     match a {
@@ -420,79 +422,64 @@ impl Mlp {
         self.layers.len()
     }
 
-    /// Saves the architecture and parameters (little-endian binary).
+    /// Saves the architecture and parameters as a [`crate::modelfile`]
+    /// (checksummed, written atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let io = |e: std::io::Error| Error::Io(format!("{}: {e}", path.display()));
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-        let mut out = Vec::new();
-        out.extend_from_slice(b"BRGDLMLP");
-        out.extend_from_slice(&1u32.to_le_bytes());
-        out.extend_from_slice(&(self.inputs as u64).to_le_bytes());
-        out.extend_from_slice(&(self.layers.len() as u64).to_le_bytes());
+        let mut header = Vec::new();
+        header.extend_from_slice(&(self.inputs as u64).to_le_bytes());
+        header.extend_from_slice(&(self.layers.len() as u64).to_le_bytes());
         for l in &self.layers {
-            out.extend_from_slice(&(l.fc.k as u64).to_le_bytes());
-            out.push(act_code(l.fc.act));
+            header.extend_from_slice(&(l.fc.k as u64).to_le_bytes());
+            header.push(act_code(l.fc.act));
         }
+        let mut values = Vec::new();
         for i in 0..self.layers.len() {
             let (w, b) = self.parameters(i);
-            for x in w.iter().chain(&b) {
-                out.extend_from_slice(&x.to_le_bytes());
-            }
+            values.extend_from_slice(&w);
+            values.extend_from_slice(&b);
         }
-        f.write_all(&out).map_err(io)?;
-        f.flush().map_err(io)
+        crate::modelfile::write(path, MODEL_KIND, &header, &values)
     }
 
     /// Loads a model saved by [`Mlp::save`], planned for minibatch `batch`.
+    /// Any corruption, or a header whose shapes do not account for exactly
+    /// the stored values, is an error.
     pub fn load(path: &Path, batch: usize) -> Result<Mlp> {
-        let io = |e: std::io::Error| Error::Io(format!("{}: {e}", path.display()));
-        let mut buf = Vec::new();
-        std::fs::File::open(path)
-            .map_err(io)?
-            .read_to_end(&mut buf)
-            .map_err(io)?;
-        let bad = |what: &str| {
-            Error::Io(format!(
-                "{}: not a brgemm-dl MLP file ({what})",
-                path.display()
-            ))
-        };
-        let mut pos = 0usize;
-        let mut take = |n: usize| -> Result<&[u8]> {
-            let s = buf.get(pos..pos + n).ok_or_else(|| bad("truncated"))?;
-            pos += n;
-            Ok(s)
-        };
-        if take(8)? != b"BRGDLMLP" {
-            return Err(bad("magic"));
+        let (header, values) = crate::modelfile::read(path, MODEL_KIND)?;
+        let bad = |why: String| Error::Io(format!("{}: bad MLP header: {why}", path.display()));
+        let mut h = crate::modelfile::Bytes::new(&header);
+        let inputs = h.u64().map_err(bad)?;
+        let depth = h.u64().map_err(bad)?;
+        if inputs == 0 || inputs > 1 << 24 || depth == 0 || depth > 1024 {
+            return Err(bad(format!("{inputs} inputs, {depth} layers")));
         }
-        if take(4)? != 1u32.to_le_bytes() {
-            return Err(bad("version"));
+        let mut specs = Vec::with_capacity(depth as usize);
+        let (mut c, mut count) = (inputs, 0u64);
+        for i in 0..depth {
+            let out = h.u64().map_err(bad)?;
+            if out == 0 || out > 1 << 24 {
+                return Err(bad(format!("layer {i} has {out} outputs")));
+            }
+            let act = act_from(h.u8().map_err(bad)?)?;
+            count += out * c + out;
+            c = out;
+            specs.push(LayerSpec {
+                out: out as usize,
+                act,
+            });
         }
-        let u64_at = |s: &[u8]| u64::from_le_bytes(s.try_into().unwrap()) as usize;
-        let inputs = u64_at(take(8)?);
-        let depth = u64_at(take(8)?);
-        if depth == 0 || depth > 1024 || inputs == 0 {
-            return Err(bad("header"));
+        if !h.is_done() || count != values.len() as u64 {
+            return Err(bad(format!(
+                "shapes need {count} values, the file holds {}",
+                values.len()
+            )));
         }
-        let mut specs = Vec::with_capacity(depth);
-        for _ in 0..depth {
-            let out = u64_at(take(8)?);
-            let act = act_from(take(1)?[0])?;
-            specs.push(LayerSpec { out, act });
-        }
-        let mut m = Mlp::new(inputs, batch, &specs, 0)?;
-        let mut c = inputs;
+        let mut m = Mlp::new(inputs as usize, batch, &specs, 0)?;
+        let (mut c, mut at) = (inputs as usize, 0usize);
         for (i, s) in specs.iter().enumerate() {
-            let mut vals = |n: usize| -> Result<Vec<f32>> {
-                Ok(take(4 * n)?
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                    .collect())
-            };
-            let w = vals(s.out * c)?;
-            let b = vals(s.out)?;
-            m.set_parameters(i, &w, &b)?;
+            let (w, b) = values[at..].split_at(s.out * c);
+            m.set_parameters(i, w, &b[..s.out])?;
+            at += s.out * c + s.out;
             c = s.out;
         }
         Ok(m)
