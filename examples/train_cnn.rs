@@ -17,22 +17,37 @@ use brgemm_primitives::Pool;
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::arg;
+
+const USAGE: &str = "train_cnn: a small CNN on Fashion-MNIST\n\
+    usage: train_cnn [--data DIR --epochs N --batch B --lr LR --batchnorm --dropout P --train-limit N --seed S]";
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = cli::parse(
+        USAGE,
+        &[
+            cli::flag("batchnorm", "batch normalisation after each convolution"),
+            cli::value("dropout", "P", "dropout before the FC head, in [0, 1)"),
+            cli::value("train-limit", "N", "train on the first N images only"),
+        ],
+    );
+    args.no_model_files("CNN");
     let mut cfg = train_cnn::CnnConfig::default();
-    cfg.epochs = arg(&args, "--epochs", cfg.epochs);
-    cfg.batch = arg(&args, "--batch", cfg.batch);
-    cfg.seed = arg(&args, "--seed", cfg.seed);
-    cfg.dropout = arg(&args, "--dropout", cfg.dropout);
-    cfg.optimizer = Optimizer::adam(arg(&args, "--lr", 1e-3));
-    let bn = args.iter().any(|a| a == "--batchnorm");
+    cfg.epochs = args.positive("epochs", cfg.epochs);
+    cfg.batch = args.positive("batch", cfg.batch);
+    cfg.seed = args.get_or("seed", cfg.seed);
+    cfg.dropout = args.get_or("dropout", cfg.dropout);
+    cfg.optimizer = Optimizer::adam(args.lr(1e-3));
+    cfg.check_finite = !args.flag("no-finite-check");
+    let bn = args.flag("batchnorm");
     for s in &mut cfg.stages {
         s.batchnorm = bn;
     }
-    let dir: String = arg(&args, "--data", data::FASHION_MNIST_DIR.to_string());
-    let limit: usize = arg(&args, "--train-limit", usize::MAX);
+    let dir: String = args.get_or("data", data::FASHION_MNIST_DIR.to_string());
+    let limit: usize = args.positive("train-limit", usize::MAX);
+    // Per image: every stage's activations, their gradients and scratch
+    // (about 8 copies of 28x28 x channels, f32).
+    let per_image: usize = cfg.stages.iter().map(|s| s.channels * 28 * 28).sum();
+    cli::check_batch_memory(cfg.batch, 8 * 4 * per_image);
 
     let (mut tr, te) = data::fashion_mnist(std::path::Path::new(&dir)).unwrap_or_else(|e| {
         eprintln!("{e}");

@@ -19,13 +19,33 @@ use brgemm_primitives::{CellKind, Pool};
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::arg;
+
+const USAGE: &str = "train_lstm: an LSTM classifier of images read row by row\n\
+    usage: train_lstm [--data DIR --epochs N --batch B --hidden K --lr LR --layers L --bidirectional --rnn --train-limit N --seed S]";
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let dir: String = arg(&args, "--data", data::FASHION_MNIST_DIR.to_string());
+    let args = cli::parse(
+        USAGE,
+        &[
+            cli::value("hidden", "K", "hidden units per layer"),
+            cli::value("layers", "L", "stacked recurrent layers"),
+            cli::flag("bidirectional", "every layer in both directions"),
+            cli::flag("rnn", "the plain tanh cell instead of the LSTM"),
+            cli::value("train-limit", "N", "train on the first N sequences only"),
+        ],
+    );
+    args.no_model_files("sequence classifier");
+    let explicit: Option<String> = args.get("data");
+    let dir = explicit
+        .clone()
+        .unwrap_or(data::FASHION_MNIST_DIR.to_string());
     let (name, mut tr, te, steps) = match data::fashion_mnist(std::path::Path::new(&dir)) {
         Ok((tr, te)) => ("fashion-mnist", tr.data, te.data, 28),
+        // A --data the user named must exist: no silent fallback then.
+        Err(e) if explicit.is_some() => {
+            eprintln!("--data: {e}");
+            std::process::exit(1)
+        }
         Err(e) => {
             println!("{e}");
             println!(
@@ -39,17 +59,23 @@ fn main() {
     if name == "digits" {
         cfg.epochs = 30;
     }
-    cfg.epochs = arg(&args, "--epochs", cfg.epochs);
-    cfg.batch = arg(&args, "--batch", cfg.batch);
-    cfg.hidden = arg(&args, "--hidden", cfg.hidden);
-    cfg.layers = arg(&args, "--layers", cfg.layers);
-    cfg.seed = arg(&args, "--seed", cfg.seed);
-    cfg.optimizer = Optimizer::adam(arg(&args, "--lr", 2e-3));
-    cfg.bidirectional = args.iter().any(|a| a == "--bidirectional");
-    if args.iter().any(|a| a == "--rnn") {
+    cfg.epochs = args.positive("epochs", cfg.epochs);
+    cfg.batch = args.positive("batch", cfg.batch);
+    cfg.hidden = args.positive("hidden", cfg.hidden);
+    cfg.layers = args.positive("layers", cfg.layers);
+    cfg.seed = args.get_or("seed", cfg.seed);
+    cfg.optimizer = Optimizer::adam(args.lr(2e-3));
+    cfg.check_finite = !args.flag("no-finite-check");
+    cfg.bidirectional = args.flag("bidirectional");
+    if args.flag("rnn") {
         cfg.kind = CellKind::Rnn;
     }
-    let limit: usize = arg(&args, "--train-limit", usize::MAX);
+    let limit: usize = args.positive("train-limit", usize::MAX);
+    // Per sequence: states, gates and their gradients of every step, layer
+    // and direction (about 16 values of the hidden width each, f32).
+    let dirs = if cfg.bidirectional { 2 } else { 1 };
+    let per_row = steps * cfg.layers * dirs * 16 * 4 * (cfg.hidden + tr.features / steps);
+    cli::check_batch_memory(cfg.batch, per_row);
     if limit < tr.len() {
         tr = tr.subset(&(0..limit).collect::<Vec<_>>());
     }

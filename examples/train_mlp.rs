@@ -3,7 +3,8 @@
 //! samples/s, and ends with `test_accuracy=<fraction>`.
 //!
 //! ```text
-//! cargo run --release --example train_mlp [-- --epochs N --batch B --seed S --save FILE --dtype f32|bf16]
+//! cargo run --release --example train_mlp [-- --epochs N --batch B --lr LR --seed S
+//!     --save FILE --load FILE --dtype f32|bf16 --no-finite-check]
 //! cargo run --release --features cuda --example train_mlp -- --device cuda|opencl [--dtype f32|bf16|f16]
 //! ```
 //!
@@ -14,39 +15,73 @@
 //! Data: E. Alpaydin and C. Kaynak (1998), UCI Machine Learning Repository, CC BY 4.0.
 
 use brgemm_dl::{data, train};
-use brgemm_primitives::Pool;
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::{Mlp, Pool};
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::arg;
+
+const USAGE: &str = "train_mlp: an MLP on the embedded UCI digits\n\
+    usage: train_mlp [--epochs N --batch B --lr LR --seed S --save FILE --load FILE --dtype f32|bf16 --device cpu|opencl|cuda]";
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = cli::parse(
+        USAGE,
+        &[
+            cli::value(
+                "dtype",
+                "T",
+                "f32 or bf16 (bf16 operands, f32 master weights); f16 on a GPU",
+            ),
+            cli::value("device", "D", "cpu, or opencl|cuda with --features cuda"),
+        ],
+    );
     let mut cfg = train::TrainConfig::default();
-    cfg.epochs = arg(&args, "--epochs", cfg.epochs);
-    cfg.batch = arg(&args, "--batch", cfg.batch);
-    cfg.seed = arg(&args, "--seed", cfg.seed);
-    let dtype: String = arg(&args, "--dtype", "f32".to_string());
-    let device: String = arg(&args, "--device", "cpu".to_string());
+    cfg.epochs = args.get_or("epochs", cfg.epochs);
+    cfg.batch = args.positive("batch", cfg.batch);
+    cfg.seed = args.get_or("seed", cfg.seed);
+    cfg.optimizer = Optimizer::adam(args.lr(3e-3));
+    cfg.check_finite = !args.flag("no-finite-check");
+    if args.get::<String>("data").is_some() {
+        cli::usage_error("--data: train_mlp trains on the embedded digits only");
+    }
+    let dtype: String = args.get_or("dtype", "f32".to_string());
+    let device: String = args.get_or("device", "cpu".to_string());
     if device != "cpu" {
+        args.no_model_files("GPU MLP");
         return gpu_main(&cfg, &device, &dtype);
     }
     cfg.bf16 = match dtype.as_str() {
         "f32" => false,
         "bf16" => true,
-        other => {
-            eprintln!("--dtype {other:?}: expected f32 or bf16");
-            std::process::exit(2)
-        }
+        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
     };
-    let save: Option<String> = args
-        .iter()
-        .position(|a| a == "--save")
-        .and_then(|i| args.get(i + 1).cloned());
+    let save = args.save_path();
+    let load: Option<String> = args.get("load");
+    if cfg.epochs == 0 && load.is_none() {
+        cli::usage_error("--epochs 0: nothing to train; add --load FILE to evaluate a saved model");
+    }
+    // Activations, gradients and scratch of every layer, f32, about 6 per
+    // width per row.
+    let widths: usize = 64 + cfg.hidden.iter().sum::<usize>() + 10;
+    cli::check_batch_memory(cfg.batch, 6 * 4 * widths);
 
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
     let pool = Pool::global();
+    let model = match &load {
+        Some(path) => {
+            let m = Mlp::load(std::path::Path::new(path), cfg.batch)
+                .and_then(|m| train::check_fits(&m, &tr).map(|_| m))
+                .unwrap_or_else(|e| {
+                    eprintln!("--load: {e}");
+                    std::process::exit(1)
+                });
+            println!("loaded {path}: {} layers", m.depth());
+            m
+        }
+        None => train::build(&cfg, &tr).expect("model"),
+    };
     header(
         &cfg,
         &all,
@@ -54,15 +89,27 @@ fn main() {
         &te,
         &format!("{} thread(s), {dtype}", pool.threads()),
     );
-    let (model, last) = cli::run_training("samples", |report| {
-        train::train(&cfg, pool, &tr, &te, report)
-    });
+    let (model, last) = if cfg.epochs == 0 {
+        let mut m = model;
+        let acc = train::accuracy(&mut m, pool, &te).unwrap_or_else(|e| {
+            eprintln!("evaluation failed: {e}");
+            std::process::exit(1)
+        });
+        (m, acc)
+    } else {
+        cli::run_training("samples", |report| {
+            train::train_model(&cfg, pool, model, &tr, &te, report)
+        })
+    };
     if let Some(isa) = model.bf16_isa() {
         println!("bf16 kernel of the first layer: {isa:?}");
     }
     if let Some(path) = save {
-        model.save(std::path::Path::new(&path)).expect("save");
-        println!("saved weights to {path}");
+        model.save(&path).unwrap_or_else(|e| {
+            eprintln!("--save: {e}");
+            std::process::exit(1)
+        });
+        println!("saved the model to {}", path.display());
     }
     println!("test_accuracy={last:.4}");
 }
@@ -92,10 +139,7 @@ fn header(
 fn gpu_main(cfg: &train::TrainConfig, device: &str, dtype: &str) {
     use brgemm_dl::gpu::{Backend, GpuDtype};
     use brgemm_dl::train_gpu;
-    let fail = |msg: String| -> ! {
-        eprintln!("{msg}");
-        std::process::exit(2)
-    };
+    let fail = |msg: String| -> ! { cli::usage_error(msg) };
     let backend: Backend = device
         .parse()
         .unwrap_or_else(|e| fail(format!("--device: {e}")));

@@ -23,24 +23,41 @@ use std::time::Instant;
 
 #[path = "support/cli.rs"]
 mod cli;
-use cli::arg;
+
+const USAGE: &str = "train_mpi: data-parallel training under mpirun\n\
+    usage: mpirun -np N train_mpi [--model mlp|cnn --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N]";
 
 fn main() {
+    // Options first: a usage error ends every rank alike, before MPI starts.
+    let args = cli::parse(
+        USAGE,
+        &[
+            cli::value("model", "M", "mlp (digits, default) or cnn (Fashion-MNIST)"),
+            cli::value("train-limit", "N", "cnn: train on the first N images only"),
+        ],
+    );
+    args.no_model_files("data-parallel run");
     let universe = mpi::initialize().expect("MPI initialises once");
     install_abort_on_panic();
     let world = universe.world();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.windows(2).any(|w| w[0] == "--model" && w[1] == "cnn") {
-        return train_cnn_mpi(world, &args);
+    match args.get_or("model", "mlp".to_string()).as_str() {
+        "mlp" => {}
+        "cnn" => return train_cnn_mpi(world, &args),
+        other => cli::usage_error(format!("--model {other:?}: expected mlp or cnn")),
     }
-    let epochs = arg(&args, "--epochs", 20usize);
-    let global = arg(&args, "--batch", 64usize);
+    if args.get::<String>("data").is_some() || args.get::<String>("train-limit").is_some() {
+        cli::usage_error("--data and --train-limit go with --model cnn");
+    }
+    let epochs = args.positive("epochs", 20);
+    let global = args.positive("batch", 64);
     let (rank, size) = (world.rank() as usize, world.size() as usize);
 
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
     let cfg = train::TrainConfig {
         batch: global.div_ceil(size),
+        seed: args.get_or("seed", 1),
+        optimizer: brgemm_primitives::optim::Optimizer::adam(args.lr(3e-3)),
         ..Default::default()
     };
     let mut model = train::build(&cfg, &tr).expect("model");
@@ -121,9 +138,15 @@ fn run<R: Replica>(
             }
             let mine = &batch[dp.shard(batch.len())];
             let labels = fill(mine, &mut x);
-            loss_sum += dp
+            // The guard sees the same global values on every rank, so all
+            // ranks stop at the same step.
+            let loss = dp
                 .train_step(model, pool, &x, &labels, batch.len(), opt)
-                .expect("step") as f64;
+                .unwrap_or_else(|e| {
+                    eprintln!("rank {rank}: training failed: {e}");
+                    dp.world().abort(1)
+                });
+            loss_sum += loss as f64;
             samples += mine.len();
             steps += 1;
         }
@@ -151,12 +174,12 @@ fn run<R: Replica>(
 }
 
 /// The CNN of `train_cnn` on Fashion-MNIST, data-parallel.
-fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &[String]) {
-    let epochs = arg(args, "--epochs", 2usize);
-    let global = arg(args, "--batch", 64usize);
-    let limit = arg(args, "--train-limit", usize::MAX);
+fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
+    let epochs = args.positive("epochs", 2);
+    let global = args.positive("batch", 64);
+    let limit = args.positive("train-limit", usize::MAX);
     let (rank, size) = (world.rank() as usize, world.size() as usize);
-    let dir: String = arg(args, "--data", data::FASHION_MNIST_DIR.into());
+    let dir: String = args.get_or("data", data::FASHION_MNIST_DIR.into());
     let (mut tr, te) = data::fashion_mnist(std::path::Path::new(&dir)).unwrap_or_else(|e| {
         eprintln!("{e}");
         std::process::exit(1)
@@ -166,6 +189,8 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &[String]) {
     }
     let cfg = train_cnn::CnnConfig {
         batch: global.div_ceil(size),
+        seed: args.get_or("seed", 1),
+        optimizer: brgemm_primitives::optim::Optimizer::adam(args.lr(1e-3)),
         ..Default::default()
     };
     let mut model = train_cnn::build(&cfg, &tr).expect("model");

@@ -156,10 +156,29 @@ pub fn fashion_mnist(dir: &std::path::Path) -> Result<(ImageSet, ImageSet), Data
             },
         })
     };
-    Ok((
-        load("train-images-idx3-ubyte", "train-labels-idx1-ubyte")?,
-        load("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?,
-    ))
+    let train = load("train-images-idx3-ubyte", "train-labels-idx1-ubyte")?;
+    let test = load("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")?;
+    check_same_images(&train, &test, dir)?;
+    Ok((train, test))
+}
+
+/// An error unless `test`'s images have the size of `train`'s: a model
+/// planned for one size must not be evaluated on another.
+pub fn check_same_images(
+    train: &ImageSet,
+    test: &ImageSet,
+    dir: &std::path::Path,
+) -> Result<(), DataError> {
+    if train.dims != test.dims {
+        return Err(DataError::Format {
+            source_name: dir.display().to_string(),
+            reason: format!(
+                "test images are {:?} (channels, height, width), training images {:?}",
+                test.dims, train.dims
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The embedded UCI digits: 1797 images, 64 features scaled to [0, 1], 10 classes.

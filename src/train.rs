@@ -63,6 +63,21 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
     Ok(m)
 }
 
+/// An error unless `model` reads `data`'s features and predicts its classes.
+pub fn check_fits(model: &Mlp, data: &Dataset) -> Result<()> {
+    if (model.inputs(), model.outputs()) != (data.features, data.classes) {
+        return Err(brgemm_primitives::Error::Shape {
+            what: "model".into(),
+            value: format!("{} inputs -> {} outputs", model.inputs(), model.outputs()),
+            reason: format!(
+                "the data have {} features and {} classes",
+                data.features, data.classes
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Accuracy of `model` on `data`, in minibatches.
 pub fn accuracy(model: &mut Mlp, pool: &Pool, data: &Dataset) -> Result<f64> {
     let mut x = model.input_layout();
@@ -204,10 +219,25 @@ pub fn train(
     pool: &Pool,
     train: &Dataset,
     test: &Dataset,
+    report: impl FnMut(&EpochReport),
+) -> Result<Mlp> {
+    let model = build(cfg, train)?;
+    train_model(cfg, pool, model, train, test, report)
+}
+
+/// [`train`] from a given model (e.g. one [`Mlp::load`] read, to resume):
+/// its input and output widths must match the data.
+pub fn train_model(
+    cfg: &TrainConfig,
+    pool: &Pool,
+    mut model: Mlp,
+    train: &Dataset,
+    test: &Dataset,
     mut report: impl FnMut(&EpochReport),
 ) -> Result<Mlp> {
     cfg.optimizer.validate()?;
-    let mut model = build(cfg, train)?;
+    check_fits(&model, train)?;
+    model.set_bf16(cfg.bf16)?;
     let mut x = model.input_layout();
     let plan = EpochPlan::mlp(cfg, train.len());
     run_epochs(

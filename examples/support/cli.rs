@@ -1,28 +1,236 @@
-//! What the training examples share (they include this file by path): the
-//! `--name value` option parser and the epoch-by-epoch report.
+//! What the training examples share (they include this file by path): one
+//! strict option parser (`lexopt`) with the common options every training
+//! example takes, and the epoch-by-epoch report.
+//!
+//! Unknown options, missing or unparsable values and stray arguments end
+//! the process with status 2 and a message naming the option; `--help`
+//! lists every option.
+
+#![allow(dead_code)] // each example uses its own subset
 
 use brgemm_dl::train::EpochReport;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-/// The value after `name` in `args`, parsed, or `default` when absent; a
-/// missing or unparsable value ends the process with a message.
-pub fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                eprintln!("{name} needs a value");
-                std::process::exit(2)
-            }),
-        None => default,
+/// An option: `--name VALUE` when `value` names the value, else a flag.
+pub struct Opt {
+    pub name: &'static str,
+    pub value: Option<&'static str>,
+    pub help: &'static str,
+}
+
+/// `--name VALUE`.
+pub const fn value(name: &'static str, v: &'static str, help: &'static str) -> Opt {
+    Opt {
+        name,
+        value: Some(v),
+        help,
+    }
+}
+
+/// `--name`.
+pub const fn flag(name: &'static str, help: &'static str) -> Opt {
+    Opt {
+        name,
+        value: None,
+        help,
+    }
+}
+
+/// The options every training example takes.
+pub const COMMON: &[Opt] = &[
+    value(
+        "epochs",
+        "N",
+        "passes over the training set (0 with --load: evaluate only)",
+    ),
+    value("batch", "B", "minibatch rows"),
+    value("lr", "LR", "learning rate (Adam)"),
+    value("seed", "S", "seed of the weights, shuffles and dropout"),
+    value(
+        "save",
+        "FILE",
+        "save the trained model (checked before training starts)",
+    ),
+    value(
+        "load",
+        "FILE",
+        "start from a saved model: resume training, or evaluate with --epochs 0",
+    ),
+    value("data", "DIR", "data directory"),
+    flag(
+        "no-finite-check",
+        "keep training when a loss or gradient is NaN or infinite",
+    ),
+    flag("help", "print this help"),
+];
+
+/// Parsed options.
+pub struct Args {
+    values: HashMap<&'static str, String>,
+    flags: HashSet<&'static str>,
+}
+
+/// Ends the process with status 2 and `msg`.
+pub fn usage_error(msg: impl std::fmt::Display) -> ! {
+    eprintln!("error: {msg} (see --help)");
+    std::process::exit(2)
+}
+
+/// Parses the process's arguments against [`COMMON`] and `extra`;
+/// `usage` is the first line of `--help`.
+pub fn parse(usage: &str, extra: &[Opt]) -> Args {
+    parse_from(usage, extra, std::env::args_os().skip(1)).unwrap_or_else(|e| usage_error(e))
+}
+
+/// [`parse`] over given arguments, returning the error.
+pub fn parse_from(
+    usage: &str,
+    extra: &[Opt],
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<Args, String> {
+    use lexopt::prelude::*;
+    let all: Vec<&Opt> = COMMON.iter().chain(extra).collect();
+    let mut p = lexopt::Parser::from_args(args);
+    let mut out = Args {
+        values: HashMap::new(),
+        flags: HashSet::new(),
+    };
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long(name) => {
+                let opt = all
+                    .iter()
+                    .find(|o| o.name == name)
+                    .ok_or_else(|| format!("unknown option --{name}"))?;
+                if opt.name == "help" {
+                    print_help(usage, &all);
+                    std::process::exit(0);
+                }
+                match opt.value {
+                    Some(_) => {
+                        let v = p.value().map_err(|e| e.to_string())?;
+                        let v = v
+                            .into_string()
+                            .map_err(|v| format!("--{}: {v:?} is not UTF-8", opt.name))?;
+                        if v.starts_with("--") {
+                            return Err(format!("--{} needs a value, got {v}", opt.name));
+                        }
+                        out.values.insert(opt.name, v);
+                    }
+                    None => {
+                        out.flags.insert(opt.name);
+                    }
+                }
+            }
+            Short('h') => {
+                print_help(usage, &all);
+                std::process::exit(0);
+            }
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    Ok(out)
+}
+
+fn print_help(usage: &str, all: &[&Opt]) {
+    println!("{usage}\n\noptions:");
+    for o in all {
+        let left = match o.value {
+            Some(v) => format!("--{} {v}", o.name),
+            None => format!("--{}", o.name),
+        };
+        println!("  {left:<22} {}", o.help);
+    }
+}
+
+impl Args {
+    /// The value of `--name` parsed, if given; an unparsable value ends the
+    /// process naming the option.
+    pub fn get<T: std::str::FromStr>(&self, name: &str) -> Option<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.values.get(name).map(|v| {
+            v.parse()
+                .unwrap_or_else(|e| usage_error(format!("--{name} {v:?}: {e}")))
+        })
+    }
+    /// [`Args::get`] or `default`.
+    pub fn get_or<T: std::str::FromStr>(&self, name: &str, default: T) -> T
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.get(name).unwrap_or(default)
+    }
+    /// A count that must be at least 1 (`--batch`, `--hidden`, ...).
+    pub fn positive(&self, name: &str, default: usize) -> usize {
+        let v = self.get_or(name, default);
+        if v == 0 {
+            usage_error(format!("--{name} 0: must be at least 1"));
+        }
+        v
+    }
+    /// A learning rate: finite and above 0.
+    pub fn lr(&self, default: f32) -> f32 {
+        let v: f32 = self.get_or("lr", default);
+        if !(v.is_finite() && v > 0.0) {
+            usage_error(format!("--lr {v}: must be finite and above 0"));
+        }
+        v
+    }
+    /// Whether `--name` was given.
+    pub fn flag(&self, name: &str) -> bool {
+        self.flags.contains(name)
+    }
+    /// `--save FILE`, checked writable now (not after training).
+    pub fn save_path(&self) -> Option<std::path::PathBuf> {
+        let p = std::path::PathBuf::from(self.values.get("save")?);
+        if let Err(e) = brgemm_primitives::modelfile::check_writable(&p) {
+            usage_error(format!("--save: {e}"));
+        }
+        Some(p)
+    }
+    /// Refuses `--save`/`--load` for a model that has no file format yet.
+    pub fn no_model_files(&self, model: &str) {
+        for o in ["save", "load"] {
+            if self.values.contains_key(o) {
+                usage_error(format!(
+                    "--{o}: the {model} has no model file yet (only the MLP saves and loads)"
+                ));
+            }
+        }
+    }
+}
+
+/// Ends the process when a minibatch of `batch` rows, at `row_bytes` of
+/// activations, gradients and scratch per row, cannot fit in the memory
+/// available now (`MemAvailable`); a huge `--batch` otherwise allocates
+/// until the kernel's OOM killer ends the process.
+pub fn check_batch_memory(batch: usize, row_bytes: usize) {
+    let need = (batch as u128) * (row_bytes as u128);
+    let avail = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u128>().ok())
+        })
+        .map(|kib| kib * 1024);
+    if let Some(avail) = avail {
+        if need > avail {
+            usage_error(format!(
+                "--batch {batch}: needs about {} MiB of activations and gradients, {} MiB are available",
+                need >> 20,
+                avail >> 20
+            ));
+        }
     }
 }
 
 /// Runs `train` with a reporter printing one line per epoch (`unit` per
 /// second), ends the process if training fails, prints the time taken, and
 /// returns the model and the last test accuracy.
-#[allow(dead_code)] // train_mpi reports per rank itself
 pub fn run_training<M, E: std::fmt::Display>(
     unit: &str,
     train: impl FnOnce(&mut dyn FnMut(&EpochReport)) -> Result<M, E>,
