@@ -3,7 +3,6 @@
 //! naming the option, where the old lookup ignored or swallowed them.
 
 #[path = "../examples/support/cli.rs"]
-#[allow(dead_code)]
 mod cli;
 
 fn parse(args: &[&str]) -> Result<cli::Args, String> {

@@ -46,7 +46,7 @@ fn refused(name: &str, bytes: &[u8]) -> String {
 }
 
 /// Rewrites the trailing CRC so that only the deliberate edit is wrong.
-fn reseal(bytes: &mut Vec<u8>) {
+fn reseal(bytes: &mut [u8]) {
     let n = bytes.len() - 4;
     let crc = crc32(&bytes[..n]);
     bytes[n..].copy_from_slice(&crc.to_le_bytes());
