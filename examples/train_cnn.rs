@@ -13,7 +13,6 @@
 
 use brgemm_dl::{data, train_cnn};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::Pool;
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -57,7 +56,7 @@ fn main() {
         let idx: Vec<usize> = (0..limit).collect();
         tr.data = tr.data.subset(&idx);
     }
-    let pool = Pool::global();
+    let pool = cli::pool();
     println!(
         "fashion-mnist: {} train / {} test images of {:?}; CNN {:?}, FC {:?} -> {}, batchnorm {bn}, dropout {}; batch {}, {} thread(s)",
         tr.data.len(),

@@ -15,7 +15,7 @@
 
 use brgemm_dl::{data, train_lstm};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{CellKind, Pool};
+use brgemm_primitives::CellKind;
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -79,7 +79,7 @@ fn main() {
     if limit < tr.len() {
         tr = tr.subset(&(0..limit).collect::<Vec<_>>());
     }
-    let pool = Pool::global();
+    let pool = cli::pool();
     println!(
         "{name}: {} train / {} test sequences of {} steps x {} features; {:?} {} x {} hidden{}, head {:?} -> {}; batch {}, {} thread(s)",
         tr.len(),

@@ -16,7 +16,7 @@
 
 use brgemm_dl::{data, train};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Mlp, Pool};
+use brgemm_primitives::Mlp;
 
 #[path = "support/cli.rs"]
 mod cli;
@@ -68,7 +68,7 @@ fn main() {
 
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
-    let pool = Pool::global();
+    let pool = cli::pool();
     let model = match &load {
         Some(path) => {
             let m = Mlp::load(std::path::Path::new(path), cfg.batch)

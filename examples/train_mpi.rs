@@ -17,7 +17,6 @@ use brgemm_distributed::mpi;
 use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
 use brgemm_dl::{data, train, train_cnn};
 use brgemm_primitives::init::Rng;
-use brgemm_primitives::Pool;
 use mpi::traits::*;
 use std::time::Instant;
 
@@ -64,7 +63,7 @@ fn main() {
     let mut dp = DataParallel::new(world, &mut model, 64 << 10);
     dp.broadcast_parameters(&mut model);
     dp.calibrate(5);
-    let pool = Pool::global();
+    let pool = cli::pool();
     if rank == 0 {
         println!(
             "digits: {} train / {} test; {size} rank(s) x {} thread(s); global batch {global}; {} all-reduce bucket(s)",
@@ -121,7 +120,7 @@ fn run<R: Replica>(
     mut evaluate: impl FnMut(&mut R) -> f64,
 ) {
     let (rank, size) = (dp.rank(), dp.size());
-    let pool = Pool::global();
+    let pool = cli::pool();
     let mut order: Vec<usize> = (0..plan.len).collect();
     let mut rng = Rng::new(plan.seed);
     let (mut samples, mut secs) = (0usize, 0.0f64);
@@ -197,7 +196,7 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
     let mut dp = DataParallel::new(world, &mut model, 256 << 10);
     dp.broadcast_parameters(&mut model);
     dp.calibrate(5);
-    let pool = Pool::global();
+    let pool = cli::pool();
     if rank == 0 {
         println!(
             "fashion-mnist CNN: {} train / {} test; {size} rank(s) x {} thread(s); global batch {global}; {} all-reduce bucket(s)",

@@ -203,6 +203,12 @@ impl Args {
     }
 }
 
+/// The process-wide pool; a bad `BRGEMM_NUM_THREADS` (`0`, `abc`) ends the
+/// process with the error naming it.
+pub fn pool() -> &'static brgemm_primitives::Pool {
+    brgemm_primitives::Pool::try_global().unwrap_or_else(|e| usage_error(e))
+}
+
 /// Ends the process when a minibatch of `batch` rows, at `row_bytes` of
 /// activations, gradients and scratch per row, cannot fit in the memory
 /// available now (`MemAvailable`); a huge `--batch` otherwise allocates

@@ -141,6 +141,22 @@ impl ConvParams {
                 return Err(shape(what, v, "must be at least 1"));
             }
         }
+        // Sizes in checked arithmetic first: the extents below and every
+        // buffer (the padded input, the filter, the output) must fit.
+        let padded = |x: usize, p: usize| {
+            p.checked_mul(2)
+                .and_then(|p| p.checked_add(x))
+                .ok_or_else(|| shape("padding", p, "too large"))
+        };
+        let (hp, wp) = (padded(self.h, self.pad_h)?, padded(self.w, self.pad_w)?);
+        crate::error::elems("dilated filter rows", &[self.dilation, self.r])?;
+        crate::error::elems("dilated filter columns", &[self.dilation, self.s])?;
+        crate::error::elems(
+            "input (n x c x padded h x padded w)",
+            &[self.n, self.c, hp, wp],
+        )?;
+        crate::error::elems("filter (k x c x r x s)", &[self.k, self.c, self.r, self.s])?;
+        crate::error::elems("output (n x k x h x w)", &[self.n, self.k, hp, wp])?;
         let (er, es) = (
             self.dilation * (self.r - 1) + 1,
             self.dilation * (self.s - 1) + 1,

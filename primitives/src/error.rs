@@ -88,6 +88,23 @@ pub(crate) fn setting(
     }
 }
 
+/// Elements one f32 buffer may hold: an allocation is at most `isize::MAX`
+/// bytes.
+const MAX_ELEMS: usize = isize::MAX as usize / 4;
+
+/// The product of `dims`, or an error naming `what` and the factors when
+/// it overflows or exceeds what one buffer can hold: plans check their
+/// buffer sizes with this before any block arithmetic runs.
+pub(crate) fn elems(what: &str, dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .filter(|&p| p <= MAX_ELEMS)
+        .ok_or_else(|| {
+            let f: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+            shape(what, f.join(" x "), "too large for one buffer")
+        })
+}
+
 pub(crate) fn check_buf(what: &str, got: usize, expected: usize) -> Result<()> {
     if got != expected {
         return Err(Error::Buffer {

@@ -492,6 +492,11 @@ impl Fc {
             }
         }
         let (nb, cb, kb) = (n.div_ceil(t.bn), c.div_ceil(t.bc), k.div_ceil(t.bk));
+        // Every buffer (padded) and so every block product fits, before any
+        // of the index arithmetic below runs.
+        crate::error::elems("X (padded n x c)", &[nb, t.bn, cb, t.bc])?;
+        crate::error::elems("W (padded k x c)", &[kb, t.bk, cb, t.bc])?;
+        crate::error::elems("Y (padded n x k)", &[nb, t.bn, kb, t.bk])?;
         let (bn, bc, bk) = (t.bn, t.bc, t.bk);
         let ep = Epilogue {
             bias: true,

@@ -283,8 +283,21 @@ impl Rnn {
                 return Err(shape(what, v, "must be at least 1"));
             }
         }
-        let (np, kp) = (n.div_ceil(tn.bn) * tn.bn, k.div_ceil(tn.bk) * tn.bk);
-        let gk = kind.gates() * kp;
+        let g = kind.gates();
+        let (nb, kb) = (n.div_ceil(tn.bn), k.div_ceil(tn.bk));
+        // The largest buffers (gates over the sequence, W, R, the cell
+        // states), padded, before the products below are formed.
+        crate::error::elems(
+            "gates (t x padded n x gates x padded k)",
+            &[t + 1, nb, tn.bn, g, kb, tn.bk],
+        )?;
+        crate::error::elems(
+            "W (gates x padded k x c)",
+            &[g, kb, tn.bk, c.div_ceil(tn.bc), tn.bc],
+        )?;
+        crate::error::elems("R (gates x padded k x k)", &[g, kb, tn.bk, kb, tn.bk])?;
+        let (np, kp) = (nb * tn.bn, kb * tn.bk);
+        let gk = g * kp;
         let fc_t = |bc| FcTuning {
             bn: tn.bn,
             bc,

@@ -76,12 +76,24 @@ fn env_usize(name: &str) -> Option<usize> {
 }
 
 /// `name` parsed, when set; a set value that does not parse or fails `ok`
-/// panics with the variable, its value and `expected` (a setting the user
-/// asked for is never silently replaced by the default).
-fn env_setting<T: std::str::FromStr>(name: &str, ok: fn(&T) -> bool, expected: &str) -> Option<T> {
-    let s = std::env::var(name).ok()?;
-    let v = s.trim().parse::<T>().ok().filter(ok);
-    Some(v.unwrap_or_else(|| panic!("{name}={s:?}: expected {expected}")))
+/// is an error naming the variable, its value and `expected` (a setting the
+/// user asked for is never silently replaced by the default).
+fn env_setting<T: std::str::FromStr>(
+    name: &str,
+    ok: fn(&T) -> bool,
+    expected: &str,
+) -> crate::Result<Option<T>> {
+    let Ok(s) = std::env::var(name) else {
+        return Ok(None);
+    };
+    match s.trim().parse::<T>().ok().filter(ok) {
+        Some(v) => Ok(Some(v)),
+        None => Err(crate::error::setting(
+            name,
+            format!("{s:?}"),
+            format!("expected {expected}"),
+        )),
+    }
 }
 
 /// The cores this process may use: its affinity mask, or this local rank's
@@ -112,8 +124,9 @@ impl Pool {
     /// process may run on. One thread means no workers: everything runs on
     /// the calling thread.
     ///
-    /// # Panics
-    /// If `BRGEMM_MIN_PARALLEL_FLOPS` is set but is not a non-negative number.
+    /// # Errors
+    /// `threads` is 0, or `BRGEMM_MIN_PARALLEL_FLOPS` is set but is not a
+    /// non-negative number.
     pub fn new(threads: usize) -> Result<Pool> {
         if threads == 0 {
             return Err(shape("threads", 0, "need at least one thread"));
@@ -122,7 +135,7 @@ impl Pool {
             "BRGEMM_MIN_PARALLEL_FLOPS",
             |v: &f64| *v >= 0.0,
             "a non-negative number",
-        )
+        )?
         .unwrap_or(MIN_PARALLEL_FLOPS);
         let pool = (threads > 1).then(|| Pool::workers(threads)).transpose()?;
         Ok(Pool {
@@ -185,18 +198,27 @@ impl Pool {
     /// of the affinity mask.
     ///
     /// # Panics
-    /// If `BRGEMM_NUM_THREADS` is set but is not a positive integer.
+    /// If `BRGEMM_NUM_THREADS` is set but is not a positive integer: programs
+    /// that read user settings call [`Pool::try_global`] and report the error.
     pub fn global() -> &'static Pool {
-        static POOL: OnceLock<Pool> = OnceLock::new();
+        Pool::try_global().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Pool::global`], with a bad `BRGEMM_NUM_THREADS` (`0`, `abc`) as an
+    /// error naming the variable and its value.
+    pub fn try_global() -> crate::Result<&'static Pool> {
+        static POOL: OnceLock<crate::Result<Pool>> = OnceLock::new();
         POOL.get_or_init(|| {
             let n = env_setting(
                 "BRGEMM_NUM_THREADS",
                 |&n: &usize| n > 0,
                 "a positive integer",
-            )
+            )?
             .unwrap_or_else(|| process_cores().len().max(1));
-            Pool::new(n).expect("thread pool")
+            Pool::new(n)
         })
+        .as_ref()
+        .map_err(Clone::clone)
     }
 
     /// Number of threads.
@@ -274,7 +296,7 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::{split_for_local_rank, Pool, MIN_PARALLEL_ELEMS, MIN_PARALLEL_FLOPS};
+    use super::{env_setting, split_for_local_rank, Pool, MIN_PARALLEL_ELEMS, MIN_PARALLEL_FLOPS};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Which threads ran: a bit per thread index seen, and the number of calls.
@@ -285,6 +307,29 @@ mod tests {
             calls.fetch_add(1, Ordering::Relaxed);
         });
         (mask.into_inner(), calls.into_inner())
+    }
+
+    #[test]
+    fn bad_env_settings_are_errors_naming_the_value() {
+        // Variable names of this test alone: tests run in parallel.
+        for (v, ok) in [("0", false), ("abc", false), ("3", true)] {
+            let name = format!("BRGEMM_TEST_THREADS_{v}");
+            std::env::set_var(&name, v);
+            let r = env_setting(&name, |&n: &usize| n > 0, "a positive integer");
+            std::env::remove_var(&name);
+            match (r, ok) {
+                (Ok(Some(3)), true) => {}
+                (Err(e), false) => {
+                    let e = e.to_string();
+                    assert!(e.contains(&name) && e.contains(v), "{e}");
+                }
+                (r, _) => panic!("{v}: {r:?}"),
+            }
+        }
+        assert_eq!(
+            env_setting::<usize>("BRGEMM_TEST_UNSET", |_| true, "x"),
+            Ok(None)
+        );
     }
 
     #[test]
