@@ -42,6 +42,7 @@ fn main() {
     cfg.seed = args.get_or("seed", cfg.seed);
     cfg.optimizer = Optimizer::adam(args.lr(3e-3));
     cfg.check_finite = !args.flag("no-finite-check");
+    cfg.tuning_file = args.tuning_file();
     if args.get::<String>("data").is_some() {
         cli::usage_error("--data: train_mlp trains on the embedded digits only");
     }
@@ -80,7 +81,10 @@ fn main() {
             println!("loaded {path}: {} layers", m.depth());
             m
         }
-        None => train::build(&cfg, &tr).expect("model"),
+        None => train::build(&cfg, &tr).unwrap_or_else(|e| {
+            eprintln!("model: {e}");
+            std::process::exit(1)
+        }),
     };
     header(
         &cfg,

@@ -57,6 +57,7 @@ fn main() {
         batch: global.div_ceil(size),
         seed: args.get_or("seed", 1),
         optimizer: brgemm_primitives::optim::Optimizer::adam(args.lr(3e-3)),
+        tuning_file: args.tuning_file(),
         ..Default::default()
     };
     let mut model = train::build(&cfg, &tr).expect("model");

@@ -59,12 +59,37 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+/// A positive integer option (a 0 shape or thread count is an error).
 fn num(args: &[String], name: &str, default: usize) -> usize {
+    match num_or_zero(args, name, default) {
+        0 => fail(&format!("{name} 0: expected a positive integer")),
+        v => v,
+    }
+}
+
+/// A non-negative integer option (`--pad`).
+fn num_or_zero(args: &[String], name: &str, default: usize) -> usize {
     match arg(args, name) {
         Some(v) => v
             .parse()
-            .unwrap_or_else(|_| fail(&format!("{name} {v:?}: expected a positive integer"))),
+            .unwrap_or_else(|_| fail(&format!("{name} {v:?}: expected an integer"))),
         None => default,
+    }
+}
+
+/// The tuning entries already in `--save`'s file (none when it does not
+/// exist yet); a file that exists but is not a tuning file is an error
+/// before the sweep, never replaced.
+fn saved_tunings(path: &std::path::Path) -> Vec<TunedFc> {
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
+        Err(e) => fail(&format!("--save {}: {e}", path.display())),
+        Ok(s) => serde_json::from_str(&s).unwrap_or_else(|e| {
+            fail(&format!(
+                "--save {}: not a tuning file ({e}); not replacing it",
+                path.display()
+            ))
+        }),
     }
 }
 
@@ -147,6 +172,8 @@ fn main() {
 }
 
 fn tune_fc(args: &[String]) {
+    let save = arg(args, "--save").map(std::path::PathBuf::from);
+    let mut all = save.as_deref().map(saved_tunings).unwrap_or_default();
     let (n, c, k) = (
         num(args, "--n", 256),
         num(args, "--c", 1024),
@@ -325,12 +352,7 @@ fn tune_fc(args: &[String]) {
         "best: {tuning:?} ({:.3} ms for fwd+bwd+upd)\nheuristic default: {heur:?}",
         secs * 1e3
     );
-    if let Some(path) = arg(args, "--save") {
-        let path = std::path::PathBuf::from(path);
-        let mut all: Vec<TunedFc> = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default();
+    if let Some(path) = save {
         all.retain(|t| (t.n, t.c, t.k) != (n, c, k));
         all.push(TunedFc {
             n,
@@ -338,7 +360,10 @@ fn tune_fc(args: &[String]) {
             k,
             tuning: tuning.clone(),
         });
-        std::fs::write(&path, serde_json::to_string_pretty(&all).unwrap())
+        // Atomically: a crash mid-write never leaves half a tuning file.
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_string_pretty(&all).unwrap())
+            .and_then(|_| std::fs::rename(&tmp, &path))
             .unwrap_or_else(|e| fail(&format!("{}: {e}", path.display())));
         let back = load_tuning(&path, n, c, k).expect("reload").expect("entry");
         assert_eq!(back, tuning);
@@ -362,7 +387,7 @@ fn tune_conv(args: &[String]) {
         num(args, "--s", r),
     )
     .stride(num(args, "--stride", 1))
-    .pad(num(args, "--pad", r / 2));
+    .pad(num_or_zero(args, "--pad", r / 2));
     p.validate().unwrap_or_else(|e| fail(&e.to_string()));
     let Setup {
         threads,

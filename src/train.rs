@@ -3,7 +3,7 @@
 use crate::data::Dataset;
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{LayerSpec, Mlp, Pool, Result};
+use brgemm_primitives::{FcTuning, LayerSpec, Mlp, Pool, Result};
 use std::time::Instant;
 
 /// What to train, and how.
@@ -26,6 +26,10 @@ pub struct TrainConfig {
     /// when a step's loss or gradient norm is not finite (default); `false`
     /// lets an experiment watch a divergence.
     pub check_finite: bool,
+    /// A tuning file of `examples/tune --save`: layers whose shape it holds
+    /// are planned with its blocking and loop orders (the examples set it
+    /// from `BRGEMM_TUNING`).
+    pub tuning_file: Option<std::path::PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -38,6 +42,7 @@ impl Default for TrainConfig {
             seed: 1,
             bf16: false,
             check_finite: true,
+            tuning_file: None,
         }
     }
 }
@@ -58,7 +63,16 @@ pub struct EpochReport {
 /// Builds the model for `cfg` and a data set's shape.
 pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
     let specs = LayerSpec::classifier(&cfg.hidden, data.classes);
-    let mut m = Mlp::new(data.features, cfg.batch, &specs, cfg.seed)?;
+    let mut tunings = Vec::new();
+    if let Some(path) = &cfg.tuning_file {
+        let mut c = data.features;
+        for s in &specs {
+            let t = brgemm_primitives::fc::load_tuning(path, cfg.batch, c, s.out)?;
+            tunings.push(t.unwrap_or_else(|| FcTuning::heuristic(cfg.batch, c, s.out)));
+            c = s.out;
+        }
+    }
+    let mut m = Mlp::with_tunings(data.features, cfg.batch, &specs, cfg.seed, &tunings)?;
     m.set_bf16(cfg.bf16)?;
     Ok(m)
 }

@@ -191,6 +191,11 @@ impl Args {
         }
         Some(p)
     }
+    /// `BRGEMM_TUNING`, the tuning file of `examples/tune --save`: the one
+    /// place the examples read it.
+    pub fn tuning_file(&self) -> Option<std::path::PathBuf> {
+        std::env::var_os("BRGEMM_TUNING").map(std::path::PathBuf::from)
+    }
     /// Refuses `--save`/`--load` for a model that has no file format yet.
     pub fn no_model_files(&self, model: &str) {
         for o in ["save", "load"] {
