@@ -5,6 +5,7 @@
 #   - the BRGEMM_ISA override, once per ISA, and the primitives on each;
 #   - a short CNN run on Fashion-MNIST (Debian package dataset-fashion-mnist);
 #   - the NEON kernels for real: cross-built for aarch64 and run under qemu;
+#   - the cargo fuzz targets (nightly) for 20 s each;
 #   - the GPU crate: generated kernels executed on OpenCL (PoCL, on the CPU),
 #     every CUDA variant compiled by NVRTC and assembled by ptxas (both from
 #     PyPI wheels), numeric CUDA tests where a GPU is present.
@@ -38,6 +39,15 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   say "installing ${pkgs[*]}"
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+fi
+# Nightly and cargo-fuzz for the fuzz targets' short runs.
+if ! rustup toolchain list | grep -q '^nightly'; then
+  say "adding the nightly toolchain (cargo fuzz)"
+  rustup toolchain install nightly --profile minimal
+fi
+if ! command -v cargo-fuzz >/dev/null; then
+  say "installing cargo-fuzz"
+  cargo install -q cargo-fuzz --locked
 fi
 if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
   say "adding the aarch64 Rust target"
@@ -162,6 +172,21 @@ done
 say "primitives per ISA: ${req//,/ }"
 for isa in ${req//,/ }; do
   BRGEMM_ISA=$isa run_tests primitives
+done
+
+# ---- fuzzing ----------------------------------------------------------------
+# A short run of each target from the committed seeds; a crash fails the run
+# (cargo fuzz exits non-zero and leaves the input under fuzz/artifacts/).
+say "cargo fuzz: 20 s per target"
+for t in loop_spec tuning_file idx model_file; do
+  mkdir -p fuzz/corpus/$t
+  log=target/fuzz-$t.log
+  if ! (cd fuzz && cargo +nightly fuzz run $t corpus/$t seeds/$t -- -max_total_time=20) > "$log" 2>&1; then
+    tail -n 40 "$log"
+    echo "cargo fuzz: target $t failed"
+    exit 1
+  fi
+  echo "  $t: $(grep -E '^Done' "$log")"
 done
 
 # ---- NEON under qemu -------------------------------------------------------

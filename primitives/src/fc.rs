@@ -230,8 +230,13 @@ pub fn load_tuning(
 ) -> Result<Option<FcTuning>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-    let all: Vec<TunedFc> =
-        serde_json::from_str(&text).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+    parse_tuning(&text, n, c, k).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+}
+
+/// [`load_tuning`] on the file's text (what the fuzz target drives). The
+/// tuning it returns is not yet validated: [`Fc::with_tuning`] does that.
+pub fn parse_tuning(text: &str, n: usize, c: usize, k: usize) -> Result<Option<FcTuning>> {
+    let all: Vec<TunedFc> = serde_json::from_str(text).map_err(|e| Error::Io(e.to_string()))?;
     Ok(all
         .into_iter()
         .find(|t| (t.n, t.c, t.k) == (n, c, k))

@@ -446,8 +446,21 @@ impl Mlp {
     /// the stored values, is an error.
     pub fn load(path: &Path, batch: usize) -> Result<Mlp> {
         let (header, values) = crate::modelfile::read(path, MODEL_KIND)?;
-        let bad = |why: String| Error::Io(format!("{}: bad MLP header: {why}", path.display()));
-        let mut h = crate::modelfile::Bytes::new(&header);
+        Mlp::from_parts(&header, &values, batch)
+            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+    }
+
+    /// [`Mlp::load`] on a file's bytes in memory (what the fuzz target
+    /// drives).
+    pub fn from_bytes(bytes: &[u8], batch: usize) -> Result<Mlp> {
+        let (header, values) = crate::modelfile::parse(bytes, MODEL_KIND).map_err(Error::Io)?;
+        Mlp::from_parts(&header, &values, batch)
+    }
+
+    /// An MLP from a model file's checked header and values.
+    fn from_parts(header: &[u8], values: &[f32], batch: usize) -> Result<Mlp> {
+        let bad = |why: String| Error::Io(format!("bad MLP header: {why}"));
+        let mut h = crate::modelfile::Bytes::new(header);
         let inputs = h.u64().map_err(bad)?;
         let depth = h.u64().map_err(bad)?;
         if inputs == 0 || inputs > 1 << 24 || depth == 0 || depth > 1024 {
