@@ -92,7 +92,7 @@ fn relu_keeps_nan_in_the_pass_and_in_every_kernel_epilogue() {
     let mut w = fc.w_layout();
     w.set_plain(&vec![-1.0; 16 * 8]).unwrap(); // every pre-activation < 0
     let mut out = fc.y_layout();
-    fc.forward(&pool, &xl, &w, &vec![0.0; 16], &mut out, None)
+    fc.forward(&pool, &xl, &w, &[0.0; 16], &mut out, None)
         .unwrap();
     let yp = out.to_plain();
     assert!(
