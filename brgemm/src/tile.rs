@@ -51,7 +51,8 @@ pub(crate) struct TileCall {
 /// is emitted.
 #[inline(always)]
 fn opaque(p: *const f32) -> *const f32 {
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    // Miri cannot run `asm!`; the pointer is the same without it.
+    #[cfg(all(any(target_arch = "x86_64", target_arch = "aarch64"), not(miri)))]
     {
         let mut addr = p.addr();
         // SAFETY: the template is empty; it only pins the address in a
@@ -62,7 +63,7 @@ fn opaque(p: *const f32) -> *const f32 {
         };
         p.with_addr(addr)
     }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[cfg(any(not(any(target_arch = "x86_64", target_arch = "aarch64")), miri))]
     {
         p
     }
@@ -159,8 +160,10 @@ pub(crate) unsafe fn tile<
                 }
                 bp = opaque(bp.wrapping_add(bcol));
             }
-            a = a.add(lda);
-            b = b.add(bstep);
+            // After the last k step these point past the operands (never
+            // read): wrapping, so the arithmetic itself stays defined.
+            a = a.wrapping_add(lda);
+            b = b.wrapping_add(bstep);
         }
     }
     store_tile::<S, MV, NR, MASKED>(t, acc, m0, n0, mask, last_rows);

@@ -2,7 +2,7 @@
 //! panicking or corrupting memory now returns an error naming the value.
 
 use brgemm_primitives::fc::load_tuning;
-use brgemm_primitives::{Activation, Fc, FcTuning, LoopDef, LoopNest};
+use brgemm_primitives::{Activation, Blocked, Fc, FcTuning, Inner, LoopDef, LoopNest};
 
 #[test]
 fn tuning_file_with_zero_blocks_is_an_error() {
@@ -75,4 +75,77 @@ fn block_products_that_overflow_are_errors() {
     assert!(e.to_string().contains("too large"), "{e}");
     let p = brgemm_primitives::ConvParams::new(1, 1, 1, 8, 8, 3, 3).pad(usize::MAX / 2);
     assert!(brgemm_primitives::Conv::new(p, Activation::Relu).is_err());
+}
+
+/// The overflow reproductions of the review: a pass handed an output
+/// buffer of another (smaller) shape once wrote past it. Buffers can no
+/// longer be swapped under a tensor (private storage, `compile_fail`
+/// doctests on `Blocked`, `Tensor4`, `Filter`); a buffer of the wrong shape
+/// is an error naming it, for every pass that reaches a raw kernel.
+#[test]
+fn a_buffer_of_another_shape_is_an_error_not_an_overflow() {
+    use brgemm_primitives::{BatchNorm, CellKind, Conv, ConvParams, Rnn};
+    let pool = brgemm_primitives::Pool::new(1).unwrap();
+    let fc = Fc::new(16, 32, 32, Activation::Relu).unwrap();
+    let small = Fc::new(4, 32, 32, Activation::Relu).unwrap();
+    let (x, w) = (fc.x_layout(), fc.w_layout());
+    let mut y = small.y_layout();
+    let e = fc
+        .forward(&pool, &x, &w, &[0.0; 32], &mut y, None)
+        .unwrap_err();
+    assert!(e.to_string().contains("Y"), "{e}");
+    let mut dx = small.x_layout();
+    let e = fc
+        .backward_data(&pool, &fc.y_layout(), &fc.wt_layout(), &mut dx)
+        .unwrap_err();
+    assert!(e.to_string().contains("dX"), "{e}");
+    let mut dw = Blocked::zeros(8, 8, 8, 8, Inner::ColMajor).unwrap();
+    let e = fc
+        .backward_weights(&pool, &fc.y_layout(), &x, &mut dw, &mut [0.0; 32])
+        .unwrap_err();
+    assert!(e.to_string().contains("dW"), "{e}");
+
+    let conv = Conv::new(
+        ConvParams::new(2, 8, 8, 8, 8, 3, 3).pad(1),
+        Activation::Relu,
+    )
+    .unwrap();
+    let other = Conv::new(
+        ConvParams::new(1, 8, 8, 4, 4, 3, 3).pad(1),
+        Activation::Relu,
+    )
+    .unwrap();
+    let mut y = other.y_tensor();
+    let e = conv
+        .forward(
+            &pool,
+            &conv.x_tensor(),
+            &conv.filter(),
+            &vec![0.0; conv.padded_k()],
+            &mut y,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("Y"), "{e}");
+
+    let rnn = Rnn::new(CellKind::Lstm, 3, 4, 8, 8).unwrap();
+    let short = Rnn::new(CellKind::Lstm, 1, 4, 8, 8).unwrap();
+    let mut st = short.state();
+    let e = rnn
+        .forward(
+            &pool,
+            &rnn.x_layout(),
+            &rnn.w_layout(),
+            &rnn.r_layout(),
+            &vec![0.0; rnn.bias_len()],
+            None,
+            None,
+            &mut st,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("state"), "{e}");
+
+    let mut bn = BatchNorm::new(8, 8).unwrap();
+    let x = brgemm_primitives::Tensor4::zeros(2, 8, 4, 4, 8).unwrap();
+    let mut y = brgemm_primitives::Tensor4::zeros(1, 8, 4, 4, 8).unwrap();
+    assert!(bn.forward_train(&pool, &x, &mut y).is_err());
 }
