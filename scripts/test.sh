@@ -5,7 +5,8 @@
 #   - the BRGEMM_ISA override, once per ISA, and the primitives on each;
 #   - a short CNN run on Fashion-MNIST (Debian package dataset-fashion-mnist);
 #   - the NEON kernels for real: cross-built for aarch64 and run under qemu;
-#   - the cargo fuzz targets (nightly) for 20 s each;
+#   - Miri over the portable/reference kernels and the primitives' small
+#     tests, and the cargo fuzz targets for 20 s each (both on nightly);
 #   - the GPU crate: generated kernels executed on OpenCL (PoCL, on the CPU),
 #     every CUDA variant compiled by NVRTC and assembled by ptxas (both from
 #     PyPI wheels), numeric CUDA tests where a GPU is present.
@@ -44,6 +45,10 @@ fi
 if ! rustup toolchain list | grep -q '^nightly'; then
   say "adding the nightly toolchain (cargo fuzz)"
   rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly miri --version >/dev/null 2>&1; then
+  say "adding Miri to the nightly toolchain"
+  rustup component add --toolchain nightly miri rust-src
 fi
 if ! command -v cargo-fuzz >/dev/null; then
   say "installing cargo-fuzz"
@@ -173,6 +178,24 @@ say "primitives per ISA: ${req//,/ }"
 for isa in ${req//,/ }; do
   BRGEMM_ISA=$isa run_tests primitives
 done
+
+# ---- Miri ---------------------------------------------------------------------
+# The portable and reference kernels and the primitives' small tests under
+# Miri (undefined behaviour, out-of-bounds pointer arithmetic, data races),
+# with few proptest cases: Miri interprets ~1000x slower than native code.
+# Tree Borrows and ignored leaks: crossbeam-epoch (under rayon) breaks the
+# experimental Stacked Borrows rules and never frees its global collector;
+# neither is this project's code. Isolation off: the tests write temp files.
+say "Miri: kernels (portable, reference) and the primitives' small tests"
+export MIRIFLAGS="-Zmiri-disable-isolation -Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks"
+# The kernel sweeps' shapes (up to 96^3, batch 20) take minutes per case
+# under Miri: the exact identity tests, the zero batch and the prefetch
+# region run on every ISA Miri sees (portable, reference).
+BRGEMM_ISA=portable cargo +nightly miri test -q -p brgemm --test exact --test kernel \
+  -- --skip every_register_tile --skip every_supported_isa
+PROPTEST_CASES=2 cargo +nightly miri test -q -p brgemm-primitives --lib -- layout:: guard::
+PROPTEST_CASES=2 cargo +nightly miri test -q -p brgemm-primitives --test hostile
+unset MIRIFLAGS
 
 # ---- fuzzing ----------------------------------------------------------------
 # A short run of each target from the committed seeds; a crash fails the run

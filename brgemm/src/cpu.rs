@@ -55,7 +55,7 @@ pub fn stream_prefetch() -> StreamPrefetch {
 }
 
 /// The CPUID vendor string and display family of this core.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 fn vendor_family() -> ([u8; 12], u32) {
     use std::arch::x86_64::__cpuid;
     let (l0, l1) = (__cpuid(0), __cpuid(1));
@@ -73,12 +73,13 @@ fn vendor_family() -> ([u8; 12], u32) {
 }
 
 fn is_zen5() -> bool {
-    #[cfg(target_arch = "x86_64")]
+    // Miri has no CPUID: it runs as a generic core.
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         let (v, family) = vendor_family();
         &v == b"AuthenticAMD" && family == 0x1a
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(not(target_arch = "x86_64"), miri))]
     false
 }
 
