@@ -108,3 +108,55 @@ fn batch_of_identities_sums_and_beta_one_accumulates() {
         assert_eq!(c, want, "{}", kern.isa());
     }
 }
+
+/// The two layouts whose tile walk once stepped pointers past the operands
+/// (undefined under Miri even though never read): a padded `lda > m` on
+/// exactly-sized slices, and row-major B. Small integer data: exact on every
+/// ISA, and small enough to run under Miri in CI.
+#[test]
+fn padded_lda_and_row_major_b_are_exact_and_stay_in_bounds() {
+    let (m, n, k, lda) = (5, 3, 4, 9);
+    // A is m x k column-major with leading dimension lda: the slice ends at
+    // the last column's m-th row, so a step past it leaves the allocation.
+    let a_len = lda * (k - 1) + m;
+    let a = ints(a_len, 3);
+    let b = ints(k * n, 5);
+    let want = |row_major: bool| {
+        let mut c = vec![0.0f32; m * n];
+        for j in 0..n {
+            for i in 0..m {
+                c[j * m + i] = (0..k)
+                    .map(|p| {
+                        let bv = if row_major {
+                            b[p * n + j]
+                        } else {
+                            b[j * k + p]
+                        };
+                        a[p * lda + i] * bv
+                    })
+                    .sum();
+            }
+        }
+        c
+    };
+    for row_major in [false, true] {
+        let mut d = Descriptor::new(m, n, k).lda(lda);
+        if row_major {
+            d = d.b_row_major();
+        }
+        for kern in kernels(&d) {
+            let mut c = vec![f32::NAN; m * n];
+            kern.execute(
+                Batch::Stride {
+                    a: &a,
+                    b: &b,
+                    count: 1,
+                },
+                &mut c,
+                None,
+            )
+            .unwrap();
+            assert_eq!(c, want(row_major), "{} row-major B {row_major}", kern.isa());
+        }
+    }
+}
