@@ -21,8 +21,14 @@ fn test_images_of_another_size_are_refused() {
     idx(&dir.join("train-labels-idx1-ubyte"), &[2], 1);
     idx(&dir.join("t10k-images-idx3-ubyte"), &[1, 30, 30], 7);
     idx(&dir.join("t10k-labels-idx1-ubyte"), &[1], 1);
-    let e = brgemm_dl::data::fashion_mnist(&dir).err().unwrap().to_string();
-    assert!(e.contains("(1, 30, 30)") && e.contains("(1, 28, 28)"), "{e}");
+    let e = brgemm_dl::data::fashion_mnist(&dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("(1, 30, 30)") && e.contains("(1, 28, 28)"),
+        "{e}"
+    );
     // The same sizes load.
     idx(&dir.join("t10k-images-idx3-ubyte"), &[1, 28, 28], 7);
     let (tr, te) = brgemm_dl::data::fashion_mnist(&dir).unwrap();
