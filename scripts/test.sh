@@ -41,7 +41,7 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
 fi
-# Nightly and cargo-fuzz for the fuzz targets' short runs.
+# Nightly with Miri and cargo-fuzz: the Miri step and the fuzz targets' short runs.
 if ! rustup toolchain list | grep -q '^nightly'; then
   say "adding the nightly toolchain (cargo fuzz)"
   rustup toolchain install nightly --profile minimal
