@@ -46,12 +46,9 @@ pub struct Dropout {
 /// for any number of threads.
 const DROP_RUN: usize = 4096;
 
-impl Dropout {
-    /// Drop probability.
-    pub fn p(&self) -> f32 {
-        self.p
-    }
-}
+crate::layout::getters!(Dropout {
+    p: f32 = "Drop probability.",
+});
 
 impl Dropout {
     /// Dropout with probability `p`, masks drawn from `seed`.

@@ -445,24 +445,12 @@ fn pass(
     })
 }
 
-impl Fc {
-    /// Minibatch rows.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-    /// Input features.
-    pub fn c(&self) -> usize {
-        self.c
-    }
-    /// Output features.
-    pub fn k(&self) -> usize {
-        self.k
-    }
-    /// The fused activation of forward.
-    pub fn act(&self) -> Activation {
-        self.act
-    }
-}
+crate::layout::getters!(Fc {
+    n: usize = "Minibatch rows.",
+    c: usize = "Input features.",
+    k: usize = "Output features.",
+    act: Activation = "The fused activation of forward.",
+});
 
 impl Fc {
     /// Plans a layer with the tuning stored for its shape in the file named

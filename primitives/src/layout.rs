@@ -31,19 +31,31 @@ pub enum Inner {
     ColMajor,
 }
 
-/// Read accessors for a tensor's private shape fields, and its storage as
-/// slices: the length of the buffer is fixed by the constructor, so safe code
-/// can change values but never hand a pass a buffer shorter than its shape.
-macro_rules! storage_accessors {
-    ($t:ty { $($field:ident: $doc:literal),* $(,)? }) => {
+/// Read accessors (`pub fn field(&self) -> T`) for private `Copy` fields:
+/// plans and tensors expose their shape, never a field safe code could
+/// change under a planned buffer.
+macro_rules! getters {
+    ($t:ty { $($field:ident: $ft:ty = $doc:literal),* $(,)? }) => {
         impl $t {
             $(
                 #[doc = $doc]
                 #[inline]
-                pub fn $field(&self) -> usize {
+                pub fn $field(&self) -> $ft {
                     self.$field
                 }
             )*
+        }
+    };
+}
+pub(crate) use getters;
+
+/// [`getters`] for a tensor's shape fields, and its storage as slices: the
+/// length of the buffer is fixed by the constructor, so safe code can change
+/// values but never hand a pass a buffer shorter than its shape.
+macro_rules! storage_accessors {
+    ($t:ty { $($field:ident: $doc:literal),* $(,)? }) => {
+        crate::layout::getters!($t { $($field: usize = $doc),* });
+        impl $t {
             /// The storage, padding included.
             #[inline]
             pub fn data(&self) -> &[f32] {

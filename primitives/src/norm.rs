@@ -50,15 +50,12 @@ fn same_dims(what: &str, t: &Tensor4, x: &Tensor4) -> Result<()> {
     Ok(())
 }
 
+crate::layout::getters!(BatchNorm {
+    c: usize = "Channels.",
+    bc: usize = "Channel block of the tensors it reads.",
+});
+
 impl BatchNorm {
-    /// Channels.
-    pub fn c(&self) -> usize {
-        self.c
-    }
-    /// Channel block of the tensors it reads.
-    pub fn bc(&self) -> usize {
-        self.bc
-    }
     /// Scale (length `padded_c`).
     pub fn gamma(&self) -> &[f32] {
         &self.gamma

@@ -35,28 +35,13 @@ pub struct Pool2d {
     pub(crate) pad: usize,
 }
 
-impl Pool2d {
-    /// Max or average.
-    pub fn kind(&self) -> PoolKind {
-        self.kind
-    }
-    /// Input (n, c, h, w, bc).
-    pub fn input(&self) -> (usize, usize, usize, usize, usize) {
-        self.input
-    }
-    /// Window (height, width).
-    pub fn window(&self) -> (usize, usize) {
-        self.window
-    }
-    /// Stride.
-    pub fn stride(&self) -> usize {
-        self.stride
-    }
-    /// Zero padding on each side.
-    pub fn pad(&self) -> usize {
-        self.pad
-    }
-}
+crate::layout::getters!(Pool2d {
+    kind: PoolKind = "Max or average.",
+    input: (usize, usize, usize, usize, usize) = "Input (n, c, h, w, bc).",
+    window: (usize, usize) = "Window (height, width).",
+    stride: usize = "Stride.",
+    pad: usize = "Zero padding on each side.",
+});
 
 impl Pool2d {
     /// A `window x window` pooling of inputs shaped like `x`.

@@ -232,28 +232,13 @@ impl RnnGrads {
     }
 }
 
-impl Rnn {
-    /// Cell.
-    pub fn kind(&self) -> CellKind {
-        self.kind
-    }
-    /// Steps.
-    pub fn t(&self) -> usize {
-        self.t
-    }
-    /// Minibatch.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-    /// Input features.
-    pub fn c(&self) -> usize {
-        self.c
-    }
-    /// Hidden units.
-    pub fn k(&self) -> usize {
-        self.k
-    }
-}
+crate::layout::getters!(Rnn {
+    kind: CellKind = "Cell.",
+    t: usize = "Steps.",
+    n: usize = "Minibatch.",
+    c: usize = "Input features.",
+    k: usize = "Hidden units.",
+});
 
 impl Rnn {
     /// Plans a layer with the heuristic tuning.
@@ -306,7 +291,6 @@ impl Rnn {
         };
         let input = Fc::with_tuning(t * np, c, gk, Activation::Identity, fc_t(tn.bc))?;
         let recur = Fc::with_tuning(t * np, k, gk, Activation::Identity, fc_t(tn.bk))?;
-        let (nb, kb) = (np / tn.bn, kp / tn.bk);
         // The steps are an ordered loop outside the user's per-step spec
         // (`c` in front; backward adds its two phases as `d`): a whole
         // sequence is one hand-off to the pool, with a barrier per step.
