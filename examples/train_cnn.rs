@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example train_cnn [-- --data DIR --epochs N --batch B --lr LR
-//!     --batchnorm --dropout P --train-limit N --seed S]
+//!     --save FILE --load FILE --batchnorm --dropout P --train-limit N --seed S]
 //! ```
 //!
 //! Data: the IDX files of Fashion-MNIST (Xiao, Rasul and Vollgraf 2017, MIT
@@ -29,9 +29,8 @@ fn main() {
             cli::value("train-limit", "N", "train on the first N images only"),
         ],
     );
-    args.no_model_files("CNN");
     let mut cfg = train_cnn::CnnConfig::default();
-    cfg.epochs = args.positive("epochs", cfg.epochs);
+    cfg.epochs = args.epochs(cfg.epochs);
     cfg.batch = args.positive("batch", cfg.batch);
     cfg.seed = args.get_or("seed", cfg.seed);
     cfg.dropout = args.get_or("dropout", cfg.dropout);
@@ -43,6 +42,7 @@ fn main() {
     }
     let dir: String = args.get_or("data", data::FASHION_MNIST_DIR.to_string());
     let limit: usize = args.positive("train-limit", usize::MAX);
+    let save = args.save_path();
     // Per image: every stage's activations, their gradients and scratch
     // (about 8 copies of 28x28 x channels, f32).
     let per_image: usize = cfg.stages.iter().map(|s| s.channels * 28 * 28).sum();
@@ -69,8 +69,18 @@ fn main() {
         cfg.batch,
         pool.threads()
     );
-    let (_model, last) = cli::run_training("images", |report| {
-        train_cnn::train(&cfg, pool, &tr, &te, report)
-    });
+    let model = args.model(
+        cfg.batch,
+        |m| train_cnn::check_fits(m, &tr),
+        || train_cnn::build(&cfg, &tr),
+    );
+    let (model, last) = cli::train_or_evaluate(
+        "images",
+        cfg.epochs,
+        model,
+        |m| train_cnn::accuracy(m, pool, &te),
+        |m, report| train_cnn::train_model(&cfg, pool, m, &tr, &te, report),
+    );
+    cli::save(&model, save);
     println!("test_accuracy={last:.4}");
 }

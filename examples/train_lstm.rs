@@ -34,7 +34,6 @@ fn main() {
             cli::value("train-limit", "N", "train on the first N sequences only"),
         ],
     );
-    args.no_model_files("sequence classifier");
     let explicit: Option<String> = args.get("data");
     let dir = explicit
         .clone()
@@ -59,7 +58,7 @@ fn main() {
     if name == "digits" {
         cfg.epochs = 30;
     }
-    cfg.epochs = args.positive("epochs", cfg.epochs);
+    cfg.epochs = args.epochs(cfg.epochs);
     cfg.batch = args.positive("batch", cfg.batch);
     cfg.hidden = args.positive("hidden", cfg.hidden);
     cfg.layers = args.positive("layers", cfg.layers);
@@ -71,6 +70,7 @@ fn main() {
         cfg.kind = CellKind::Rnn;
     }
     let limit: usize = args.positive("train-limit", usize::MAX);
+    let save = args.save_path();
     // Per sequence: states, gates and their gradients of every step, layer
     // and direction (about 16 values of the hidden width each, f32).
     let dirs = if cfg.bidirectional { 2 } else { 1 };
@@ -95,8 +95,18 @@ fn main() {
         cfg.batch,
         pool.threads()
     );
-    let (_model, last) = cli::run_training("sequences", |report| {
-        train_lstm::train(&cfg, pool, &tr, &te, report)
-    });
+    let model = args.model(
+        cfg.batch,
+        |m| train_lstm::check_fits(m, &tr),
+        || train_lstm::build(&cfg, &tr),
+    );
+    let (model, last) = cli::train_or_evaluate(
+        "sequences",
+        cfg.epochs,
+        model,
+        |m| train_lstm::accuracy(m, pool, &te),
+        |m, report| train_lstm::train_model(&cfg, pool, m, &tr, &te, report),
+    );
+    cli::save(&model, save);
     println!("test_accuracy={last:.4}");
 }

@@ -37,7 +37,7 @@ fn main() {
         ],
     );
     let mut cfg = train::TrainConfig::default();
-    cfg.epochs = args.get_or("epochs", cfg.epochs);
+    cfg.epochs = args.epochs(cfg.epochs);
     cfg.batch = args.positive("batch", cfg.batch);
     cfg.seed = args.get_or("seed", cfg.seed);
     cfg.optimizer = Optimizer::adam(args.lr(3e-3));
@@ -58,10 +58,6 @@ fn main() {
         other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
     };
     let save = args.save_path();
-    let load: Option<String> = args.get("load");
-    if cfg.epochs == 0 && load.is_none() {
-        cli::usage_error("--epochs 0: nothing to train; add --load FILE to evaluate a saved model");
-    }
     // Activations, gradients and scratch of every layer, f32, about 6 per
     // width per row.
     let widths: usize = 64 + cfg.hidden.iter().sum::<usize>() + 10;
@@ -70,22 +66,11 @@ fn main() {
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
     let pool = cli::pool();
-    let model = match &load {
-        Some(path) => {
-            let m = Mlp::load(std::path::Path::new(path), cfg.batch)
-                .and_then(|m| train::check_fits(&m, &tr).map(|_| m))
-                .unwrap_or_else(|e| {
-                    eprintln!("--load: {e}");
-                    std::process::exit(1)
-                });
-            println!("loaded {path}: {} layers", m.depth());
-            m
-        }
-        None => train::build(&cfg, &tr).unwrap_or_else(|e| {
-            eprintln!("model: {e}");
-            std::process::exit(1)
-        }),
-    };
+    let model = args.model(
+        cfg.batch,
+        |m: &Mlp| train::check_fits(m, &tr),
+        || train::build(&cfg, &tr),
+    );
     header(
         &cfg,
         &all,
@@ -93,28 +78,17 @@ fn main() {
         &te,
         &format!("{} thread(s), {dtype}", pool.threads()),
     );
-    let (model, last) = if cfg.epochs == 0 {
-        let mut m = model;
-        let acc = train::accuracy(&mut m, pool, &te).unwrap_or_else(|e| {
-            eprintln!("evaluation failed: {e}");
-            std::process::exit(1)
-        });
-        (m, acc)
-    } else {
-        cli::run_training("samples", |report| {
-            train::train_model(&cfg, pool, model, &tr, &te, report)
-        })
-    };
+    let (model, last) = cli::train_or_evaluate(
+        "samples",
+        cfg.epochs,
+        model,
+        |m| train::accuracy(m, pool, &te),
+        |m, report| train::train_model(&cfg, pool, m, &tr, &te, report),
+    );
     if let Some(isa) = model.bf16_isa() {
         println!("bf16 kernel of the first layer: {isa:?}");
     }
-    if let Some(path) = save {
-        model.save(&path).unwrap_or_else(|e| {
-            eprintln!("--save: {e}");
-            std::process::exit(1)
-        });
-        println!("saved the model to {}", path.display());
-    }
+    cli::save(&model, save);
     println!("test_accuracy={last:.4}");
 }
 

@@ -79,14 +79,22 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
 
 /// An error unless `model` reads `data`'s features and predicts its classes.
 pub fn check_fits(model: &Mlp, data: &Dataset) -> Result<()> {
-    if (model.inputs(), model.outputs()) != (data.features, data.classes) {
+    check_widths(
+        (format!("{} features", model.inputs()), model.outputs()),
+        (format!("{} features", data.features), data.classes),
+    )
+}
+
+/// An error unless a model's input (described in the data's terms) and
+/// class count match the data's.
+pub(crate) fn check_widths(model: (String, usize), data: (String, usize)) -> Result<()> {
+    let (min, mout) = model;
+    let (din, classes) = data;
+    if min != din || mout != classes {
         return Err(brgemm_primitives::Error::Shape {
             what: "model".into(),
-            value: format!("{} inputs -> {} outputs", model.inputs(), model.outputs()),
-            reason: format!(
-                "the data have {} features and {} classes",
-                data.features, data.classes
-            ),
+            value: format!("{min} -> {mout} classes"),
+            reason: format!("the data have {din} and {classes} classes"),
         });
     }
     Ok(())

@@ -100,10 +100,35 @@ pub fn train(
     pool: &Pool,
     train: &ImageSet,
     test: &ImageSet,
+    report: impl FnMut(&EpochReport),
+) -> Result<Cnn> {
+    cfg.optimizer.validate()?;
+    let model = build(cfg, train)?;
+    train_model(cfg, pool, model, train, test, report)
+}
+
+/// An error unless `model` reads `data`'s images and predicts its classes.
+pub fn check_fits(model: &Cnn, data: &ImageSet) -> Result<()> {
+    let s = model.spec();
+    crate::train::check_widths(
+        (format!("{:?}", s.input), s.classes),
+        (format!("{:?}", data.dims), data.data.classes),
+    )
+}
+
+/// [`train`] from a given model (e.g. one loaded to resume): its input
+/// geometry and classes must match the data; `cfg`'s architecture fields
+/// are not used.
+pub fn train_model(
+    cfg: &CnnConfig,
+    pool: &Pool,
+    mut model: Cnn,
+    train: &ImageSet,
+    test: &ImageSet,
     mut report: impl FnMut(&EpochReport),
 ) -> Result<Cnn> {
     cfg.optimizer.validate()?;
-    let mut model = build(cfg, train)?;
+    check_fits(&model, train)?;
     let mut x = model.input_tensor();
     let plan = crate::train::EpochPlan {
         epochs: cfg.epochs,

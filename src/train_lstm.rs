@@ -119,10 +119,36 @@ pub fn train(
     pool: &Pool,
     train: &Dataset,
     test: &Dataset,
+    report: impl FnMut(&EpochReport),
+) -> Result<SeqClassifier> {
+    cfg.optimizer.validate()?;
+    let model = build(cfg, train)?;
+    train_model(cfg, pool, model, train, test, report)
+}
+
+/// An error unless `model` reads `data`'s features (as its steps x
+/// features) and predicts its classes.
+pub fn check_fits(model: &SeqClassifier, data: &Dataset) -> Result<()> {
+    let s = model.spec();
+    crate::train::check_widths(
+        (format!("{} features", s.steps * s.features), s.classes),
+        (format!("{} features", data.features), data.classes),
+    )
+}
+
+/// [`train`] from a given model (e.g. one loaded to resume): its input
+/// width and classes must match the data; `cfg`'s architecture fields are
+/// not used.
+pub fn train_model(
+    cfg: &SeqConfig,
+    pool: &Pool,
+    mut model: SeqClassifier,
+    train: &Dataset,
+    test: &Dataset,
     mut report: impl FnMut(&EpochReport),
 ) -> Result<SeqClassifier> {
     cfg.optimizer.validate()?;
-    let mut model = build(cfg, train)?;
+    check_fits(&model, train)?;
     let mut x = model.input_layout();
     let mut plain = vec![];
     let plan = crate::train::EpochPlan {

@@ -9,6 +9,7 @@
 #![allow(dead_code)] // each example uses its own subset
 
 use brgemm_dl::train::EpochReport;
+use brgemm_primitives::ModelFile;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
@@ -196,16 +197,87 @@ impl Args {
     pub fn tuning_file(&self) -> Option<std::path::PathBuf> {
         std::env::var_os("BRGEMM_TUNING").map(std::path::PathBuf::from)
     }
-    /// Refuses `--save`/`--load` for a model that has no file format yet.
-    pub fn no_model_files(&self, model: &str) {
+    /// Refuses `--save`/`--load` for a run that writes no model file (the
+    /// data-parallel and GPU runs).
+    pub fn no_model_files(&self, run: &str) {
         for o in ["save", "load"] {
             if self.values.contains_key(o) {
-                usage_error(format!(
-                    "--{o}: the {model} has no model file yet (only the MLP saves and loads)"
-                ));
+                usage_error(format!("--{o}: the {run} saves and loads no model file"));
             }
         }
     }
+    /// `--epochs`: 0 means "evaluate the `--load` model", refused without one.
+    pub fn epochs(&self, default: usize) -> usize {
+        let e = self.get_or("epochs", default);
+        if e == 0 && !self.values.contains_key("load") {
+            usage_error("--epochs 0: nothing to train; add --load FILE to evaluate a saved model");
+        }
+        e
+    }
+    /// `--load FILE`: the saved model planned for minibatch `batch`, checked
+    /// against the data by `fits`; `None` without `--load`. A bad file ends
+    /// the process with the error naming it.
+    pub fn load<M: ModelFile>(
+        &self,
+        batch: usize,
+        fits: impl FnOnce(&M) -> brgemm_primitives::Result<()>,
+    ) -> Option<M> {
+        let path = self.values.get("load")?;
+        let m = M::load(std::path::Path::new(path), batch)
+            .and_then(|m| fits(&m).map(|_| m))
+            .unwrap_or_else(|e| {
+                eprintln!("--load: {e}");
+                std::process::exit(1)
+            });
+        println!("loaded {path}");
+        Some(m)
+    }
+    /// The `--load` model (see [`Args::load`]), else a new one from `build`;
+    /// a failure ends the process.
+    pub fn model<M: ModelFile>(
+        &self,
+        batch: usize,
+        fits: impl FnOnce(&M) -> brgemm_primitives::Result<()>,
+        build: impl FnOnce() -> brgemm_primitives::Result<M>,
+    ) -> M {
+        self.load(batch, fits)
+            .map_or_else(build, Ok)
+            .unwrap_or_else(|e| {
+                eprintln!("model: {e}");
+                std::process::exit(1)
+            })
+    }
+}
+
+/// Saves `model` to `path` (from [`Args::save_path`], checked before
+/// training); a failure ends the process.
+pub fn save<M: ModelFile>(model: &M, path: Option<std::path::PathBuf>) {
+    if let Some(path) = path {
+        model.save(&path).unwrap_or_else(|e| {
+            eprintln!("--save: {e}");
+            std::process::exit(1)
+        });
+        println!("saved the model to {}", path.display());
+    }
+}
+
+/// At `epochs` 0, evaluates `model` (a loaded one) only; otherwise trains
+/// it through [`run_training`]. Returns the model and its test accuracy.
+pub fn train_or_evaluate<M, E: std::fmt::Display>(
+    unit: &str,
+    epochs: usize,
+    mut model: M,
+    evaluate: impl FnOnce(&mut M) -> Result<f64, E>,
+    train: impl FnOnce(M, &mut dyn FnMut(&EpochReport)) -> Result<M, E>,
+) -> (M, f64) {
+    if epochs > 0 {
+        return run_training(unit, |report| train(model, report));
+    }
+    let acc = evaluate(&mut model).unwrap_or_else(|e| {
+        eprintln!("evaluation failed: {e}");
+        std::process::exit(1)
+    });
+    (model, acc)
 }
 
 /// The process-wide pool; a bad `BRGEMM_NUM_THREADS` (`0`, `abc`) ends the

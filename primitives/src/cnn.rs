@@ -9,11 +9,14 @@
 
 use crate::conv::{Conv, ConvParams, ConvTuning};
 use crate::eltwise::{self, Dropout};
-use crate::error::{shape, Result};
+use crate::error::{shape, Error, Result};
 use crate::init::{self, Init, Rng};
 use crate::layout::Blocked;
 use crate::loss;
 use crate::model::{LayerSpec, Mlp};
+use crate::modelfile::{
+    check_counts, get_flag, get_head, get_size, put_head, put_u64, Bytes, ModelFile, Values,
+};
 use crate::norm::BatchNorm;
 use crate::optim::{OptState, Optimizer};
 use crate::pool2d::{Pool2d, PoolKind};
@@ -100,7 +103,7 @@ impl Stage {
 /// A planned CNN with its parameters, gradients and optimizer state.
 pub struct Cnn {
     batch: usize,
-    input: (usize, usize, usize),
+    spec: CnnSpec,
     stages: Vec<Stage>,
     flat: Blocked,
     dropped: Blocked,
@@ -199,7 +202,7 @@ impl Cnn {
         let flat = mlp.input_layout();
         Ok(Cnn {
             batch,
-            input: spec.input,
+            spec: spec.clone(),
             stages,
             dropped: flat.clone(),
             dflat: flat.clone(),
@@ -430,7 +433,12 @@ impl Cnn {
 
     /// Input (channels, height, width).
     pub fn input_dims(&self) -> (usize, usize, usize) {
-        self.input
+        self.spec.input
+    }
+
+    /// The architecture this model was planned from.
+    pub fn spec(&self) -> &CnnSpec {
+        &self.spec
     }
 
     /// Convolution stages.
@@ -454,5 +462,133 @@ impl Cnn {
     /// The FC head.
     pub fn head(&mut self) -> &mut Mlp {
         &mut self.mlp
+    }
+}
+
+impl CnnSpec {
+    /// Parameters and saved statistics a model of this spec holds (what its
+    /// model file stores): filters, biases, batch-norm scale, shift and
+    /// running moments, and the head. `None` if a stage shrinks the image
+    /// to nothing or the count overflows.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let (mut c, mut h, mut w) = self.input;
+        let mut n = 0usize;
+        for st in &self.stages {
+            let k = st.channels;
+            let p = ConvParams::new(1, c, k, h, w, st.kernel, st.kernel).pad(st.kernel / 2);
+            p.validate().ok()?;
+            let conv = k.checked_mul(c)?.checked_mul(st.kernel * st.kernel)? + k;
+            n = n.checked_add(conv + if st.batchnorm { 4 * k } else { 0 })?;
+            (c, h, w) = (k, p.p(), p.q());
+            if st.pool > 1 {
+                (h, w) = (
+                    (h.checked_sub(st.pool)?) / st.pool + 1,
+                    (w.checked_sub(st.pool)?) / st.pool + 1,
+                );
+            }
+        }
+        let feats = c.checked_mul(h)?.checked_mul(w)?;
+        n.checked_add(crate::model::head_parameter_count(
+            feats,
+            &self.hidden,
+            self.classes,
+        )?)
+    }
+}
+
+impl ModelFile for Cnn {
+    const KIND: [u8; 4] = *b"CNN\0";
+
+    fn header(&self) -> Vec<u8> {
+        let s = &self.spec;
+        let mut h = Vec::new();
+        for v in [s.input.0, s.input.1, s.input.2, s.stages.len()] {
+            put_u64(&mut h, v);
+        }
+        for st in &s.stages {
+            put_u64(&mut h, st.channels);
+            put_u64(&mut h, st.kernel);
+            h.push(st.batchnorm as u8);
+            put_u64(&mut h, st.pool);
+        }
+        put_head(&mut h, &s.hidden, s.classes);
+        h.extend_from_slice(&s.dropout.to_le_bytes());
+        h
+    }
+
+    fn values(&self) -> Vec<f32> {
+        let mut v = Vec::new();
+        for s in &self.stages {
+            let k = s.conv.params().k;
+            v.extend_from_slice(&s.w.to_kcrs());
+            v.extend_from_slice(&s.b[..k]);
+            if let Some(b) = &s.bn {
+                for x in [
+                    &b.bn.gamma,
+                    &b.bn.beta,
+                    &b.bn.running_mean,
+                    &b.bn.running_var,
+                ] {
+                    v.extend_from_slice(&x[..k]);
+                }
+            }
+        }
+        self.mlp.write_values(&mut v);
+        v
+    }
+
+    fn from_parts(header: &[u8], values: &[f32], batch: usize) -> Result<Cnn> {
+        let io = |e: String| Error::Io(format!("CNN header: {e}"));
+        let mut h = Bytes::new(header);
+        let dim = 1 << 14;
+        let input = (
+            get_size(&mut h, "input channels", dim)?,
+            get_size(&mut h, "input height", dim)?,
+            get_size(&mut h, "input width", dim)?,
+        );
+        let mut stages = vec![];
+        for i in 0..get_size(&mut h, "stages", 1024)? {
+            stages.push(StageSpec {
+                channels: get_size(&mut h, &format!("stage {i} channels"), dim)?,
+                kernel: get_size(&mut h, &format!("stage {i} kernel"), 64)?,
+                batchnorm: get_flag(&mut h, &format!("stage {i} batch norm"))?,
+                pool: h.u64().map_err(io)?.min(1 << 20) as usize,
+            });
+        }
+        let (hidden, classes) = get_head(&mut h)?;
+        let dropout = f32::from_le_bytes(h.take(4).map_err(io)?.try_into().unwrap());
+        if !(0.0..1.0).contains(&dropout) {
+            return Err(io(format!("dropout {dropout}")));
+        }
+        let spec = CnnSpec {
+            input,
+            stages,
+            hidden,
+            classes,
+            dropout,
+        };
+        check_counts(&h, spec.parameter_count(), values.len())?;
+        let mut m = Cnn::new(&spec, batch, 0)?;
+        let mut v = Values::new(values);
+        for (i, s) in m.stages.iter_mut().enumerate() {
+            let p = s.conv.params();
+            let k = p.k;
+            s.w.set_kcrs(v.take(p.k * p.c * p.r * p.s, &format!("stage {i} filter"))?)?;
+            s.b[..k].copy_from_slice(v.take(k, &format!("stage {i} bias"))?);
+            if let Some(b) = &mut s.bn {
+                let bn = &mut b.bn;
+                for x in [
+                    &mut bn.gamma,
+                    &mut bn.beta,
+                    &mut bn.running_mean,
+                    &mut bn.running_var,
+                ] {
+                    x[..k].copy_from_slice(v.take(k, &format!("stage {i} batch norm"))?);
+                }
+            }
+        }
+        m.mlp.read_values(&mut v)?;
+        v.finish()?;
+        Ok(m)
     }
 }

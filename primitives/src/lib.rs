@@ -28,8 +28,9 @@
 //!   with an MLP head.
 //! - [`cnn`]: [`Cnn`], convolution stages and an MLP head trained end to end.
 //! - [`model`]: [`Mlp`], a sequence of FC layers owning blocked weights,
-//!   gradients and optimizer state, with save and load in the checked,
-//!   atomically written [`modelfile`] format.
+//!   gradients and optimizer state. [`Mlp`], [`Cnn`] and [`SeqClassifier`]
+//!   save and load through [`ModelFile`], one checked, atomically written
+//!   [`modelfile`] format.
 #![deny(missing_docs)]
 
 pub mod cnn;
@@ -63,6 +64,7 @@ pub use fc::{Fc, FcTuning, PassConfig};
 pub use layout::{Blocked, Inner};
 pub use loops::{LoopDef, LoopNest, Schedule};
 pub use model::{LayerSpec, Mlp};
+pub use modelfile::ModelFile;
 pub use norm::BatchNorm;
 pub use optim::Optimizer;
 pub use pool2d::{Pool2d, PoolKind};

@@ -10,11 +10,11 @@ use crate::fc_bf16::{to_bf16, FcBf16};
 use crate::init::{self, Init, Rng};
 use crate::layout::Blocked;
 use crate::loss;
+use crate::modelfile::{check_counts, get_size, put_u64, Bytes, ModelFile, Values};
 use crate::optim::{OptState, Optimizer};
 use crate::threads::Pool;
 use brgemm::bf16::bf16;
 use brgemm::{Activation, AlignedVec};
-use std::path::Path;
 
 /// One layer of an [`Mlp`]: output features and activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,9 +78,6 @@ pub struct Mlp {
     dlogits: Blocked,
     input_grad: bool,
 }
-
-/// The [`crate::modelfile`] kind tag of an MLP.
-const MODEL_KIND: [u8; 4] = *b"MLP\0";
 
 fn act_code(a: Activation) -> u8 {
     match a {
@@ -422,79 +419,93 @@ impl Mlp {
         self.layers.len()
     }
 
-    /// Saves the architecture and parameters as a [`crate::modelfile`]
-    /// (checksummed, written atomically).
-    pub fn save(&self, path: &Path) -> Result<()> {
-        let mut header = Vec::new();
-        header.extend_from_slice(&(self.inputs as u64).to_le_bytes());
-        header.extend_from_slice(&(self.layers.len() as u64).to_le_bytes());
-        for l in &self.layers {
-            header.extend_from_slice(&(l.fc.k as u64).to_le_bytes());
-            header.push(act_code(l.fc.act));
-        }
-        let mut values = Vec::new();
+    /// Appends every layer's plain weights and biases (what a model file
+    /// stores; a CNN's or sequence model's head uses it too).
+    pub(crate) fn write_values(&self, out: &mut Vec<f32>) {
         for i in 0..self.layers.len() {
             let (w, b) = self.parameters(i);
-            values.extend_from_slice(&w);
-            values.extend_from_slice(&b);
+            out.extend_from_slice(&w);
+            out.extend_from_slice(&b);
         }
-        crate::modelfile::write(path, MODEL_KIND, &header, &values)
     }
 
-    /// Loads a model saved by [`Mlp::save`], planned for minibatch `batch`.
-    /// Any corruption, or a header whose shapes do not account for exactly
-    /// the stored values, is an error.
-    pub fn load(path: &Path, batch: usize) -> Result<Mlp> {
-        let (header, values) = crate::modelfile::read(path, MODEL_KIND)?;
-        Mlp::from_parts(&header, &values, batch)
-            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+    /// Sets every layer's weights and biases from a model file's values, in
+    /// [`Mlp::write_values`]' order.
+    pub(crate) fn read_values(&mut self, v: &mut Values) -> Result<()> {
+        let mut c = self.inputs;
+        for i in 0..self.layers.len() {
+            let k = self.layers[i].fc.k;
+            let w = v.take(k * c, &format!("layer {i} weights"))?;
+            let b = v.take(k, &format!("layer {i} bias"))?;
+            self.set_parameters(i, w, b)?;
+            c = k;
+        }
+        Ok(())
+    }
+}
+
+impl ModelFile for Mlp {
+    const KIND: [u8; 4] = *b"MLP\0";
+
+    fn header(&self) -> Vec<u8> {
+        let mut h = Vec::new();
+        put_u64(&mut h, self.inputs);
+        put_u64(&mut h, self.layers.len());
+        for l in &self.layers {
+            put_u64(&mut h, l.fc.k);
+            h.push(act_code(l.fc.act));
+        }
+        h
     }
 
-    /// [`Mlp::load`] on a file's bytes in memory (what the fuzz target
-    /// drives).
-    pub fn from_bytes(bytes: &[u8], batch: usize) -> Result<Mlp> {
-        let (header, values) = crate::modelfile::parse(bytes, MODEL_KIND).map_err(Error::Io)?;
-        Mlp::from_parts(&header, &values, batch)
+    fn values(&self) -> Vec<f32> {
+        let mut v = Vec::new();
+        self.write_values(&mut v);
+        v
     }
 
-    /// An MLP from a model file's checked header and values.
     fn from_parts(header: &[u8], values: &[f32], batch: usize) -> Result<Mlp> {
-        let bad = |why: String| Error::Io(format!("bad MLP header: {why}"));
-        let mut h = crate::modelfile::Bytes::new(header);
-        let inputs = h.u64().map_err(bad)?;
-        let depth = h.u64().map_err(bad)?;
-        if inputs == 0 || inputs > 1 << 24 || depth == 0 || depth > 1024 {
-            return Err(bad(format!("{inputs} inputs, {depth} layers")));
-        }
-        let mut specs = Vec::with_capacity(depth as usize);
-        let (mut c, mut count) = (inputs, 0u64);
+        let mut h = Bytes::new(header);
+        let inputs = get_size(&mut h, "MLP inputs", 1 << 24)?;
+        let depth = get_size(&mut h, "MLP depth", 1024)?;
+        let mut specs = Vec::with_capacity(depth);
         for i in 0..depth {
-            let out = h.u64().map_err(bad)?;
-            if out == 0 || out > 1 << 24 {
-                return Err(bad(format!("layer {i} has {out} outputs")));
-            }
-            let act = act_from(h.u8().map_err(bad)?)?;
-            count += out * c + out;
-            c = out;
-            specs.push(LayerSpec {
-                out: out as usize,
-                act,
-            });
+            let out = get_size(&mut h, &format!("layer {i} outputs"), 1 << 24)?;
+            let act = act_from(h.u8().map_err(Error::Io)?)?;
+            specs.push(LayerSpec { out, act });
         }
-        if !h.is_done() || count != values.len() as u64 {
-            return Err(bad(format!(
-                "shapes need {count} values, the file holds {}",
-                values.len()
-            )));
-        }
-        let mut m = Mlp::new(inputs as usize, batch, &specs, 0)?;
-        let (mut c, mut at) = (inputs as usize, 0usize);
-        for (i, s) in specs.iter().enumerate() {
-            let (w, b) = values[at..].split_at(s.out * c);
-            m.set_parameters(i, w, &b[..s.out])?;
-            at += s.out * c + s.out;
-            c = s.out;
-        }
+        check_counts(&h, Some(param_count(inputs, &specs)), values.len())?;
+        let mut m = Mlp::new(inputs, batch, &specs, 0)?;
+        let mut v = Values::new(values);
+        m.read_values(&mut v)?;
+        v.finish()?;
         Ok(m)
     }
+}
+
+/// Weights and biases of a classifier head reading `inputs` features:
+/// `hidden` layers, then `classes`; `None` on overflow.
+pub(crate) fn head_parameter_count(
+    inputs: usize,
+    hidden: &[usize],
+    classes: usize,
+) -> Option<usize> {
+    let (mut c, mut n) = (inputs, 0usize);
+    for &out in hidden.iter().chain([&classes]) {
+        n = n.checked_add(out.checked_mul(c)?.checked_add(out)?)?;
+        c = out;
+    }
+    Some(n)
+}
+
+/// Weights and biases of an MLP of these layers (at most 1024 layers of
+/// at most 2^24 wide each: no overflow).
+fn param_count(inputs: usize, specs: &[LayerSpec]) -> usize {
+    let mut c = inputs;
+    let mut count = 0;
+    for s in specs {
+        count += s.out * c + s.out;
+        c = s.out;
+    }
+    count
 }

@@ -174,3 +174,137 @@ impl<'a> Bytes<'a> {
         self.pos == self.buf.len()
     }
 }
+
+/// A cursor over a model file's values: each parameter tensor takes its
+/// length in turn, and the file must hold exactly what the shapes need.
+pub struct Values<'a> {
+    v: &'a [f32],
+    pos: usize,
+}
+
+impl<'a> Values<'a> {
+    /// A cursor at the first value.
+    pub fn new(v: &'a [f32]) -> Self {
+        Values { v, pos: 0 }
+    }
+    /// The next `n` values (`what` names them in the error).
+    pub fn take(&mut self, n: usize, what: &str) -> Result<&'a [f32]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.v.len());
+        let end = end.ok_or_else(|| {
+            Error::Io(format!(
+                "{what} needs {n} values, the file has {} left",
+                self.v.len() - self.pos
+            ))
+        })?;
+        let s = &self.v[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    /// Checks that every value was used.
+    pub fn finish(&self) -> Result<()> {
+        if self.pos != self.v.len() {
+            return Err(Error::Io(format!(
+                "the model's shapes need {} values, the file holds {}",
+                self.pos,
+                self.v.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Appends a little-endian u64 to a header.
+pub fn put_u64(out: &mut Vec<u8>, v: usize) {
+    out.extend_from_slice(&(v as u64).to_le_bytes());
+}
+
+/// Reads a header count or size, refusing 0 or anything above `max` (a
+/// corrupt header must not plan a model of absurd size).
+pub fn get_size(h: &mut Bytes, what: &str, max: usize) -> Result<usize> {
+    let v = h.u64().map_err(|e| Error::Io(format!("{what}: {e}")))?;
+    if v == 0 || v > max as u64 {
+        return Err(Error::Io(format!("{what} is {v} (1..={max})")));
+    }
+    Ok(v as usize)
+}
+
+/// Reads a 0/1 flag byte.
+pub fn get_flag(h: &mut Bytes, what: &str) -> Result<bool> {
+    match h.u8().map_err(|e| Error::Io(format!("{what}: {e}")))? {
+        0 => Ok(false),
+        1 => Ok(true),
+        b => Err(Error::Io(format!("{what} flag is {b}"))),
+    }
+}
+
+/// Appends a classifier head: hidden widths, then the class count.
+pub fn put_head(out: &mut Vec<u8>, hidden: &[usize], classes: usize) {
+    put_u64(out, hidden.len());
+    for &v in hidden.iter().chain([&classes]) {
+        put_u64(out, v);
+    }
+}
+
+/// Reads what [`put_head`] wrote: `(hidden widths, classes)`.
+pub fn get_head(h: &mut Bytes) -> Result<(Vec<usize>, usize)> {
+    let n = h.u64().map_err(|e| Error::Io(format!("head depth: {e}")))?;
+    if n > 1024 {
+        return Err(Error::Io(format!("head depth is {n} (0..=1024)")));
+    }
+    let mut widths = (0..=n)
+        .map(|i| get_size(h, &format!("head layer {i} width"), 1 << 24))
+        .collect::<Result<Vec<_>>>()?;
+    let classes = widths.pop().unwrap_or(0);
+    Ok((widths, classes))
+}
+
+/// An error unless the header, fully read, describes exactly the values
+/// the file holds (`need`: the model's count, `None` on overflow): checked
+/// before anything is planned, so a corrupt width never allocates.
+pub fn check_counts(h: &Bytes, need: Option<usize>, held: usize) -> Result<()> {
+    if !h.is_done() {
+        return Err(Error::Io("trailing bytes after the header".into()));
+    }
+    if need != Some(held) {
+        return Err(Error::Io(format!(
+            "shapes need {need:?} values, the file holds {held}"
+        )));
+    }
+    Ok(())
+}
+
+/// A model that saves to and loads from the model-file format. The values
+/// are stored in plain layouts (row-major weights, KCRS filters, unpadded
+/// biases), so a file does not depend on the blocking of the build or CPU
+/// that wrote it.
+pub trait ModelFile: Sized {
+    /// The kind tag, e.g. `*b"MLP\0"`.
+    const KIND: [u8; 4];
+    /// The architecture: whatever [`ModelFile::from_parts`] needs to plan
+    /// the model again.
+    fn header(&self) -> Vec<u8>;
+    /// Every parameter (and saved statistic), plain, in a fixed order.
+    fn values(&self) -> Vec<f32>;
+    /// The model planned for minibatch `batch` from a checked header and
+    /// values; shapes that do not account for exactly the values are an
+    /// error.
+    fn from_parts(header: &[u8], values: &[f32], batch: usize) -> Result<Self>;
+
+    /// Saves the model (checksummed, written atomically).
+    fn save(&self, path: &Path) -> Result<()> {
+        write(path, Self::KIND, &self.header(), &self.values())
+    }
+    /// Loads a model saved by [`ModelFile::save`], planned for minibatch
+    /// `batch`. Any corruption is an error naming the file.
+    fn load(path: &Path, batch: usize) -> Result<Self> {
+        let (header, values) = read(path, Self::KIND)?;
+        Self::from_parts(&header, &values, batch)
+            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))
+    }
+    /// [`ModelFile::load`] on a file's bytes in memory (what the fuzz
+    /// target drives).
+    fn from_bytes(bytes: &[u8], batch: usize) -> Result<Self> {
+        let (header, values) = parse(bytes, Self::KIND).map_err(Error::Io)?;
+        Self::from_parts(&header, &values, batch)
+    }
+}

@@ -6,11 +6,14 @@
 //! for the same time t). The head reads the final state of each direction of
 //! the top layer (forward: after step T-1; backward: after reading step 0).
 
-use crate::error::{shape, Result};
+use crate::error::{shape, Error, Result};
 use crate::init::Rng;
 use crate::layout::Blocked;
 use crate::loss;
 use crate::model::{LayerSpec, Mlp};
+use crate::modelfile::{
+    check_counts, get_flag, get_head, get_size, put_head, put_u64, Bytes, ModelFile, Values,
+};
 use crate::optim::{OptState, Optimizer};
 use crate::rnn::{CellKind, Rnn, RnnGrads, RnnState};
 use crate::threads::Pool;
@@ -352,5 +355,105 @@ impl SeqClassifier {
         let loss = self.compute_gradients(pool, x, labels)?;
         self.apply_gradients(opt);
         Ok(loss)
+    }
+}
+
+impl SeqSpec {
+    /// Parameters a model of this spec holds (what its model file stores):
+    /// every direction's W, R and bias, then the head. `None` on overflow.
+    pub fn parameter_count(&self) -> Option<usize> {
+        let (g, k) = (self.kind.gates(), self.hidden);
+        let nd = if self.bidirectional { 2 } else { 1 };
+        let mut n = 0usize;
+        let mut inputs = self.features;
+        for _ in 0..self.layers {
+            let dir = g
+                .checked_mul(k)?
+                .checked_mul(inputs.checked_add(k)?.checked_add(1)?)?;
+            n = n.checked_add(dir.checked_mul(nd)?)?;
+            inputs = nd * k;
+        }
+        n.checked_add(crate::model::head_parameter_count(
+            nd * k,
+            &self.head,
+            self.classes,
+        )?)
+    }
+}
+
+impl ModelFile for SeqClassifier {
+    const KIND: [u8; 4] = *b"SEQ\0";
+
+    fn header(&self) -> Vec<u8> {
+        let s = &self.spec;
+        let mut h = vec![match s.kind {
+            CellKind::Lstm => 0,
+            CellKind::Rnn => 1,
+        }];
+        for v in [s.steps, s.features, s.hidden, s.layers] {
+            put_u64(&mut h, v);
+        }
+        h.push(s.bidirectional as u8);
+        put_head(&mut h, &s.head, s.classes);
+        h
+    }
+
+    fn values(&self) -> Vec<f32> {
+        let mut v = Vec::new();
+        for d in self.dirs.iter().flatten() {
+            let kp = d.rnn.padded_k();
+            for g in 0..self.spec.kind.gates() {
+                v.extend_from_slice(&d.rnn.gate_weights(&d.w, g));
+                v.extend_from_slice(&d.rnn.gate_weights(&d.r, g));
+                v.extend_from_slice(&d.b[g * kp..g * kp + self.spec.hidden]);
+            }
+        }
+        self.mlp.write_values(&mut v);
+        v
+    }
+
+    fn from_parts(header: &[u8], values: &[f32], batch: usize) -> Result<SeqClassifier> {
+        let io = |e: String| Error::Io(format!("sequence-model header: {e}"));
+        let mut h = Bytes::new(header);
+        let kind = match h.u8().map_err(io)? {
+            0 => CellKind::Lstm,
+            1 => CellKind::Rnn,
+            c => return Err(io(format!("cell kind {c}"))),
+        };
+        let dim = 1 << 16;
+        let steps = get_size(&mut h, "steps", dim)?;
+        let features = get_size(&mut h, "features", dim)?;
+        let hidden = get_size(&mut h, "hidden", dim)?;
+        let layers = get_size(&mut h, "layers", 256)?;
+        let bidirectional = get_flag(&mut h, "bidirectional")?;
+        let (head, classes) = get_head(&mut h)?;
+        let spec = SeqSpec {
+            kind,
+            steps,
+            features,
+            hidden,
+            layers,
+            bidirectional,
+            head,
+            classes,
+        };
+        check_counts(&h, spec.parameter_count(), values.len())?;
+        let mut m = SeqClassifier::new(&spec, batch, 0)?;
+        let mut v = Values::new(values);
+        for (i, d) in m.dirs.iter_mut().flatten().enumerate() {
+            let kp = d.rnn.padded_k();
+            for g in 0..kind.gates() {
+                let what = format!("direction {i} gate {g}");
+                let cols = d.w.cols;
+                d.rnn
+                    .set_gate_weights(&mut d.w, g, v.take(hidden * cols, &what)?)?;
+                d.rnn
+                    .set_gate_weights(&mut d.r, g, v.take(hidden * hidden, &what)?)?;
+                d.b[g * kp..g * kp + hidden].copy_from_slice(v.take(hidden, &what)?);
+            }
+        }
+        m.mlp.read_values(&mut v)?;
+        v.finish()?;
+        Ok(m)
     }
 }

@@ -1,8 +1,12 @@
 //! Model files: every corruption the hostile-input review found is an error
 //! on load, saving is atomic, and a bad save path is found before training.
 
+use brgemm_primitives::init::Rng;
 use brgemm_primitives::modelfile;
-use brgemm_primitives::{Activation, LayerSpec, Mlp};
+use brgemm_primitives::{
+    Activation, CellKind, Cnn, CnnSpec, LayerSpec, Mlp, ModelFile, Optimizer, Pool, SeqClassifier,
+    SeqSpec, StageSpec,
+};
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {
@@ -171,4 +175,118 @@ fn saving_replaces_atomically_and_leaves_no_temporary() {
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = Rng::new(seed);
+    (0..n).map(|_| r.normal()).collect()
+}
+
+/// Saves `m`, loads it back for minibatch `batch`, and checks that the
+/// loaded model stores the same values and saves to the same bytes.
+fn reload<M: ModelFile>(m: &M, name: &str, batch: usize) -> (M, Vec<u8>) {
+    let p = tmp(name);
+    m.save(&p).unwrap();
+    let bytes = std::fs::read(&p).unwrap();
+    let back = M::load(&p, batch).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(back.values(), m.values(), "{name}: values");
+    let p2 = tmp(&format!("{name}.again"));
+    back.save(&p2).unwrap();
+    assert_eq!(std::fs::read(&p2).unwrap(), bytes, "{name}: bytes");
+    (back, bytes)
+}
+
+#[test]
+fn a_trained_cnn_round_trips_with_its_batch_norm_statistics() {
+    let spec = CnnSpec {
+        input: (3, 9, 9),
+        stages: vec![
+            StageSpec {
+                channels: 5,
+                kernel: 3,
+                batchnorm: true,
+                pool: 2,
+            },
+            StageSpec {
+                channels: 6,
+                kernel: 1,
+                batchnorm: false,
+                pool: 1,
+            },
+        ],
+        hidden: vec![7],
+        classes: 3,
+        dropout: 0.25,
+    };
+    let pool = Pool::new(1).unwrap();
+    let mut m = Cnn::new(&spec, 4, 3).unwrap();
+    let mut x = m.input_tensor();
+    x.set_nchw(&random(4 * 3 * 81, 9)).unwrap();
+    // One step moves the weights and the running moments off their
+    // initial values, so the file has to carry them.
+    m.train_step(&pool, &x, &[0, 1, 2, 1], &Optimizer::adam(0.01))
+        .unwrap();
+    assert_eq!(spec.parameter_count(), Some(m.values().len()));
+    let (mut back, mut bytes) = reload(&m, "cnn.bin", 4);
+    assert_eq!(back.spec(), &spec);
+    assert_eq!(
+        back.predict(&pool, &x, 4).unwrap(),
+        m.predict(&pool, &x, 4).unwrap()
+    );
+
+    // Stage 0's channel count (header offset 24 + 4 * 8) edited, checksum
+    // resealed: the shapes no longer match the values.
+    assert_eq!(bytes[56], 5);
+    bytes[56] = 4;
+    reseal(&mut bytes);
+    let e = Cnn::from_bytes(&bytes, 4).err().unwrap().to_string();
+    assert!(e.contains("shapes need"), "{e}");
+    // A CNN file is not an MLP.
+    let e = Mlp::from_bytes(&std::fs::read(tmp("cnn.bin")).unwrap(), 4)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("\"CNN\""), "{e}");
+}
+
+#[test]
+fn a_bidirectional_lstm_classifier_round_trips_at_another_batch() {
+    let spec = SeqSpec {
+        kind: CellKind::Lstm,
+        steps: 3,
+        features: 5,
+        hidden: 7,
+        layers: 2,
+        bidirectional: true,
+        head: vec![4],
+        classes: 3,
+    };
+    let pool = Pool::new(1).unwrap();
+    let mut m = SeqClassifier::new(&spec, 2, 8).unwrap();
+    assert_eq!(spec.parameter_count(), Some(m.values().len()));
+    let (mut back, mut bytes) = reload(&m, "seq.bin", 5);
+    assert_eq!(back.spec(), &spec);
+    let plain = random(3 * 2 * 5, 4);
+    let mut x = m.input_layout();
+    m.set_input(&mut x, &plain).unwrap();
+    let want = m.predict(&pool, &x, 2).unwrap();
+    // The loaded model is planned for 5 rows; its first 2 give the same
+    // answers.
+    let mut plain5 = vec![0.0; 3 * 5 * 5];
+    for t in 0..3 {
+        plain5[t * 25..t * 25 + 10].copy_from_slice(&plain[t * 10..t * 10 + 10]);
+    }
+    let mut x5 = back.input_layout();
+    back.set_input(&mut x5, &plain5).unwrap();
+    assert_eq!(back.predict(&pool, &x5, 2).unwrap(), want);
+
+    // The hidden width (file offset 24, header byte 1 + 2 * 8) edited and
+    // resealed.
+    assert_eq!(bytes[41], 7);
+    bytes[41] = 6;
+    reseal(&mut bytes);
+    let e = SeqClassifier::from_bytes(&bytes, 2)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("shapes need"), "{e}");
 }
