@@ -247,7 +247,7 @@ pub fn train(
     train_model(cfg, pool, model, train, test, report)
 }
 
-/// [`train`] from a given model (e.g. one [`Mlp::load`] read, to resume):
+/// [`train`] from a given model (e.g. one [`ModelFile::load`](brgemm_primitives::ModelFile::load) read, to resume):
 /// its input and output widths must match the data.
 pub fn train_model(
     cfg: &TrainConfig,

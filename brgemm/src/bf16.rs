@@ -156,14 +156,17 @@ pub struct Bf16Kernel {
 }
 
 impl Bf16Kernel {
-    /// Plans `desc` (its `dtype` must be [`DataType::Bf16`]) for the strongest
-    /// kernel that runs here and fits the shape, or `BRGEMM_BF16_ISA`.
+    /// Plans `desc` (its `dtype` must be [`DataType::Bf16`]) for the first
+    /// kernel of the CPU policy's [`crate::Policy::bf16_order`] that runs
+    /// here and fits the shape, or `BRGEMM_BF16_ISA`.
     pub fn new(desc: &Descriptor) -> Result<Bf16Kernel> {
         let isa = match Bf16Isa::forced()? {
             Some(i) => i,
-            None if Bf16Isa::Amx.is_supported() && Self::amx_fits(desc) => Bf16Isa::Amx,
-            None if Bf16Isa::Avx512Bf16.is_supported() => Bf16Isa::Avx512Bf16,
-            None => Bf16Isa::Fp32,
+            None => crate::policy()?
+                .bf16_order
+                .into_iter()
+                .find(|&i| i.is_supported() && (i != Bf16Isa::Amx || Self::amx_fits(desc)))
+                .unwrap_or(Bf16Isa::Fp32),
         };
         Self::with_isa(desc, isa)
     }

@@ -13,8 +13,8 @@
 //! - [`dispatch`]: a process-wide, descriptor-keyed cache of kernels.
 //! - [`Batch`] / [`RawBatch`] / [`Offsets`]: the three batch forms at call time.
 //! - [`peak::fma_peak_gflops`]: this core's measured FMA peak, for "% of peak".
-//! - [`cpu::stream_prefetch`]: where software prefetch pays on this core
-//!   (a per-microarchitecture measurement the primitives plan with).
+//! - [`policy()`]: this core's row of the per-microarchitecture policy,
+//!   every CPU-dependent plan-time choice the primitives make.
 //! - [`AlignedVec`]: 64-byte aligned buffers, the fast path for the kernels
 //!   (whole cache lines per vector or tile row).
 //! - [`peak::TileCeiling`]: the main register tile's throughput on L1-resident
@@ -42,13 +42,14 @@ mod batch;
 pub mod bf16;
 mod blocking;
 pub mod buffer;
-pub mod cpu;
+mod cpu;
 mod desc;
 mod error;
 mod isa;
 mod kernels;
 pub mod peak;
 mod plan;
+pub mod policy;
 mod simd;
 mod tile;
 
@@ -59,3 +60,4 @@ pub use desc::{Activation, BatchForm, Beta, DataType, Descriptor, Epilogue, Pref
 pub use error::{Error, Result};
 pub use isa::Isa;
 pub use plan::{dispatch, dispatch_with, Kernel, KernelOptions};
+pub use policy::{policy, Policy, StreamPrefetch};

@@ -357,45 +357,19 @@ struct GatherGeom {
     flip: bool,
 }
 
-/// Prefetch of the gather passes' kernels. Where kernels prefetch operands
-/// streamed from L2 ([`brgemm::cpu::StreamPrefetch::BeyondL1`], Zen 5), the
-/// kernels bring in the next pair's input rows (B) while computing one, and
-/// a call of a single pair (a 1x1 layer with one input block) brings in the
-/// next output block of the default orders instead, whose store misses
-/// otherwise wait on their lines. Measured there (same process,
-/// alternating, one thread, the ResNet-50 layers at minibatch 8), against
-/// no prefetch: the next output block, forward and backward-data
-/// x1.00-1.13 (res5 x1.08-1.09, the 1x1 256->64 backward x1.13); against
-/// that, the next pair's rows for calls of several pairs: the 1x1 layers
-/// with 4 input blocks x1.30-1.32 (256->64 forward, 64->256 backward), 3x3
-/// layers x0.96-1.03. On Sapphire Rapids next-pair prefetch lost 1-15% and
-/// stays off.
+/// Prefetch of the gather passes' kernels: where the CPU policy prefetches
+/// from L2, the next pair's input rows, or for a single-pair call the next
+/// output block (docs/tuning-notes.md).
 fn gather_prefetch() -> brgemm::Prefetch {
-    match brgemm::cpu::stream_prefetch() {
-        brgemm::cpu::StreamPrefetch::BeyondL1 => brgemm::Prefetch::NextPair,
-        brgemm::cpu::StreamPrefetch::BeyondL2 => brgemm::Prefetch::None,
-    }
+    brgemm::Policy::prefetch_if(crate::policy().stream_prefetch == brgemm::StreamPrefetch::BeyondL1)
 }
 
-/// The register tile of gather calls that are a single pair (a 1x1 layer
-/// with one input block per call), where it pays: tiles of whole 64-channel output
-/// columns (4 x 4 on AVX-512) instead of the model's 2 x 11, so each tile
-/// writes four pixels' 256 contiguous bytes. Such calls do 64 k steps per
-/// output column and stream their output to memory, and on Zen 5 the
-/// stores of half-columns 256 bytes apart kept the core waiting: the 64 ->
-/// 256 1x1 forward's pattern through the raw kernel ran 4x4 x1.12-1.31
-/// over 2x11, and the ResNet-50 passes made of such calls (minibatch 8,
-/// one thread, alternating in one process) 64 -> 256 forward x1.29-1.31,
-/// 256 -> 64 backward-data x1.15-1.24; on cached operands the two tiles
-/// measured the same, and with several pairs per call 4-vector tiles lost
-/// (x0.84-0.93), so the model's choice stays there. Not measured on
-/// Sapphire Rapids: off there.
+/// The register tile of gather calls that are a single pair producing
+/// 64-channel output columns, where the CPU policy names one.
 fn single_pair_tile(bo: usize, pairs: usize) -> Option<brgemm::RegisterTile> {
-    (pairs == 1
-        && bo == 64
-        && brgemm::Isa::selected() == Ok(brgemm::Isa::Avx512)
-        && brgemm::cpu::stream_prefetch() == brgemm::cpu::StreamPrefetch::BeyondL1)
-        .then_some(brgemm::RegisterTile { mv: 4, nr: 4 })
+    crate::policy()
+        .single_pair_tile()
+        .filter(|_| pairs == 1 && bo == 64)
 }
 
 /// A planned gather pass (forward, and backward-data at stride 1).
@@ -617,6 +591,7 @@ impl Conv {
 
     /// Plans a layer with the given blocking and loop orders.
     pub fn with_tuning(params: ConvParams, act: Activation, t: ConvTuning) -> Result<Conv> {
+        crate::check_policy()?;
         params.validate()?;
         for (what, v) in [("bc", t.bc), ("bk", t.bk), ("bq", t.bq)] {
             if v == 0 {

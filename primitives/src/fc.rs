@@ -36,8 +36,8 @@ use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::math::{add_rows, widest};
 use crate::threads::Pool;
-use brgemm::cpu::StreamPrefetch;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch};
+use brgemm::{Policy, StreamPrefetch};
 use std::sync::Arc;
 
 /// Loop order and blocking of one pass.
@@ -67,49 +67,15 @@ impl PassConfig {
 
     /// The default order of a pass with `a` x `b` output blocks and `red`
     /// reduction blocks: both output loops parallel, the one with more blocks
-    /// outside. One call then streams a block-row of the inner loop's operand
-    /// and re-reads the outer one's from L1/L2; the inner loop's operand comes
-    /// back for the next outer block, from L2 if all its block-rows fit there.
-    /// With more than [`Self::HEURISTIC_CHUNK`] reduction blocks the reduction
-    /// is split into chunks of that many and goes outermost (`cAB`/`cBA`):
-    /// the inner operand's chunk (inner blocks x 8 x 16 KiB, 1 MiB for 8
-    /// blocks of 64x64) then stays in L2 where the whole block-rows did not,
-    /// and each call's 2 x 128 KiB fit next to it. Partial sums go through
-    /// C (beta = 1) between chunks, so a chunk costs one extra load and
-    /// store of the output block per call. Measured (one thread, alternating
-    /// with the old fixed `BAc`/`BAc`/`ABc` in one process, median ratio):
-    /// upd (3200,512,2048) `cAB` x1.40, (1600,1024,4096) x1.14; bwd
-    /// (3200,512,2048) `cAB` x1.18, (512,2048,2048) `cBA` x1.16; fwd
-    /// (512,2048,2048) `cBA` x1.15, (3200,512,2048) `ABc` x1.16, (64,4096,4096)
-    /// x1.05; (256,1024,1024) neutral (0.98-1.01).
-    ///
-    /// On cores whose kernels prefetch operands streamed from L2
-    /// ([`brgemm::cpu::StreamPrefetch::BeyondL1`], AMD Zen 5) the split pays
-    /// only with the first loop outside (`a >= b`): there it keeps the LSTM's
-    /// dW and backward-data over 32-50 blocks 2-6% faster, while with the
-    /// second loop outside the prefetching kernels keep up with the
-    /// unsplit block-rows and the split's extra C traffic loses (same
-    /// process, alternating, one thread: (256,1024,1024) fwd/bwd unsplit
-    /// x1.06/x1.05, (512,2048,2048) x1.10/x1.13, (64,4096,4096) x1.07/x1.02).
-    ///
-    /// There, with one or two blocks in the first loop and more than
-    /// [`Self::STREAM_ROW_BLOCKS`] reduction blocks, the block-rows of the
-    /// second loop's operand (the weights) are read once or twice each and
-    /// are longer than half of L2: they stream from memory. The reduction
-    /// then stays innermost, in chunks of [`Self::STREAM_CHUNK`], and each
-    /// call prefetches the next call's chunk (256 KiB, which L2 keeps next
-    /// to the current one and X's) instead of the whole next block-row
-    /// (1 MiB at 4096 features, pushed out to L3 before it is read, where
-    /// the other tenants' traffic evicts it or delays it). Measured (same
-    /// process, alternating with the unsplit `BAc`): (64,4096,4096) fwd on
-    /// two threads x1.03-1.09 (the larger gains at the moments the whole
-    /// machine's memory traffic is heavy), one thread x1.01; bwd x1.03;
-    /// (64,4096,1024) fwd and (64,1024,4096) bwd x1.02; (128,4096,4096)
-    /// x1.00-1.01. With four or more N blocks a block-row comes back from L2
-    /// for each of them, and chunks lost 0-2%.
+    /// outside, the reduction innermost. Past [`Self::HEURISTIC_CHUNK`]
+    /// reduction blocks the reduction is split into chunks and goes
+    /// outermost (`cAB`/`cBA`), where the CPU policy says the split pays;
+    /// where it prefetches from L2 and the weights stream from memory, the
+    /// reduction stays innermost in chunks of [`Self::STREAM_CHUNK`]. The
+    /// measurements: `docs/tuning-notes.md`.
     pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
         let outer = if a >= b { "AB" } else { "BA" };
-        let prefetch = brgemm::cpu::stream_prefetch();
+        let prefetch = crate::policy().stream_prefetch;
         let split_pays = match prefetch {
             StreamPrefetch::BeyondL2 => true,
             StreamPrefetch::BeyondL1 => a >= b,
@@ -373,43 +339,27 @@ impl std::fmt::Debug for Fc {
 }
 
 /// Whether the backward-weights kernels prefetch, each call bringing in the
-/// next dW block (the next item of the default order) while it computes.
-/// With a reduction of one or two N blocks upd is a stream of dW stores,
-/// and each block's store misses wait on their lines' ownership unless they
-/// were requested earlier. Measured on Zen 5 (same process, alternating,
-/// one thread): (64,4096,4096) x1.24; with 4 and 8 N blocks
-/// ((256,1024,1024), (512,2048,2048)) x0.96-1.01, so off. Where kernels
-/// prefetch only from L3 (Sapphire Rapids) this was not measured and stays
-/// off.
+/// next dW block (the next item of the default order) while it computes:
+/// where the CPU policy says so, for a stream of dW stores (one or two N
+/// blocks) larger than its threshold (docs/tuning-notes.md).
 fn upd_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
-    match brgemm::cpu::stream_prefetch() {
-        // dW larger than L2: its lines come from memory.
-        StreamPrefetch::BeyondL1 if n.div_ceil(t.bn) <= 2 && 4 * k * c > 2 << 20 => {
-            Prefetch::NextPair
-        }
-        _ => Prefetch::None,
-    }
+    let from = crate::policy().fc_upd_prefetch_from;
+    Policy::prefetch_if(from.is_some_and(|f| n.div_ceil(t.bn) <= 2 && 4 * k * c > f))
 }
 
 /// Whether the forward and backward-data kernels prefetch the next pair
 /// (and the next call's weight block-row, see [`Fc::forward`]). Each call
-/// reduces over a block-row of the weights (`4 c bk` bytes in forward,
-/// `4 k bc` in backward) and one of the activations, re-read for every N
-/// block; where those come from decides ([`brgemm::cpu::StreamPrefetch`]).
+/// reduces over a block-row of the weights and one of the activations,
+/// re-read for every N block; where those come from decides
+/// ([`brgemm::StreamPrefetch`]).
 fn fc_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
-    match brgemm::cpu::stream_prefetch() {
-        // Larger than L2 and re-read for at most two N blocks: streamed from
-        // L3 (else the block-row is reused from L2, where prefetching costs
-        // 5-19% on Sapphire Rapids).
-        StreamPrefetch::BeyondL2 if 4 * k * c > (1 << 21) && n.div_ceil(t.bn) <= 2 => {
-            Prefetch::NextPair
-        }
-        // A call's operands do not fit L1 (48 KiB), so its pairs come from L2.
-        StreamPrefetch::BeyondL1 if 4 * c.min(k) * (t.bn + t.bc.min(t.bk)) > 48 << 10 => {
-            Prefetch::NextPair
-        }
-        _ => Prefetch::None,
-    }
+    Policy::prefetch_if(match crate::policy().stream_prefetch {
+        // Larger than L2 and re-read for at most two N blocks: streamed
+        // from L3 (else reused from L2, where prefetching costs).
+        StreamPrefetch::BeyondL2 => 4 * k * c > (1 << 21) && n.div_ceil(t.bn) <= 2,
+        // A call's operands do not fit L1 (48 KiB): its pairs come from L2.
+        StreamPrefetch::BeyondL1 => 4 * c.min(k) * (t.bn + t.bc.min(t.bk)) > 48 << 10,
+    })
 }
 
 fn pass(
@@ -472,6 +422,7 @@ impl Fc {
 
     /// Plans a layer with the given blocking and loop orders.
     pub fn with_tuning(n: usize, c: usize, k: usize, act: Activation, t: FcTuning) -> Result<Fc> {
+        crate::check_policy()?;
         for (what, v) in [
             ("n", n),
             ("c", c),

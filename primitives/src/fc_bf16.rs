@@ -18,7 +18,6 @@ use crate::layout::{Blocked, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
 use brgemm::bf16::{bf16, Bf16Kernel};
-use brgemm::cpu::StreamPrefetch;
 use brgemm::{
     Activation, AlignedVec, BatchForm, DataType, Descriptor, Epilogue, Prefetch, RawBatch,
 };
@@ -66,29 +65,19 @@ pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut AlignedVec<bf16>) {
     });
 }
 
-/// A call's operands (bf16) beyond which the kernels prefetch the next
-/// pair: past this the weights' block-row and the activations' no longer
-/// sit in L2 between calls.
-const PREFETCH_CALL_BYTES: usize = 256 << 10;
-
 /// Whether the kernels of a pass whose calls each reduce over `red`
 /// elements, with `bn` columns and `bo` rows of output, prefetch the next
-/// pair. Measured on Zen 5 (same process, alternating with and without):
-/// (64,4096,4096) fwd x1.96 (one thread) and x1.72 (two), bwd x1.87/x1.69;
-/// (512,2048,2048), 512 KiB per call, x1.04-1.09; 256 KiB per call or less
-/// x0.99-1.00. Where kernels prefetch only from L3 (Intel; there AMX runs
-/// these shapes) it was not measured and stays off.
+/// pair: above the CPU policy's per-call size (docs/tuning-notes.md).
 fn bf16_prefetch(red: usize, bn: usize, bo: usize) -> Prefetch {
-    match brgemm::cpu::stream_prefetch() {
-        StreamPrefetch::BeyondL1 if 2 * red * (bn + bo) > PREFETCH_CALL_BYTES => Prefetch::NextPair,
-        _ => Prefetch::None,
-    }
+    let from = crate::policy().bf16_prefetch_from;
+    brgemm::Policy::prefetch_if(from.is_some_and(|f| 2 * red * (bn + bo) > f))
 }
 
 impl FcBf16 {
     /// Plans the bf16 passes for `fc`'s shape and blocking. The blocks bc
     /// and bk must be even (VNNI pairs); GELU is not fused here.
     pub fn new(fc: &Fc) -> Result<FcBf16> {
+        crate::check_policy()?;
         let t = fc.tuning();
         let (bn, bc, bk) = (t.bn, t.bc, t.bk);
         for (what, v) in [("bc", bc), ("bk", bk)] {

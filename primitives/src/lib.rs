@@ -57,6 +57,18 @@ pub mod tensor;
 pub mod threads;
 
 pub use brgemm::Activation;
+
+/// The CPU policy every plan-time heuristic reads ([`brgemm::policy`]);
+/// an unknown `BRGEMM_CPU_POLICY` is reported by the plans
+/// ([`check_policy`]) and falls back to the default row here.
+pub(crate) fn policy() -> &'static brgemm::Policy {
+    brgemm::policy().unwrap_or(&brgemm::Policy::DEFAULT)
+}
+
+/// An error for an unknown `BRGEMM_CPU_POLICY`; every plan calls it.
+pub(crate) fn check_policy() -> Result<()> {
+    brgemm::policy().map(|_| ()).map_err(Error::from)
+}
 pub use cnn::{Cnn, CnnSpec, StageSpec};
 pub use conv::{Conv, ConvParams, ConvTuning};
 pub use error::{Error, Result};

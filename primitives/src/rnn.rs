@@ -255,6 +255,7 @@ impl Rnn {
         k: usize,
         tn: RnnTuning,
     ) -> Result<Rnn> {
+        crate::check_policy()?;
         for (what, v) in [
             ("t", t),
             ("n", n),
@@ -313,20 +314,9 @@ impl Rnn {
         };
         let (bn, bk) = (tn.bn, tn.bk);
         // Software prefetch of the next recurrent block pays once R streams
-        // from beyond the cache level where the core's own prefetchers keep
-        // up; measured (same process, alternating). Sapphire Rapids: +8-14%
-        // at K = 1024 (R 16 MiB), 2-15% slower at K = 512 (R 4 MiB). Zen 5:
-        // +4-11% at K = 512, none at K = 256 (R 1 MiB).
+        // from beyond the level where the core's prefetchers keep up.
         let r_bytes = 4 * kind.gates() * kp * kp;
-        let from = match brgemm::cpu::stream_prefetch() {
-            brgemm::cpu::StreamPrefetch::BeyondL2 => 8 << 20,
-            brgemm::cpu::StreamPrefetch::BeyondL1 => 2 << 20,
-        };
-        let pf = if r_bytes > from {
-            brgemm::Prefetch::NextPair
-        } else {
-            brgemm::Prefetch::None
-        };
+        let pf = brgemm::Policy::prefetch_if(r_bytes > crate::policy().rnn_prefetch_from);
         let rec_kernel = brgemm::dispatch(
             &Descriptor::new(bk, bn, bk)
                 .beta(Beta::One)

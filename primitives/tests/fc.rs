@@ -197,7 +197,7 @@ fn default_tuning_matches_reference_on_typical_shapes() {
 fn default_tuning_with_chunked_reductions_matches_reference() {
     let pool = Pool::new(2).unwrap().always_parallel();
     // Where kernels prefetch from L2, upd (K blocks < C blocks) stays whole.
-    let split_upd = brgemm::cpu::stream_prefetch() == brgemm::cpu::StreamPrefetch::BeyondL2;
+    let split_upd = brgemm::policy().unwrap().stream_prefetch == brgemm::StreamPrefetch::BeyondL2;
     for (n, c, k, chunked) in [
         (600, 640, 96, [true, false, split_upd]),
         (130, 48, 1100, [false, true, false]),
