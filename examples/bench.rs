@@ -187,7 +187,7 @@ fn bench_brgemm(o: &Opts) {
 }
 
 fn bench_fc(o: &Opts) {
-    use brgemm_primitives::fc::PassConfig;
+    use brgemm_primitives::PassConfig;
     use brgemm_primitives::{Activation, Fc};
     let isa = Isa::selected().expect("ISA");
     let probe = Probes::new(isa, Duration::from_millis(10));

@@ -11,7 +11,7 @@
 //! threads (measured in this run) and % of the L1 tile ceiling, writes
 //! `DIR/tune_fc_<shape>.csv` and an SVG chart, and with `--save FILE`
 //! stores the best configuration for this shape in FILE (a JSON list of
-//! entries, one per shape), which `brgemm_primitives::fc::load_tuning`
+//! entries, one per shape), which `brgemm_primitives::tuning::load`
 //! reads back.
 //!
 //! ```text
@@ -45,7 +45,8 @@ mod fill;
 #[allow(dead_code)]
 mod workload;
 use brgemm::Isa;
-use brgemm_primitives::fc::{load_tuning, PassConfig, TunedFc};
+use brgemm_primitives::tuning::{load as load_tuning, TunedFc};
+use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Fc, FcTuning, Pool};
 use fill::fill;
 use plotters::prelude::*;
@@ -368,7 +369,7 @@ fn tune_fc(args: &[String]) {
         let back = load_tuning(&path, n, c, k).expect("reload").expect("entry");
         assert_eq!(back, tuning);
         println!(
-            "saved to {} (load with brgemm_primitives::fc::load_tuning)",
+            "saved to {} (load with brgemm_primitives::tuning::load)",
             path.display()
         );
     }

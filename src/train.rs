@@ -67,7 +67,7 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
     if let Some(path) = &cfg.tuning_file {
         let mut c = data.features;
         for s in &specs {
-            let t = brgemm_primitives::fc::load_tuning(path, cfg.batch, c, s.out)?;
+            let t = brgemm_primitives::tuning::load(path, cfg.batch, c, s.out)?;
             tunings.push(t.unwrap_or_else(|| FcTuning::heuristic(cfg.batch, c, s.out)));
             c = s.out;
         }

@@ -3,7 +3,7 @@
 //! never a panic.
 #![no_main]
 
-use brgemm_primitives::fc::parse_tuning;
+use brgemm_primitives::tuning::parse;
 use brgemm_primitives::{Activation, Fc};
 use libfuzzer_sys::fuzz_target;
 
@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for (n, c, k) in [(8, 8, 8), (3, 5, 7), (64, 64, 64)] {
-        if let Ok(Some(t)) = parse_tuning(text, n, c, k) {
+        if let Ok(Some(t)) = parse(text, n, c, k) {
             // Refuse tunings that would plan enormous buffers: they are
             // errors or allocations, not parser bugs.
             if t.bn.max(t.bc).max(t.bk) > 4096 {

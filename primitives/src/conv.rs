@@ -42,11 +42,12 @@
 //! Default specs and blocking come from [`ConvTuning::heuristic`]; any valid
 //! spec gives the same result (the tests run every one).
 
+use crate::act::mul_act_grad;
 use crate::error::{check_buf, shape, Result};
-use crate::fc::{mul_act_grad, pick_block, Chunked, PassConfig};
 use crate::layout::SyncPtr;
 use crate::loops::{LoopDef, LoopNest};
 use crate::math::add_rows;
+use crate::pass::{pick_block, Chunked, PassConfig};
 use crate::tensor::{par_images, Filter, Tensor4};
 use crate::threads::Pool;
 use brgemm::{Activation, AlignedVec, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};

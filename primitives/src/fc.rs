@@ -31,91 +31,15 @@
 //! [`FcTuning::heuristic`]. Any valid spec gives the same result (the tests
 //! check every one).
 
-use crate::error::{check_buf, shape, Error, Result};
+use crate::act::mul_act_grad;
+use crate::error::{check_buf, shape, Result};
 use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
-use crate::math::{add_rows, widest};
+use crate::math::add_rows;
+use crate::pass::{pick_block, Chunked, PassConfig};
 use crate::threads::Pool;
-use brgemm::{Activation, BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch};
+use brgemm::{Activation, BatchForm, Descriptor, Epilogue, Prefetch, RawBatch};
 use brgemm::{Policy, StreamPrefetch};
-use std::sync::Arc;
-
-/// Loop order and blocking of one pass.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PassConfig {
-    /// Spec string over loops a, b, c (see the module docs).
-    pub spec: String,
-    /// Reduction blocks per BRGEMM call (0: all).
-    pub chunk: usize,
-    /// Blocking levels of loop a (in blocks).
-    pub blocks_a: Vec<usize>,
-    /// Blocking levels of loop b (in blocks).
-    pub blocks_b: Vec<usize>,
-}
-
-impl PassConfig {
-    /// The nest of pass `pass` over `loops`, with this config's blocking
-    /// levels on the first two loops and its spec.
-    pub(crate) fn nest(&self, pass: &str, mut loops: Vec<LoopDef>) -> Result<LoopNest> {
-        loops[0].blocks = self.blocks_a.clone();
-        loops[1].blocks = self.blocks_b.clone();
-        LoopNest::named(pass, loops, &self.spec)
-    }
-
-    /// Reduction blocks per call when a pass splits its reduction.
-    pub const HEURISTIC_CHUNK: usize = 8;
-
-    /// The default order of a pass with `a` x `b` output blocks and `red`
-    /// reduction blocks: both output loops parallel, the one with more blocks
-    /// outside, the reduction innermost. Past [`Self::HEURISTIC_CHUNK`]
-    /// reduction blocks the reduction is split into chunks and goes
-    /// outermost (`cAB`/`cBA`), where the CPU policy says the split pays;
-    /// where it prefetches from L2 and the weights stream from memory, the
-    /// reduction stays innermost in chunks of [`Self::STREAM_CHUNK`]. The
-    /// measurements: `docs/tuning-notes.md`.
-    pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
-        let outer = if a >= b { "AB" } else { "BA" };
-        let prefetch = crate::policy().stream_prefetch;
-        let split_pays = match prefetch {
-            StreamPrefetch::BeyondL2 => true,
-            StreamPrefetch::BeyondL1 => a >= b,
-        };
-        if red > Self::HEURISTIC_CHUNK && split_pays {
-            PassConfig {
-                chunk: Self::HEURISTIC_CHUNK,
-                ..PassConfig::spec(&format!("c{outer}"))
-            }
-        } else if prefetch == StreamPrefetch::BeyondL1
-            && a < b
-            && a <= 2
-            && red > Self::STREAM_ROW_BLOCKS
-        {
-            PassConfig {
-                chunk: Self::STREAM_CHUNK,
-                ..PassConfig::spec(&format!("{outer}c"))
-            }
-        } else {
-            PassConfig::spec(&format!("{outer}c"))
-        }
-    }
-
-    /// Reduction blocks per call for streamed block-rows (see
-    /// [`PassConfig::heuristic`]): 256 KiB of 64x64 blocks.
-    pub const STREAM_CHUNK: usize = 16;
-    /// Longest block-row, in reduction blocks, not treated as streamed:
-    /// 512 KiB of 64x64 blocks, half of the L2 where this was measured.
-    pub const STREAM_ROW_BLOCKS: usize = 32;
-
-    /// `spec` with no blocking levels and the whole reduction per call.
-    pub fn spec(spec: &str) -> Self {
-        PassConfig {
-            spec: spec.into(),
-            chunk: 0,
-            blocks_a: vec![],
-            blocks_b: vec![],
-        }
-    }
-}
 
 /// Blocking and loop orders of an FC layer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -132,18 +56,6 @@ pub struct FcTuning {
     pub bwd: PassConfig,
     /// Backward-weights.
     pub upd: PassConfig,
-}
-
-/// The largest candidate that divides `x`, else `x` itself when it is small,
-/// else the first candidate (with zero padding).
-pub(crate) fn pick_block(x: usize, cands: &[usize]) -> usize {
-    if let Some(&b) = cands.iter().find(|&&b| x.is_multiple_of(b)) {
-        return b;
-    }
-    if x <= cands[0] {
-        return x;
-    }
-    cands[0]
 }
 
 impl FcTuning {
@@ -168,95 +80,6 @@ impl FcTuning {
             fwd: PassConfig::heuristic(nb, kb, cb),
             bwd: PassConfig::heuristic(nb, cb, kb),
             upd: PassConfig::heuristic(kb, cb, nb),
-        }
-    }
-}
-
-/// Which passes a stored tuning entry applies to: one FC shape.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TunedFc {
-    /// Minibatch.
-    pub n: usize,
-    /// Input features.
-    pub c: usize,
-    /// Output features.
-    pub k: usize,
-    /// The configuration.
-    pub tuning: FcTuning,
-}
-
-/// Loads the tuning for `(n, c, k)` from a JSON file written by `examples/tune`
-/// (what [`Fc::new`] does when `BRGEMM_TUNING` names the file)
-/// (a list of [`TunedFc`]); `Ok(None)` when the file has no entry for it.
-pub fn load_tuning(
-    path: &std::path::Path,
-    n: usize,
-    c: usize,
-    k: usize,
-) -> Result<Option<FcTuning>> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-    parse_tuning(&text, n, c, k).map_err(|e| Error::Io(format!("{}: {e}", path.display())))
-}
-
-/// [`load_tuning`] on the file's text (what the fuzz target drives). The
-/// tuning it returns is not yet validated: [`Fc::with_tuning`] does that.
-pub fn parse_tuning(text: &str, n: usize, c: usize, k: usize) -> Result<Option<FcTuning>> {
-    let all: Vec<TunedFc> = serde_json::from_str(text).map_err(|e| Error::Io(e.to_string()))?;
-    Ok(all
-        .into_iter()
-        .find(|t| (t.n, t.c, t.k) == (n, c, k))
-        .map(|t| t.tuning))
-}
-
-/// Kernels for the positions of a chunk in the reduction.
-pub(crate) struct Chunked {
-    /// The whole reduction in one call (or the last chunk): epilogue on.
-    only: Arc<Kernel>,
-    first: Arc<Kernel>,
-    mid: Arc<Kernel>,
-    last: Arc<Kernel>,
-}
-
-impl Chunked {
-    pub(crate) fn new(base: Descriptor, ep: Epilogue) -> Result<Chunked> {
-        Chunked::with_tile(base, ep, None)
-    }
-    /// As [`Chunked::new`], with the register tile forced when `tile` is
-    /// given (planned apart from the dispatch cache).
-    pub(crate) fn with_tile(
-        base: Descriptor,
-        ep: Epilogue,
-        tile: Option<brgemm::RegisterTile>,
-    ) -> Result<Chunked> {
-        let k = |beta, ep| {
-            let d = base.beta(beta).epilogue(ep);
-            match tile {
-                None => brgemm::dispatch(&d),
-                Some(t) => Kernel::with_options(
-                    &d,
-                    brgemm::KernelOptions {
-                        isa: None,
-                        tile: Some(t),
-                    },
-                )
-                .map(Arc::new),
-            }
-        };
-        Ok(Chunked {
-            only: k(Beta::Zero, ep)?,
-            first: k(Beta::Zero, Epilogue::default())?,
-            mid: k(Beta::One, Epilogue::default())?,
-            last: k(Beta::One, ep)?,
-        })
-    }
-    #[inline]
-    pub(crate) fn pick(&self, first: bool, last: bool) -> &Kernel {
-        match (first, last) {
-            (true, true) => &self.only,
-            (true, false) => &self.first,
-            (false, false) => &self.mid,
-            (false, true) => &self.last,
         }
     }
 }
@@ -403,21 +226,11 @@ crate::layout::getters!(Fc {
 });
 
 impl Fc {
-    /// Plans a layer with the tuning stored for its shape in the file named
-    /// by `BRGEMM_TUNING` (written by `examples/tune --save`), else the
-    /// heuristic default. An unreadable file is an error, not a silent default.
+    /// Plans a layer with the heuristic tuning ([`FcTuning::heuristic`]).
+    /// A tuning saved by `examples/tune --save` is planned with
+    /// [`crate::tuning::load`] and [`Fc::with_tuning`].
     pub fn new(n: usize, c: usize, k: usize, act: Activation) -> Result<Fc> {
-        let t = match std::env::var_os("BRGEMM_TUNING") {
-            Some(path) => load_tuning(std::path::Path::new(&path), n, c, k)?,
-            None => None,
-        };
-        Fc::with_tuning(
-            n,
-            c,
-            k,
-            act,
-            t.unwrap_or_else(|| FcTuning::heuristic(n, c, k)),
-        )
+        Fc::with_tuning(n, c, k, act, FcTuning::heuristic(n, c, k))
     }
 
     /// Plans a layer with the given blocking and loop orders.
@@ -855,77 +668,6 @@ impl Fc {
         self.check("W", w, self.w_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         w.transpose_into_par(wt, pool)
-    }
-}
-
-widest! {
-    /// `out = dy * act'(y)` for the activations whose derivative is a
-    /// function of the output y (ReLU, sigmoid, tanh); others leave `out`.
-    /// The match sits outside the loops, so each loop vectorises.
-    fn grad_from_y / grad_from_y_plain(act: Activation, out: &mut [f32], dy: &[f32], y: &[f32]) {
-        let (dy, y) = (&dy[..out.len()], &y[..out.len()]);
-        match act {
-            Activation::Relu => {
-                for i in 0..out.len() {
-                    out[i] = dy[i] * if y[i] > 0.0 { 1.0 } else { 0.0 };
-                }
-            }
-            Activation::Sigmoid => {
-                for i in 0..out.len() {
-                    out[i] = dy[i] * (y[i] * (1.0 - y[i]));
-                }
-            }
-            Activation::Tanh => {
-                for i in 0..out.len() {
-                    out[i] = dy[i] * (1.0 - y[i] * y[i]);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// `out = dy * act'` element-wise, from the outputs `y` (GELU: from the
-/// pre-activations `z`, which it then needs, as long as `out`). Per
-/// element, [`act_grad`] was a call (it does not inline, GELU's `tanh` makes it
-/// large): 5% of a CNN training step. Same bits as `dy * act_grad(..)`.
-pub(crate) fn mul_act_grad(act: Activation, out: &mut [f32], dy: &[f32], y: &[f32], z: &[f32]) {
-    match act {
-        Activation::Relu | Activation::Sigmoid | Activation::Tanh => grad_from_y(act, out, dy, y),
-        Activation::Gelu => {
-            debug_assert_eq!(z.len(), out.len(), "GELU backward without Z");
-            for ((o, g), zv) in out.iter_mut().zip(dy).zip(z) {
-                *o = g * act_grad(act, 0.0, *zv);
-            }
-        }
-        _ => {
-            for (o, g) in out.iter_mut().zip(dy) {
-                *o = g * act_grad(act, 0.0, 0.0);
-            }
-        }
-    }
-}
-
-/// d act / d z, from the output y (or the pre-activation z for GELU).
-#[inline]
-pub fn act_grad(act: Activation, y: f32, z: f32) -> f32 {
-    match act {
-        Activation::Relu => {
-            if y > 0.0 {
-                1.0
-            } else {
-                0.0
-            }
-        }
-        Activation::Sigmoid => y * (1.0 - y),
-        Activation::Tanh => 1.0 - y * y,
-        Activation::Gelu => {
-            const C: f32 = 0.797_884_6;
-            let u = C * (z + 0.044715 * z * z * z);
-            let th = u.tanh();
-            0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * C * (1.0 + 3.0 * 0.044715 * z * z)
-        }
-        _ => 1.0,
     }
 }
 

@@ -33,6 +33,7 @@
 //!   [`modelfile`] format.
 #![deny(missing_docs)]
 
+mod act;
 pub mod cnn;
 pub mod conv;
 pub mod eltwise;
@@ -49,12 +50,14 @@ pub mod model;
 pub mod modelfile;
 pub mod norm;
 pub mod optim;
+mod pass;
 pub mod pool2d;
 pub mod rnn;
 mod rnn_cell;
 pub mod seqnet;
 pub mod tensor;
 pub mod threads;
+pub mod tuning;
 
 pub use brgemm::Activation;
 
@@ -72,13 +75,14 @@ pub(crate) fn check_policy() -> Result<()> {
 pub use cnn::{Cnn, CnnSpec, StageSpec};
 pub use conv::{Conv, ConvParams, ConvTuning};
 pub use error::{Error, Result};
-pub use fc::{Fc, FcTuning, PassConfig};
+pub use fc::{Fc, FcTuning};
 pub use layout::{Blocked, Inner};
 pub use loops::{LoopDef, LoopNest, Schedule};
 pub use model::{LayerSpec, Mlp};
 pub use modelfile::ModelFile;
 pub use norm::BatchNorm;
 pub use optim::Optimizer;
+pub use pass::PassConfig;
 pub use pool2d::{Pool2d, PoolKind};
 pub use rnn::{CellKind, Rnn, RnnGrads, RnnState, RnnTuning};
 pub use seqnet::{SeqClassifier, SeqSpec};

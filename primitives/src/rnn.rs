@@ -39,9 +39,10 @@
 //! with a barrier between steps rather than one hand-off per step.
 
 use crate::error::{check_buf, shape, Result};
-use crate::fc::{Fc, FcTuning, PassConfig};
+use crate::fc::{Fc, FcTuning};
 use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
+use crate::pass::PassConfig;
 use crate::threads::Pool;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Kernel, RawBatch};
 use std::sync::Arc;
@@ -90,7 +91,7 @@ impl RnnTuning {
     /// independent.
     pub fn heuristic(n: usize, c: usize, k: usize) -> RnnTuning {
         let cands = [64, 48, 32, 16];
-        let pick = |x| crate::fc::pick_block(x, &cands);
+        let pick = |x| crate::pass::pick_block(x, &cands);
         RnnTuning {
             bn: pick(n),
             bc: pick(c),

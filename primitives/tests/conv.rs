@@ -1,6 +1,6 @@
 //! Convolution passes against a naive f64 convolution in plain NCHW/KCRS.
 
-use brgemm_primitives::fc::PassConfig;
+use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
 use proptest::prelude::*;
 

@@ -1,7 +1,7 @@
 //! Hostile inputs to the primitives: each case the safety review found
 //! panicking or corrupting memory now returns an error naming the value.
 
-use brgemm_primitives::fc::load_tuning;
+use brgemm_primitives::tuning::load as load_tuning;
 use brgemm_primitives::{Activation, Blocked, Fc, FcTuning, Inner, LoopDef, LoopNest};
 
 #[test]

@@ -3,7 +3,7 @@
 //! differences of the f64 forward, which is exact to ~1e-9 here), plus a
 //! finite-difference check through time of the f32 layer itself.
 
-use brgemm_primitives::fc::PassConfig;
+use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnTuning};
 use proptest::prelude::*;
 
