@@ -4,7 +4,7 @@
 //! types are refused by name. Files may be gzip-compressed (as Debian ships
 //! them); the gzip magic is detected, not the file name.
 
-use crate::data::DataError;
+use crate::error::DataError;
 use std::io::Read;
 use std::path::Path;
 

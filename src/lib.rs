@@ -28,6 +28,7 @@ pub use brgemm_gpu as gpu;
 pub use brgemm_primitives as primitives;
 
 pub mod data;
+mod error;
 pub mod idx;
 pub mod train;
 pub mod train_cnn;

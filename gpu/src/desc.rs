@@ -4,39 +4,7 @@ use crate::error::{invalid, Result};
 use crate::tiling::Tiling;
 use brgemm::{Activation, Beta, Epilogue};
 
-/// Element type of A and B. Accumulation and C are always f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum GpuDtype {
-    /// bfloat16 (`half::bf16`): tensor cores (`mma.sync ... bf16`) on CUDA.
-    #[default]
-    Bf16,
-    /// IEEE binary16 (`half::f16`): tensor cores (`mma.sync ... f16`) on CUDA.
-    F16,
-    /// binary32: the same tiling with scalar FMAs (no tf32 rounding).
-    F32,
-}
-
-impl GpuDtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            GpuDtype::Bf16 | GpuDtype::F16 => 2,
-            GpuDtype::F32 => 4,
-        }
-    }
-    /// Elements per 16-byte vector (one `cp.async` of the aligned path).
-    pub fn vec(self) -> usize {
-        16 / self.size()
-    }
-    /// Lower-case name used in kernel names and bench lines.
-    pub fn name(self) -> &'static str {
-        match self {
-            GpuDtype::Bf16 => "bf16",
-            GpuDtype::F16 => "f16",
-            GpuDtype::F32 => "f32",
-        }
-    }
-}
+pub use crate::dtype::GpuDtype;
 
 /// How A_i and B_i are found (as in the CPU kernel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -208,7 +176,7 @@ impl GpuDescriptor {
                 t.validate(d.dtype)?;
                 t
             }
-            None => Tiling::heuristic(&d),
+            None => Tiling::heuristic(d.m, d.n, d.dtype),
         };
         Ok(GpuDescriptor {
             table_align,
@@ -256,7 +224,9 @@ impl GpuDescriptor {
     /// A name unique to everything baked into the kernel (the cache key and
     /// the generated function's name).
     pub fn kernel_name(&self) -> String {
-        let t = self.tiling.unwrap_or_else(|| Tiling::heuristic(self));
+        let t = self
+            .tiling
+            .unwrap_or_else(|| Tiling::heuristic(self.m, self.n, self.dtype));
         let form = match self.batch {
             GpuBatch::Stride { a, b } => format!("s{a}_{b}"),
             GpuBatch::Offset => format!("o{}", self.table_align),

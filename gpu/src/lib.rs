@@ -43,6 +43,7 @@ pub mod codegen;
 mod cuda;
 mod desc;
 mod device;
+mod dtype;
 mod error;
 mod fc;
 

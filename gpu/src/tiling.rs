@@ -8,7 +8,7 @@
 //! f32 accumulators. A and B tiles of depth `bk` go through a ring of
 //! `stages` shared-memory buffers.
 
-use crate::desc::{GpuDescriptor, GpuDtype};
+use crate::dtype::GpuDtype;
 use crate::error::{invalid, Result};
 
 /// Shared memory the generated kernels stay under: the static limit every
@@ -87,7 +87,8 @@ impl Tiling {
     /// The default for a problem: the largest of 128/64/32 that the problem
     /// fills in each dimension; warps own 64x32 (or 32x32) of C; as many
     /// stages (2..=4) as fit in 48 KiB.
-    pub fn heuristic(d: &GpuDescriptor) -> Tiling {
+    /// `m` x `n` is C's shape, `dtype` the operands' type.
+    pub fn heuristic(m: usize, n: usize, dtype: GpuDtype) -> Tiling {
         let pick = |x: usize| {
             if x > 64 {
                 128
@@ -97,7 +98,7 @@ impl Tiling {
                 32
             }
         };
-        let (bm, bn) = (pick(d.m), pick(d.n));
+        let (bm, bn) = (pick(m), pick(n));
         let warps_m = (bm / 64).max(1);
         let warps_n = (bn / 32).max(1);
         let mut t = Tiling {
@@ -108,10 +109,10 @@ impl Tiling {
             warps_n,
             stages: 4,
         };
-        while t.stages > 2 && t.shared_bytes(d.dtype) > SHARED_LIMIT {
+        while t.stages > 2 && t.shared_bytes(dtype) > SHARED_LIMIT {
             t.stages -= 1;
         }
-        if t.shared_bytes(d.dtype) > SHARED_LIMIT {
+        if t.shared_bytes(dtype) > SHARED_LIMIT {
             t.bk = 16;
         }
         t

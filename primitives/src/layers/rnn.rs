@@ -185,7 +185,7 @@ impl std::fmt::Debug for Rnn {
     }
 }
 
-use crate::rnn_cell;
+use super::rnn_cell;
 
 impl RnnState {
     /// h_1 .. h_T (`T*Np x K`).

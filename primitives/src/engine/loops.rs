@@ -135,15 +135,18 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    /// `BRGEMM_SCHEDULE` (`static` or `steal`), else [`Schedule::Steal`].
+    /// `BRGEMM_SCHEDULE` (`static` or `steal`), else [`Schedule::Steal`]:
+    /// the default of every nest, read once per process.
     ///
     /// # Errors
     /// If the variable is set to anything else.
     pub fn from_env() -> Result<Schedule> {
-        match std::env::var("BRGEMM_SCHEDULE") {
+        static S: std::sync::OnceLock<Result<Schedule>> = std::sync::OnceLock::new();
+        S.get_or_init(|| match std::env::var("BRGEMM_SCHEDULE") {
             Err(_) => Ok(Schedule::Steal),
             Ok(v) => Self::from_env_value(&v),
-        }
+        })
+        .clone()
     }
 
     fn from_env_value(v: &str) -> Result<Schedule> {

@@ -1,0 +1,9 @@
+//! What training needs beyond the layers: the loss, the optimizers,
+//! initialisation, the non-finite guard, model files and tuning files.
+
+pub mod guard;
+pub mod init;
+pub mod loss;
+pub mod modelfile;
+pub mod optim;
+pub mod tuning;
