@@ -44,7 +44,7 @@ mod gpu_bench;
 mod fill;
 use brgemm::{peak, BatchForm, Isa, Kernel, KernelOptions, RegisterTile};
 use brgemm_primitives::Pool;
-use fill::fill;
+use fill::{fill, LstmData};
 use std::collections::HashMap;
 use std::time::Duration;
 use workload::{measure, measure_pool, BrgemmWorkload, Measured, Probes};
@@ -506,16 +506,7 @@ fn bench_lstm(o: &Opts) {
     ] {
         let rnn = Rnn::new(CellKind::Lstm, t, n, c, k).expect("plan");
         let tn = rnn.tuning().clone();
-        let mut x = rnn.x_layout();
-        fill(x.data_mut(), 7, 8.0);
-        let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
-        fill(w.data_mut(), 5, 64.0);
-        fill(r.data_mut(), 3, 64.0);
-        let bias = vec![0.0f32; rnn.bias_len()];
-        let mut dh = rnn.h_layout();
-        fill(dh.data_mut(), 3, 4.0);
-        let mut st = rnn.state();
-        let mut gr = rnn.grads();
+        let mut d = LstmData::new(&rnn);
         for threads in [1usize, 2] {
             let pool = Pool::new(threads).expect("pool");
             let line = |pass: &str, flops: f64, m: &Measured, sp: Option<f64>| {
@@ -531,7 +522,7 @@ fn bench_lstm(o: &Opts) {
             };
             let m = measure_pool(
                 || {
-                    rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
+                    rnn.forward(&pool, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
                         .unwrap()
                 },
                 &pool,
@@ -539,18 +530,22 @@ fn bench_lstm(o: &Opts) {
                 samples,
             );
             let sp = scaling(threads, &pool, &probe, samples, |p| {
-                rnn.forward(p, &x, &w, &r, &bias, None, None, &mut st)
+                rnn.forward(p, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
                     .unwrap()
             });
             line("fwd", rnn.flops(), &m, sp);
             let m = measure_pool(
-                || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
+                || {
+                    rnn.backward(&pool, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
+                        .unwrap()
+                },
                 &pool,
                 &probe,
                 samples,
             );
             let sp = scaling(threads, &pool, &probe, samples, |p| {
-                rnn.backward(p, &dh, &x, &w, &r, &st, &mut gr).unwrap()
+                rnn.backward(p, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
+                    .unwrap()
             });
             line("bwd_upd", 2.0 * rnn.flops(), &m, sp);
         }

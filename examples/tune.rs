@@ -48,7 +48,7 @@ use brgemm::Isa;
 use brgemm_primitives::tuning::{load as load_tuning, TunedFc};
 use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Fc, FcTuning, Pool};
-use fill::fill;
+use fill::{fill, LstmData};
 use plotters::prelude::*;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -156,6 +156,42 @@ struct Row {
     pct: f64,
     /// Median over the samples of the share of the L1 tile ceiling.
     pct_tile: f64,
+}
+
+/// `pass`'s rows, best first (by share of the L1 tile ceiling).
+fn ranked<'a>(rows: &'a [Row], pass: &str) -> Vec<&'a Row> {
+    let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
+    r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
+    r
+}
+
+/// Prints the `top` best rows of `pass` under `label` (`first`: the name of
+/// the first block column) and returns all of them, best first.
+fn print_ranked<'a>(
+    rows: &'a [Row],
+    pass: &str,
+    label: &str,
+    first: &str,
+    top: usize,
+) -> Vec<&'a Row> {
+    let r = ranked(rows, pass);
+    println!("\n{label}: rank  {first}  bc  bk  spec    chunk   ms      GFLOP/s  %peak  %tile");
+    for (i, x) in r.iter().take(top).enumerate() {
+        println!(
+            "     {:4}  {:3} {:3} {:3}  {:6}  {:5}  {:7.3}  {:7.1}  {:5.1}  {:5.1}",
+            i + 1,
+            x.bn,
+            x.bc,
+            x.bk,
+            x.spec,
+            x.chunk,
+            x.secs * 1e3,
+            x.gflops,
+            x.pct,
+            x.pct_tile
+        );
+    }
+    r
 }
 
 fn main() {
@@ -290,24 +326,7 @@ fn tune_fc(args: &[String]) {
 
     // Ranked table per pass.
     for pass in ["fwd", "bwd", "upd"] {
-        let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
-        println!("\n{pass}: rank  bn  bc  bk  spec  chunk   ms      GFLOP/s  %peak  %tile");
-        for (i, x) in r.iter().take(10).enumerate() {
-            println!(
-                "     {:4}  {:3} {:3} {:3}  {:4}  {:5}  {:7.3}  {:7.1}  {:5.1}  {:5.1}",
-                i + 1,
-                x.bn,
-                x.bc,
-                x.bk,
-                x.spec,
-                x.chunk,
-                x.secs * 1e3,
-                x.gflops,
-                x.pct,
-                x.pct_tile
-            );
-        }
+        print_ranked(&rows, pass, pass, "bn", 10);
     }
 
     let stem = format!("tune_fc_n{n}_c{c}_k{k}_t{threads}");
@@ -527,24 +546,7 @@ fn tune_conv(args: &[String]) {
     eprintln!();
     let mut best = heur.clone();
     for pass in ["fwd", "bwd", "upd"] {
-        let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
-        println!("\n{pass}: rank  bq  bc  bk  spec    chunk   ms      GFLOP/s  %peak  %tile");
-        for (i, x) in r.iter().take(8).enumerate() {
-            println!(
-                "     {:4}  {:3} {:3} {:3}  {:6}  {:5}  {:7.3}  {:7.1}  {:5.1}  {:5.1}",
-                i + 1,
-                x.bn,
-                x.bc,
-                x.bk,
-                x.spec,
-                x.chunk,
-                x.secs * 1e3,
-                x.gflops,
-                x.pct,
-                x.pct_tile
-            );
-        }
+        let r = print_ranked(&rows, pass, pass, "bq", 8);
         if let Some(top) = r.first() {
             if pass == "fwd" {
                 (best.bc, best.bk, best.bq) = (top.bc, top.bk, top.bn);
@@ -617,20 +619,11 @@ fn tune_lstm(args: &[String]) {
                 let Ok(rnn) = Rnn::with_tuning(CellKind::Lstm, t, n, c, k, tt) else {
                     continue;
                 };
-                let mut x = rnn.x_layout();
-                fill(x.data_mut(), 7, 8.0);
-                let (mut w, mut r) = (rnn.w_layout(), rnn.r_layout());
-                fill(w.data_mut(), 5, 64.0);
-                fill(r.data_mut(), 3, 64.0);
-                let bias = vec![0.0f32; rnn.bias_len()];
-                let mut dh = rnn.h_layout();
-                fill(dh.data_mut(), 3, 4.0);
-                let mut st = rnn.state();
-                let mut gr = rnn.grads();
+                let mut d = LstmData::new(&rnn);
                 let samples = if quick { 3 } else { 5 };
                 let ft = measure_pool(
                     || {
-                        rnn.forward(&pool, &x, &w, &r, &bias, None, None, &mut st)
+                        rnn.forward(&pool, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
                             .unwrap()
                     },
                     &pool,
@@ -638,7 +631,10 @@ fn tune_lstm(args: &[String]) {
                     samples,
                 );
                 let bt = measure_pool(
-                    || rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
+                    || {
+                        rnn.backward(&pool, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
+                            .unwrap()
+                    },
                     &pool,
                     &probes,
                     samples,
@@ -673,23 +669,7 @@ fn tune_lstm(args: &[String]) {
     eprintln!();
     let mut best = heur.clone();
     for (pass, label) in [("fwd", "fwd"), ("bwd_upd", "bwd+upd")] {
-        let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
-        println!("\n{label}: rank  bn  bc  bk  spec   ms      GFLOP/s  %peak  %tile");
-        for (i, x) in r.iter().take(8).enumerate() {
-            println!(
-                "     {:4}  {:3} {:3} {:3}  {:4}  {:8.3}  {:7.1}  {:5.1}  {:5.1}",
-                i + 1,
-                x.bn,
-                x.bc,
-                x.bk,
-                x.spec,
-                x.secs * 1e3,
-                x.gflops,
-                x.pct,
-                x.pct_tile
-            );
-        }
+        let r = print_ranked(&rows, pass, label, "bn", 8);
         if let Some(top) = r.first() {
             if pass == "fwd" {
                 (best.bn, best.bk) = (top.bn, top.bk);
@@ -752,9 +732,7 @@ fn chart(path: &std::path::Path, rows: &[Row], peak: f64, title: &str) {
     }
     let mut sorted: Vec<&Row> = vec![];
     for &pass in &passes {
-        let mut r: Vec<&Row> = rows.iter().filter(|r| r.pass == pass).collect();
-        r.sort_by(|a, b| b.pct_tile.total_cmp(&a.pct_tile));
-        sorted.extend(r);
+        sorted.extend(ranked(rows, pass));
     }
     let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
     root.fill(&WHITE).unwrap();

@@ -3,7 +3,7 @@
 use crate::data::Dataset;
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{FcTuning, LayerSpec, Mlp, Pool, Result};
+use brgemm_primitives::{FcTuning, LayerSpec, Mlp, Pool, Result, Trainable};
 use std::time::Instant;
 
 /// What to train, and how.
@@ -192,35 +192,10 @@ pub(crate) fn run_epochs<M, E>(
     Ok(())
 }
 
-/// A CPU model the training loops step: its gradient norm for the guard,
-/// and its optimizer step.
-pub(crate) trait Guarded {
-    fn gradient_norm(&self) -> f64;
-    fn apply_gradients(&mut self, opt: &Optimizer);
-}
-
-macro_rules! guarded {
-    ($($t:ty),*) => {$(
-        impl Guarded for $t {
-            fn gradient_norm(&self) -> f64 {
-                <$t>::gradient_norm(self)
-            }
-            fn apply_gradients(&mut self, opt: &Optimizer) {
-                <$t>::apply_gradients(self, opt)
-            }
-        }
-    )*};
-}
-guarded!(
-    Mlp,
-    brgemm_primitives::Cnn,
-    brgemm_primitives::SeqClassifier
-);
-
 /// One checked step: `compute` the gradients, then (unless `check` is off)
 /// the non-finite guard, which stops before the optimizer touches the
 /// weights, then the optimizer. Shared by the CPU training loops.
-pub(crate) fn guarded_step<M: Guarded>(
+pub(crate) fn guarded_step<M: Trainable>(
     m: &mut M,
     (check, index): (bool, u64),
     opt: &Optimizer,

@@ -5,6 +5,7 @@ mod common;
 use brgemm::Activation;
 use brgemm_gpu::{Device, GpuDtype, GpuFc, GpuMlp};
 use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Trainable;
 use brgemm_primitives::{LayerSpec, Mlp, Pool};
 use common::*;
 

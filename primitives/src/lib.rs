@@ -66,6 +66,7 @@ pub use layout::{Blocked, Inner};
 pub use loops::{LoopDef, LoopNest, Schedule};
 pub use model::{LayerSpec, Mlp};
 pub use modelfile::ModelFile;
+pub use models::Trainable;
 pub use norm::BatchNorm;
 pub use optim::Optimizer;
 pub use pass::PassConfig;

@@ -8,6 +8,7 @@ use brgemm_primitives::{
 };
 
 mod common;
+use brgemm_primitives::Trainable;
 use common::data;
 
 /// sum(g * y) in f64.

@@ -6,6 +6,7 @@ use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::{Activation, Fc, FcTuning, LayerSpec, Mlp, Optimizer, Pool};
 
 mod common;
+use brgemm_primitives::Trainable;
 use common::data;
 
 fn round(v: &[f32]) -> Vec<f64> {

@@ -3,6 +3,7 @@
 
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Trainable;
 use brgemm_primitives::{Activation, Blocked, Inner, LayerSpec, Mlp, ModelFile, Pool};
 
 fn setup(acts: [Activation; 3]) -> (Mlp, Blocked, Vec<usize>) {

@@ -3,6 +3,7 @@
 
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::modelfile;
+use brgemm_primitives::Trainable;
 use brgemm_primitives::{
     Activation, CellKind, Cnn, CnnSpec, LayerSpec, Mlp, ModelFile, Optimizer, Pool, SeqClassifier,
     SeqSpec, StageSpec,

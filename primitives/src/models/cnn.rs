@@ -418,19 +418,6 @@ impl Cnn {
         self.mlp.apply_gradients(opt);
     }
 
-    /// One training step; returns the loss.
-    pub fn train_step(
-        &mut self,
-        pool: &Pool,
-        x: &Tensor4,
-        labels: &[usize],
-        opt: &Optimizer,
-    ) -> Result<f32> {
-        let loss = self.compute_gradients(pool, x, labels)?;
-        self.apply_gradients(opt);
-        Ok(loss)
-    }
-
     /// Input (channels, height, width).
     pub fn input_dims(&self) -> (usize, usize, usize) {
         self.spec.input

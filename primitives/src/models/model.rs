@@ -365,19 +365,6 @@ impl Mlp {
         crate::guard::norm(self.layers.iter().flat_map(|l| [&l.dw.data[..], &l.db[..]]))
     }
 
-    /// One training step: gradients, then the optimizer. Returns the loss.
-    pub fn train_step(
-        &mut self,
-        pool: &Pool,
-        x: &Blocked,
-        labels: &[usize],
-        opt: &Optimizer,
-    ) -> Result<f32> {
-        let loss = self.compute_gradients(pool, x, labels)?;
-        self.apply_gradients(opt);
-        Ok(loss)
-    }
-
     /// Predicted classes of the first `rows` rows of `x`.
     pub fn predict(&mut self, pool: &Pool, x: &Blocked, rows: usize) -> Result<Vec<usize>> {
         let logits = self.forward(pool, x)?;

@@ -343,19 +343,6 @@ impl SeqClassifier {
         let head = self.mlp.gradient_norm();
         (crate::guard::norm(rnn).powi(2) + head * head).sqrt()
     }
-
-    /// One training step; returns the loss.
-    pub fn train_step(
-        &mut self,
-        pool: &Pool,
-        x: &Blocked,
-        labels: &[usize],
-        opt: &Optimizer,
-    ) -> Result<f32> {
-        let loss = self.compute_gradients(pool, x, labels)?;
-        self.apply_gradients(opt);
-        Ok(loss)
-    }
 }
 
 impl SeqSpec {
