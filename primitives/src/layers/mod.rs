@@ -10,4 +10,3 @@ pub mod fc_bf16;
 pub mod norm;
 pub mod pool2d;
 pub mod rnn;
-mod rnn_cell;

@@ -38,7 +38,7 @@
 //! two phases per step `d`), so a whole sequence is one hand-off to the pool
 //! with a barrier between steps rather than one hand-off per step.
 
-use crate::error::{check_buf, shape, Result};
+use crate::error::{shape, Result};
 use crate::fc::{Fc, FcTuning};
 use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
@@ -46,6 +46,9 @@ use crate::pass::PassConfig;
 use crate::threads::Pool;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Kernel, RawBatch};
 use std::sync::Arc;
+
+mod cell;
+mod io;
 
 /// Which recurrent cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -184,8 +187,6 @@ impl std::fmt::Debug for Rnn {
             .finish()
     }
 }
-
-use super::rnn_cell;
 
 impl RnnState {
     /// h_1 .. h_T (`T*Np x K`).
@@ -371,142 +372,6 @@ impl Rnn {
     pub fn flops(&self) -> f64 {
         2.0 * (self.t * self.n * self.kind.gates() * self.k * (self.c + self.k)) as f64
     }
-
-    fn seq(&self, cols: usize, bc: usize) -> Blocked {
-        Blocked::zeros(
-            self.t * self.padded_n(),
-            cols,
-            self.tuning.bn,
-            bc,
-            Inner::RowMajor,
-        )
-        .unwrap()
-    }
-    /// A zero input sequence (`T*Np x C`).
-    pub fn x_layout(&self) -> Blocked {
-        self.seq(self.c, self.tuning.bc)
-    }
-    /// A zero hidden sequence (`T*Np x K`), also the output gradient.
-    pub fn h_layout(&self) -> Blocked {
-        self.seq(self.k, self.tuning.bk)
-    }
-    /// A zero state (`Np x K`): h_0, c_0 and their gradients.
-    pub fn state_layout(&self) -> Blocked {
-        Blocked::zeros(
-            self.padded_n(),
-            self.k,
-            self.tuning.bn,
-            self.tuning.bk,
-            Inner::RowMajor,
-        )
-        .unwrap()
-    }
-    /// Zero input weights W (`g*Kp x C`, gates stacked).
-    pub fn w_layout(&self) -> Blocked {
-        self.input.w_layout()
-    }
-    /// Zero recurrent weights R (`g*Kp x K`, gates stacked).
-    pub fn r_layout(&self) -> Blocked {
-        self.recur.w_layout()
-    }
-    /// Writes the plain `[T][N][cols]` sequence `plain` into `seq` (a
-    /// buffer of [`Rnn::x_layout`] or [`Rnn::h_layout`]).
-    pub fn set_sequence(&self, seq: &mut Blocked, plain: &[f32]) -> Result<()> {
-        let cols = seq.cols;
-        check_buf("plain sequence", plain.len(), self.t * self.n * cols)?;
-        let np = self.padded_n();
-        for t in 0..self.t {
-            for n in 0..self.n {
-                for c in 0..cols {
-                    let i = seq.index(t * np + n, c);
-                    seq.data[i] = plain[(t * self.n + n) * cols + c];
-                }
-            }
-        }
-        Ok(())
-    }
-    /// The plain `[T][N][cols]` sequence of `seq`.
-    pub fn sequence(&self, seq: &Blocked) -> Vec<f32> {
-        let (np, cols) = (self.padded_n(), seq.cols);
-        let mut out = vec![0.0; self.t * self.n * cols];
-        for t in 0..self.t {
-            for n in 0..self.n {
-                for c in 0..cols {
-                    out[(t * self.n + n) * cols + c] = seq.data[seq.index(t * np + n, c)];
-                }
-            }
-        }
-        out
-    }
-    /// Sets gate `gate`'s block of a stacked weight matrix (W or R) from a
-    /// plain row-major `[K][cols]` matrix.
-    pub fn set_gate_weights(&self, w: &mut Blocked, gate: usize, plain: &[f32]) -> Result<()> {
-        if gate >= self.kind.gates() {
-            return Err(shape(
-                "gate",
-                gate,
-                format!("a {:?} cell has {} gates", self.kind, self.kind.gates()),
-            ));
-        }
-        check_buf("plain gate weights", plain.len(), self.k * w.cols)?;
-        let kp = self.padded_k();
-        for r in 0..self.k {
-            for c in 0..w.cols {
-                let i = w.index(gate * kp + r, c);
-                w.data[i] = plain[r * w.cols + c];
-            }
-        }
-        Ok(())
-    }
-    /// Gate `gate`'s block of a stacked weight matrix as plain `[K][cols]`.
-    pub fn gate_weights(&self, w: &Blocked, gate: usize) -> Vec<f32> {
-        let kp = self.padded_k();
-        let mut out = vec![0.0; self.k * w.cols];
-        for r in 0..self.k {
-            for c in 0..w.cols {
-                out[r * w.cols + c] = w.data[w.index(gate * kp + r, c)];
-            }
-        }
-        out
-    }
-
-    /// Buffers for [`Rnn::forward`].
-    pub fn state(&self) -> RnnState {
-        RnnState {
-            h: self.h_layout(),
-            h_prev: self.h_layout(),
-            c: match self.kind {
-                CellKind::Lstm => Blocked::zeros(
-                    (self.t + 1) * self.padded_n(),
-                    self.k,
-                    self.tuning.bn,
-                    self.tuning.bk,
-                    Inner::RowMajor,
-                )
-                .unwrap(),
-                CellKind::Rnn => Blocked::zeros(1, 1, 1, 1, Inner::RowMajor).unwrap(),
-            },
-            gates: self.input.y_layout(),
-        }
-    }
-
-    /// Buffers for [`Rnn::backward`].
-    pub fn grads(&self) -> RnnGrads {
-        RnnGrads {
-            dx: self.x_layout(),
-            dw: self.w_layout(),
-            dr: self.r_layout(),
-            db: vec![0.0; self.bias_len()],
-            dh0: self.state_layout(),
-            dc0: self.state_layout(),
-            dg: self.input.y_layout(),
-            dh: self.h_layout(),
-            rt: self.recur.wt_layout(),
-            wt: self.input.wt_layout(),
-            db_r: vec![0.0; self.bias_len()],
-        }
-    }
-
     fn check(&self, what: &str, b: &Blocked, want: Shape) -> Result<()> {
         check_shape(what, b, want)
     }
@@ -631,7 +496,7 @@ impl Rnn {
                 let hout = std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
                 match self.kind {
                     CellKind::Rnn => {
-                        rnn_cell::rnn_fwd(std::slice::from_raw_parts_mut(gate(0), blk), hout)
+                        cell::rnn_fwd(std::slice::from_raw_parts_mut(gate(0), blk), hout)
                     }
                     CellKind::Lstm => {
                         let cprev =
@@ -640,7 +505,7 @@ impl Rnn {
                             cp.get().add(((row + nb) * kb + ki) * blk),
                             blk,
                         );
-                        rnn_cell::lstm_fwd(
+                        cell::lstm_fwd(
                             std::slice::from_raw_parts_mut(gate(0), blk),
                             std::slice::from_raw_parts_mut(gate(1), blk),
                             std::slice::from_raw_parts_mut(gate(2), blk),
@@ -731,13 +596,13 @@ impl Rnn {
                     let dgate =
                         |j: usize| std::slice::from_raw_parts_mut(dgp.get().add(off(j)), blk);
                     match self.kind {
-                        CellKind::Rnn => rnn_cell::rnn_bwd(&gt[off(0)..][..blk], dht, dgate(0)),
+                        CellKind::Rnn => cell::rnn_bwd(&gt[off(0)..][..blk], dht, dgate(0)),
                         CellKind::Lstm => {
                             let dc = std::slice::from_raw_parts_mut(
                                 dcp.get().add((ni * kb + ki) * blk),
                                 blk,
                             );
-                            let kept = rnn_cell::LstmKept {
+                            let kept = cell::LstmKept {
                                 gi: &gt[off(0)..][..blk],
                                 gf: &gt[off(1)..][..blk],
                                 gc: &gt[off(2)..][..blk],
@@ -745,13 +610,13 @@ impl Rnn {
                                 cnow: &st.c.data[((row + nb) * kb + ki) * blk..][..blk],
                                 cprev: &st.c.data[(row * kb + ki) * blk..][..blk],
                             };
-                            let mut grads = rnn_cell::LstmGateGrads {
+                            let mut grads = cell::LstmGateGrads {
                                 di: dgate(0),
                                 df: dgate(1),
                                 dc: dgate(2),
                                 dout: dgate(3),
                             };
-                            rnn_cell::lstm_bwd(&kept, dht, dc, &mut grads);
+                            cell::lstm_bwd(&kept, dht, dc, &mut grads);
                         }
                     }
                 }

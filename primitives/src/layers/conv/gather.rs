@@ -1,0 +1,206 @@
+//! The gather passes: forward, and backward-data at stride 1, as BRGEMMs
+//! over input-channel blocks and filter taps (the offset batch form).
+
+use crate::error::Result;
+use crate::layout::SyncPtr;
+use crate::loops::{LoopDef, LoopNest};
+use crate::pass::{Chunked, PassConfig};
+use crate::threads::Pool;
+use brgemm::{AlignedVec, BatchForm, Descriptor, Epilogue, RawBatch};
+use std::sync::Mutex;
+
+use super::{nest, pad_into};
+
+/// Geometry of a gather pass: a forward convolution from `in_blocks` blocks
+/// of `bi` channels to `out_blocks` blocks of `bo` channels.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GatherGeom {
+    pub(super) n: usize,
+    pub(super) in_blocks: usize,
+    pub(super) out_blocks: usize,
+    pub(super) bi: usize,
+    pub(super) bo: usize,
+    pub(super) h: usize,
+    pub(super) w: usize,
+    pub(super) ph: usize,
+    pub(super) pw: usize,
+    pub(super) p: usize,
+    pub(super) q: usize,
+    pub(super) r: usize,
+    pub(super) s: usize,
+    pub(super) stride: usize,
+    pub(super) dil: usize,
+    pub(super) bq: usize,
+    pub(super) flip: bool,
+}
+
+/// Prefetch of the gather passes' kernels: where the CPU policy prefetches
+/// from L2, the next pair's input rows, or for a single-pair call the next
+/// output block (docs/tuning-notes.md).
+fn gather_prefetch() -> brgemm::Prefetch {
+    brgemm::Policy::prefetch_if(crate::policy().stream_prefetch == brgemm::StreamPrefetch::BeyondL1)
+}
+
+/// The register tile of gather calls that are a single pair producing
+/// 64-channel output columns, where the CPU policy names one.
+fn single_pair_tile(bo: usize, pairs: usize) -> Option<brgemm::RegisterTile> {
+    crate::policy()
+        .single_pair_tile()
+        .filter(|_| pairs == 1 && bo == 64)
+}
+
+/// A planned gather pass (forward, and backward-data at stride 1).
+pub(super) struct Gather {
+    pub(super) g: GatherGeom,
+    pub(super) nest: LoopNest,
+    pub(super) main: Chunked,
+    pub(super) tail: Option<Chunked>,
+    pub(super) chunk: usize,
+    pub(super) a_off: Vec<usize>,
+    pub(super) b_off: Vec<usize>,
+    pub(super) scratch: Mutex<AlignedVec<f32>>,
+}
+
+impl Gather {
+    pub(super) fn new(
+        which: &str,
+        g: GatherGeom,
+        cfg: &PassConfig,
+        ep: Epilogue,
+    ) -> Result<Gather> {
+        let chunk = if cfg.chunk == 0 {
+            g.in_blocks
+        } else {
+            cfg.chunk.min(g.in_blocks)
+        };
+        let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
+        let g = GatherGeom {
+            bq: g.bq.min(g.q),
+            ..g
+        };
+        let nqb = g.q.div_ceil(g.bq);
+        let nest = nest(
+            which,
+            vec![
+                LoopDef::new("images", g.n, 1),
+                LoopDef::new("output blocks", g.out_blocks, 1),
+                LoopDef::new("output rows", g.p, 1),
+                LoopDef::new("pixel blocks", nqb, 1),
+                LoopDef::new("input-block chunks", g.in_blocks, chunk).reduction(),
+            ],
+            cfg,
+        )?;
+        let desc = |n| {
+            Descriptor::new(g.bo, n, g.bi)
+                .ldb(g.stride * g.bi)
+                .batch_form(BatchForm::Offset)
+                .prefetch(gather_prefetch())
+        };
+        let tile = single_pair_tile(g.bo, chunk * g.r * g.s);
+        let main = Chunked::with_tile(desc(g.bq), ep, tile)?;
+        let tail = (!g.q.is_multiple_of(g.bq))
+            .then(|| Chunked::with_tile(desc(g.q % g.bq), ep, tile))
+            .transpose()?;
+        let (mut a_off, mut b_off) = (vec![], vec![]);
+        for cb in 0..chunk {
+            for r in 0..g.r {
+                for s in 0..g.s {
+                    let (ra, sa) = if g.flip {
+                        (g.r - 1 - r, g.s - 1 - s)
+                    } else {
+                        (r, s)
+                    };
+                    a_off.push(((cb * g.r + ra) * g.s + sa) * g.bi * g.bo);
+                    b_off.push(cb * hp * wp * g.bi + (r * wp + s) * g.dil * g.bi);
+                }
+            }
+        }
+        Ok(Gather {
+            g,
+            nest,
+            main,
+            tail,
+            chunk,
+            a_off,
+            b_off,
+            scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
+        })
+    }
+
+    /// y = conv(x, a) (+ bias, activation by the kernels' epilogue). Sizes
+    /// were checked by the caller.
+    pub(super) fn run(
+        &self,
+        pool: &Pool,
+        x: &[f32],
+        a: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) {
+        let g = self.g;
+        let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
+        let mut guard;
+        let xs: &[f32] = if g.ph == 0 && g.pw == 0 {
+            x
+        } else {
+            guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+            guard.resize(g.n * g.in_blocks * hp * wp * g.bi, 0.0);
+            pad_into(
+                pool,
+                x,
+                g.n * g.in_blocks,
+                (g.h, g.w, g.bi),
+                (g.ph, g.pw),
+                &mut guard,
+            );
+            &guard[..]
+        };
+        let (xp, ap) = (xs.as_ptr() as usize, a.as_ptr() as usize);
+        let bp = bias.map_or(0, |b| b.as_ptr() as usize);
+        let plane = g.p * g.q * g.bo;
+        let yp = SyncPtr(y.as_mut_ptr());
+        let rs = g.r * g.s;
+        self.nest.run(pool, |i| {
+            let (ni, ob, pr, qb, c0) = (i[0], i[1], i[2], i[3], i[4]);
+            let q0 = qb * g.bq;
+            let cnt = self.chunk.min(g.in_blocks - c0);
+            let ks = if q0 + g.bq <= g.q {
+                &self.main
+            } else {
+                self.tail.as_ref().unwrap()
+            };
+            let a = (ap as *const f32).wrapping_add((ob * g.in_blocks + c0) * rs * g.bi * g.bo);
+            let b = (xp as *const f32).wrapping_add(
+                ((ni * g.in_blocks + c0) * hp * wp + pr * g.stride * wp + q0 * g.stride) * g.bi,
+            );
+            let bias = if bp == 0 {
+                std::ptr::null()
+            } else {
+                (bp as *const f32).wrapping_add(ob * g.bo)
+            };
+            // SAFETY: buffer sizes were checked at the public entry; the
+            // offsets stay inside the padded input and the filter; the
+            // output block (ni, ob, pr, qb) belongs to one thread. The next
+            // block (the next item of the default orders) is only prefetched,
+            // and may lie past y's end.
+            unsafe {
+                let c = yp
+                    .get()
+                    .add((ni * g.out_blocks + ob) * plane + (pr * g.q + q0) * g.bo);
+                ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw_ahead(
+                    RawBatch::Offset {
+                        a,
+                        b,
+                        a_offs: self.a_off.as_ptr(),
+                        b_offs: self.b_off.as_ptr(),
+                        count: cnt * rs,
+                    },
+                    c,
+                    bias,
+                    c.wrapping_add(g.bq * g.bo),
+                    if cnt * rs == 1 { g.bq * g.bo } else { 0 },
+                )
+            };
+        });
+    }
+}
