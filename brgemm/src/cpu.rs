@@ -31,11 +31,10 @@ pub(crate) fn is_zen5() -> bool {
     false
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_arch = "x86_64", not(miri)))]
 mod tests {
     use super::*;
 
-    #[cfg(target_arch = "x86_64")]
     #[test]
     fn reads_a_known_vendor() {
         let (v, family) = vendor_family();
