@@ -74,6 +74,21 @@ macro_rules! storage_accessors {
 }
 pub(crate) use storage_accessors;
 
+/// A tensor type: private `usize` shape fields with [`getters`], and its
+/// storage (`data`, sized by the constructors) behind [`storage_accessors`].
+macro_rules! tensor_type {
+    ($(#[$m:meta])* $name:ident { $($field:ident: $doc:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct $name {
+            $(pub(crate) $field: usize,)*
+            pub(crate) data: brgemm::AlignedVec<f32>,
+        }
+        crate::layout::storage_accessors!($name { $($field: $doc),* });
+    };
+}
+pub(crate) use tensor_type;
+
 /// A blocked, zero-padded matrix.
 ///
 /// Shape and storage are private: a `Blocked` is made only by its

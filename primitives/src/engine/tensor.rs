@@ -16,41 +16,27 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::threads::Pool;
-use brgemm::{aligned_vec, AlignedVec};
+use brgemm::aligned_vec;
 
-/// A blocked activation tensor `[N][C/bc][H][W][bc]`.
-///
-/// Shape and storage are private (see [`Blocked`](crate::Blocked)): the
-/// constructors size the buffer.
-///
-/// ```compile_fail
-/// use brgemm_primitives::Tensor4;
-/// let mut t = Tensor4::zeros(1, 4, 2, 2, 4).unwrap();
-/// t.data = brgemm::aligned_vec(1, 0.0);
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tensor4 {
-    /// Minibatch.
-    pub(crate) n: usize,
-    /// Channels (logical).
-    pub(crate) c: usize,
-    /// Height.
-    pub(crate) h: usize,
-    /// Width.
-    pub(crate) w: usize,
-    /// Channel block.
-    pub(crate) bc: usize,
-    /// `n * ceil(c/bc) * h * w * bc` elements.
-    pub(crate) data: AlignedVec<f32>,
+crate::layout::tensor_type! {
+    /// A blocked activation tensor `[N][C/bc][H][W][bc]`.
+    ///
+    /// Shape and storage are private (see [`Blocked`](crate::Blocked)): the
+    /// constructors size the buffer.
+    ///
+    /// ```compile_fail
+    /// use brgemm_primitives::Tensor4;
+    /// let mut t = Tensor4::zeros(1, 4, 2, 2, 4).unwrap();
+    /// t.data = brgemm::aligned_vec(1, 0.0);
+    /// ```
+    Tensor4 {
+        n: "Minibatch.",
+        c: "Channels (logical).",
+        h: "Height.",
+        w: "Width.",
+        bc: "Channel block.",
+    }
 }
-
-crate::layout::storage_accessors!(Tensor4 {
-    n: "Minibatch.",
-    c: "Channels (logical).",
-    h: "Height.",
-    w: "Width.",
-    bc: "Channel block.",
-});
 
 impl Tensor4 {
     /// A zero tensor.
@@ -159,41 +145,25 @@ pub(crate) fn par_images<F: Fn(usize, &mut [f32]) + Sync>(pool: &Pool, t: &mut T
     });
 }
 
-/// A blocked filter `[K/bk][C/bc][R][S][bc][bk]`: K output and C input
-/// channels, R x S taps. Shape and storage are private, as in
-/// [`Tensor4`].
-///
-/// ```compile_fail
-/// use brgemm_primitives::Filter;
-/// let mut f = Filter::zeros(4, 4, 3, 3, 4, 4).unwrap();
-/// f.k = 1 << 20;
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct Filter {
-    /// Output channels.
-    pub(crate) k: usize,
-    /// Input channels.
-    pub(crate) c: usize,
-    /// Kernel height.
-    pub(crate) r: usize,
-    /// Kernel width.
-    pub(crate) s: usize,
-    /// Output-channel block (innermost).
-    pub(crate) bk: usize,
-    /// Input-channel block.
-    pub(crate) bc: usize,
-    /// `ceil(k/bk) * ceil(c/bc) * r * s * bc * bk` elements.
-    pub(crate) data: AlignedVec<f32>,
+crate::layout::tensor_type! {
+    /// A blocked filter `[K/bk][C/bc][R][S][bc][bk]`: K output and C input
+    /// channels, R x S taps. Shape and storage are private, as in
+    /// [`Tensor4`].
+    ///
+    /// ```compile_fail
+    /// use brgemm_primitives::Filter;
+    /// let mut f = Filter::zeros(4, 4, 3, 3, 4, 4).unwrap();
+    /// f.k = 1 << 20;
+    /// ```
+    Filter {
+        k: "Output channels.",
+        c: "Input channels.",
+        r: "Kernel height.",
+        s: "Kernel width.",
+        bk: "Output-channel block (innermost).",
+        bc: "Input-channel block.",
+    }
 }
-
-crate::layout::storage_accessors!(Filter {
-    k: "Output channels.",
-    c: "Input channels.",
-    r: "Kernel height.",
-    s: "Kernel width.",
-    bk: "Output-channel block (innermost).",
-    bc: "Input-channel block.",
-});
 
 impl Filter {
     /// A zero filter.
