@@ -24,6 +24,8 @@
 //! Run with `mpirun -np N` (as root add `--allow-run-as-root`; more ranks
 //! than cores need `--oversubscribe`).
 
+#![deny(missing_docs)]
+
 /// The rsmpi crate this one is built on (initialise with `mpi::initialize()`).
 pub use mpi;
 

@@ -39,6 +39,7 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(missing_docs)]
 pub mod codegen;
 mod cuda;
 mod desc;
