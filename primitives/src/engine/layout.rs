@@ -20,7 +20,7 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::threads::Pool;
-use brgemm::{aligned_vec, AlignedVec};
+use brgemm::aligned_vec;
 
 /// Element order inside a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -49,13 +49,20 @@ macro_rules! getters {
 }
 pub(crate) use getters;
 
-/// [`getters`] for a tensor's shape fields, and its storage as slices: the
-/// length of the buffer is fixed by the constructor, so safe code can change
-/// values but never hand a pass a buffer shorter than its shape.
-macro_rules! storage_accessors {
-    ($t:ty { $($field:ident: $doc:literal),* $(,)? }) => {
-        crate::layout::getters!($t { $($field: usize = $doc),* });
-        impl $t {
+/// A tensor type: private `Copy` shape fields with [`getters`], and its
+/// storage (`data`, sized by the constructors) as slices: the length of the
+/// buffer is fixed by the constructor, so safe code can change values but
+/// never hand a pass a buffer shorter than its shape.
+macro_rules! tensor_type {
+    ($(#[$m:meta])* $name:ident { $($field:ident: $ft:ty = $doc:literal),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct $name {
+            $(pub(crate) $field: $ft,)*
+            pub(crate) data: brgemm::AlignedVec<f32>,
+        }
+        crate::layout::getters!($name { $($field: $ft = $doc),* });
+        impl $name {
             /// The storage, padding included.
             #[inline]
             pub fn data(&self) -> &[f32] {
@@ -72,68 +79,35 @@ macro_rules! storage_accessors {
         }
     };
 }
-pub(crate) use storage_accessors;
-
-/// A tensor type: private `usize` shape fields with [`getters`], and its
-/// storage (`data`, sized by the constructors) behind [`storage_accessors`].
-macro_rules! tensor_type {
-    ($(#[$m:meta])* $name:ident { $($field:ident: $doc:literal),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, PartialEq)]
-        pub struct $name {
-            $(pub(crate) $field: usize,)*
-            pub(crate) data: brgemm::AlignedVec<f32>,
-        }
-        crate::layout::storage_accessors!($name { $($field: $doc),* });
-    };
-}
 pub(crate) use tensor_type;
 
-/// A blocked, zero-padded matrix.
-///
-/// Shape and storage are private: a `Blocked` is made only by its
-/// constructors, which size the buffer, so no safe call can hand a primitive
-/// a buffer shorter than the shape it declares.
-///
-/// ```compile_fail
-/// use brgemm_primitives::{Blocked, Inner};
-/// let mut b = Blocked::zeros(4, 4, 2, 2, Inner::RowMajor).unwrap();
-/// b.rows = 1 << 20; // private: the shape cannot be changed under the buffer
-/// ```
-/// ```compile_fail
-/// use brgemm_primitives::{Blocked, Inner};
-/// let mut b = Blocked::zeros(4, 4, 2, 2, Inner::RowMajor).unwrap();
-/// b.data = brgemm::aligned_vec(1, 0.0); // private: no shorter buffer
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct Blocked {
-    /// Logical rows.
-    pub(crate) rows: usize,
-    /// Logical columns.
-    pub(crate) cols: usize,
-    /// Rows per block.
-    pub(crate) br: usize,
-    /// Columns per block.
-    pub(crate) bc: usize,
-    /// Order inside a block.
-    pub(crate) inner: Inner,
-    /// `row_blocks * col_blocks * br * bc` elements.
-    pub(crate) data: AlignedVec<f32>,
+tensor_type! {
+    /// A blocked, zero-padded matrix.
+    ///
+    /// Shape and storage are private: a `Blocked` is made only by its
+    /// constructors, which size the buffer, so no safe call can hand a primitive
+    /// a buffer shorter than the shape it declares.
+    ///
+    /// ```compile_fail
+    /// use brgemm_primitives::{Blocked, Inner};
+    /// let mut b = Blocked::zeros(4, 4, 2, 2, Inner::RowMajor).unwrap();
+    /// b.rows = 1 << 20; // private: the shape cannot be changed under the buffer
+    /// ```
+    /// ```compile_fail
+    /// use brgemm_primitives::{Blocked, Inner};
+    /// let mut b = Blocked::zeros(4, 4, 2, 2, Inner::RowMajor).unwrap();
+    /// b.data = brgemm::aligned_vec(1, 0.0); // private: no shorter buffer
+    /// ```
+    Blocked {
+        rows: usize = "Logical rows.",
+        cols: usize = "Logical columns.",
+        br: usize = "Rows per block.",
+        bc: usize = "Columns per block.",
+        inner: Inner = "Order inside a block.",
+    }
 }
 
-storage_accessors!(Blocked {
-    rows: "Logical rows.",
-    cols: "Logical columns.",
-    br: "Rows per block.",
-    bc: "Columns per block.",
-});
-
 impl Blocked {
-    /// Order inside a block.
-    pub fn inner(&self) -> Inner {
-        self.inner
-    }
-
     /// A zero matrix.
     pub fn zeros(rows: usize, cols: usize, br: usize, bc: usize, inner: Inner) -> Result<Blocked> {
         for (what, v) in [

@@ -30,11 +30,11 @@ crate::layout::tensor_type! {
     /// t.data = brgemm::aligned_vec(1, 0.0);
     /// ```
     Tensor4 {
-        n: "Minibatch.",
-        c: "Channels (logical).",
-        h: "Height.",
-        w: "Width.",
-        bc: "Channel block.",
+        n: usize = "Minibatch.",
+        c: usize = "Channels (logical).",
+        h: usize = "Height.",
+        w: usize = "Width.",
+        bc: usize = "Channel block.",
     }
 }
 
@@ -156,12 +156,12 @@ crate::layout::tensor_type! {
     /// f.k = 1 << 20;
     /// ```
     Filter {
-        k: "Output channels.",
-        c: "Input channels.",
-        r: "Kernel height.",
-        s: "Kernel width.",
-        bk: "Output-channel block (innermost).",
-        bc: "Input-channel block.",
+        k: usize = "Output channels.",
+        c: usize = "Input channels.",
+        r: usize = "Kernel height.",
+        s: usize = "Kernel width.",
+        bk: usize = "Output-channel block (innermost).",
+        bc: usize = "Input-channel block.",
     }
 }
 
