@@ -535,11 +535,17 @@ impl ModelFile for Cnn {
         );
         let mut stages = vec![];
         for i in 0..get_size(&mut h, "stages", 1024)? {
+            let pool_at = |h: &mut Bytes| -> Result<usize> {
+                match h.u64().map_err(io)? {
+                    p if p <= dim as u64 => Ok(p as usize),
+                    p => Err(io(format!("stage {i} pool window {p} (0..={dim})"))),
+                }
+            };
             stages.push(StageSpec {
                 channels: get_size(&mut h, &format!("stage {i} channels"), dim)?,
                 kernel: get_size(&mut h, &format!("stage {i} kernel"), 64)?,
                 batchnorm: get_flag(&mut h, &format!("stage {i} batch norm"))?,
-                pool: h.u64().map_err(io)?.min(1 << 20) as usize,
+                pool: pool_at(&mut h)?,
             });
         }
         let (hidden, classes) = get_head(&mut h)?;
