@@ -192,23 +192,6 @@ pub(crate) fn run_epochs<M, E>(
     Ok(())
 }
 
-/// One checked step: `compute` the gradients, then (unless `check` is off)
-/// the non-finite guard, which stops before the optimizer touches the
-/// weights, then the optimizer. Shared by the CPU training loops.
-pub(crate) fn guarded_step<M: Trainable>(
-    m: &mut M,
-    (check, index): (bool, u64),
-    opt: &Optimizer,
-    compute: impl FnOnce(&mut M) -> Result<f32>,
-) -> Result<f32> {
-    let loss = compute(m)?;
-    if check {
-        brgemm_primitives::guard::check_step(index, loss, m.gradient_norm())?;
-    }
-    m.apply_gradients(opt);
-    Ok(loss)
-}
-
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
 /// every epoch. Returns the trained model.
 pub fn train(
@@ -242,9 +225,8 @@ pub fn train_model(
         plan,
         |m, chunk, index| {
             let labels = train.fill_batch(chunk, &mut x);
-            guarded_step(m, (cfg.check_finite, index), &cfg.optimizer, |m| {
-                m.compute_gradients(pool, &x, &labels)
-            })
+            let check = cfg.check_finite.then_some(index);
+            m.checked_step(pool, &x, &labels, &cfg.optimizer, check)
         },
         |m| accuracy(m, pool, test),
         &mut report,

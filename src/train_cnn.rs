@@ -3,6 +3,7 @@
 use crate::data::ImageSet;
 use crate::train::EpochReport;
 use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Trainable;
 use brgemm_primitives::{Cnn, CnnSpec, Pool, Result, StageSpec, Tensor4};
 
 /// What to train, and how.
@@ -142,10 +143,8 @@ pub fn train_model(
         plan,
         |m, chunk, index| {
             let labels = fill_images(train, chunk, &mut x);
-            let check = (cfg.check_finite, index);
-            crate::train::guarded_step(m, check, &cfg.optimizer, |m| {
-                m.compute_gradients(pool, &x, &labels)
-            })
+            let check = cfg.check_finite.then_some(index);
+            m.checked_step(pool, &x, &labels, &cfg.optimizer, check)
         },
         |m| accuracy(m, pool, test),
         &mut report,

@@ -4,6 +4,7 @@
 use crate::data::Dataset;
 use crate::train::EpochReport;
 use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Trainable;
 use brgemm_primitives::{Blocked, CellKind, Pool, Result, SeqClassifier, SeqSpec};
 
 /// What to train, and how.
@@ -163,10 +164,8 @@ pub fn train_model(
         plan,
         |m, chunk, index| {
             let labels = fill_sequences(m, train, chunk, &mut plain, &mut x)?;
-            let check = (cfg.check_finite, index);
-            crate::train::guarded_step(m, check, &cfg.optimizer, |m| {
-                m.compute_gradients(pool, &x, &labels)
-            })
+            let check = cfg.check_finite.then_some(index);
+            m.checked_step(pool, &x, &labels, &cfg.optimizer, check)
         },
         |m| accuracy(m, pool, test),
         &mut report,

@@ -33,7 +33,24 @@ pub trait Trainable {
         labels: &[usize],
         opt: &Optimizer,
     ) -> Result<f32> {
+        self.checked_step(pool, x, labels, opt, None)
+    }
+    /// [`Trainable::train_step`] with the non-finite guard when `step` is
+    /// given: a loss or gradient norm that is not finite stops with
+    /// [`crate::Error::NonFinite`] naming the step, before the optimizer
+    /// touches the weights ([`crate::guard::check_step`]).
+    fn checked_step(
+        &mut self,
+        pool: &Pool,
+        x: &Self::Input,
+        labels: &[usize],
+        opt: &Optimizer,
+        step: Option<u64>,
+    ) -> Result<f32> {
         let loss = self.compute_gradients(pool, x, labels)?;
+        if let Some(step) = step {
+            crate::guard::check_step(step, loss, self.gradient_norm())?;
+        }
         self.apply_gradients(opt);
         Ok(loss)
     }
