@@ -101,9 +101,13 @@ feats=(--workspace --features mpi,cuda)
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
+# The examples as programs, with the tests' profile and features (shared
+# deps): tests/examples_cli.rs runs them from target/debug/examples, which
+# `cargo test --all-targets` does not fill (it builds examples as tests).
+cargo build -q "${feats[@]}" --profile test --examples
+ex=target/debug/examples
+
 say "workspace tests, MPI included (required ISAs: $req)"
-# --all-targets builds the examples with these features before the tests
-# run; tests/examples_cli.rs then runs them as they are.
 BRGEMM_EXAMPLES_BUILT=1 cargo test "${feats[@]}" --all-targets
 cargo test "${feats[@]}" --doc
 cargo test "${feats[@]}" --all-targets --no-run --message-format=json -q > target/ci-test-binaries.json
@@ -141,10 +145,6 @@ PY
 
 say "API docs build without warnings (broken intra-doc links fail)"
 RUSTDOCFLAGS="-D warnings" cargo doc -q "${feats[@]}" --no-deps
-
-# The examples as programs, with the tests' profile and features (shared deps).
-cargo build -q "${feats[@]}" --profile test --examples
-ex=target/debug/examples
 
 say "train_mlp on the OpenCL device (the GPU code path, on PoCL)"
 out=$($ex/train_mlp --device opencl --epochs 10)
