@@ -208,6 +208,27 @@ fn main() {
     }
 }
 
+/// `spec`, written over (first output, second output, reduction) as
+/// `a`, `b`, `c`, in the FC letters of `pass` (a = N, b = K, c = C blocks;
+/// bwd reduces over b, upd over a).
+fn fc_letters(spec: &str, pass: &str) -> String {
+    let to = match pass {
+        "bwd" => ['a', 'c', 'b'],
+        "upd" => ['b', 'c', 'a'],
+        _ => ['a', 'b', 'c'],
+    };
+    spec.chars()
+        .map(|ch| {
+            let l = to[(ch.to_ascii_lowercase() as u8 - b'a') as usize];
+            if ch.is_ascii_uppercase() {
+                l.to_ascii_uppercase()
+            } else {
+                l
+            }
+        })
+        .collect()
+}
+
 fn tune_fc(args: &[String]) {
     let save = arg(args, "--save").map(std::path::PathBuf::from);
     let mut all = save.as_deref().map(saved_tunings).unwrap_or_default();
@@ -277,7 +298,7 @@ fn tune_fc(args: &[String]) {
                 done += 1;
                 let pc = PassConfig {
                     chunk,
-                    ..PassConfig::spec(spec)
+                    ..PassConfig::spec(&fc_letters(spec, pass))
                 };
                 let mut t = base.clone();
                 match pass {
@@ -308,7 +329,7 @@ fn tune_fc(args: &[String]) {
                     bn,
                     bc,
                     bk,
-                    spec: spec.into(),
+                    spec: fc_letters(spec, pass),
                     chunk,
                     secs,
                     gflops,
@@ -600,7 +621,8 @@ fn tune_lstm(args: &[String]) {
     eprintln!("lstm t={t} n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     let heur = RnnTuning::heuristic(n, c, k);
     let blocks: Vec<usize> = if quick { vec![0] } else { vec![0, 32, 64] };
-    let specs = ["AB", "BA", "aB", "Ab"];
+    // Steps (c) outermost; backward runs its two phases (d) inside them.
+    let specs = ["cAB", "cBA", "caB", "cAb"];
     let mut rows: Vec<Row> = vec![];
     let t0 = Instant::now();
     for &bn in &blocks {
@@ -611,9 +633,10 @@ fn tune_lstm(args: &[String]) {
                 ..heur.clone()
             };
             for spec in specs {
+                let bwd_spec = spec.replacen('c', "cd", 1);
                 let tt = RnnTuning {
                     fwd: PassConfig::spec(spec),
-                    bwd: PassConfig::spec(spec),
+                    bwd: PassConfig::spec(&bwd_spec),
                     ..tn.clone()
                 };
                 let Ok(rnn) = Rnn::with_tuning(CellKind::Lstm, t, n, c, k, tt) else {
@@ -639,9 +662,10 @@ fn tune_lstm(args: &[String]) {
                     &probes,
                     samples,
                 );
-                for (pass, tm, flops) in
-                    [("fwd", ft, rnn.flops()), ("bwd_upd", bt, 2.0 * rnn.flops())]
-                {
+                for (pass, tm, flops, spec) in [
+                    ("fwd", ft, rnn.flops(), spec),
+                    ("bwd_upd", bt, 2.0 * rnn.flops(), &bwd_spec[..]),
+                ] {
                     let secs = tm.secs;
                     let gflops = flops / secs / 1e9;
                     rows.push(Row {

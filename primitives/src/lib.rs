@@ -38,6 +38,7 @@ pub mod models;
 pub mod train;
 
 // The modules under their flat names too (the paths the API has always had).
+pub(crate) use engine::view;
 pub use engine::{layout, loops, tensor, threads};
 pub(crate) use engine::{math, pass};
 pub(crate) use layers::act;

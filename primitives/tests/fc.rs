@@ -188,8 +188,8 @@ proptest! {
         act in act_strategy(),
         seed in any::<u64>(),
     ) {
-        let pass = PassConfig { chunk, ..PassConfig::spec("ABc") };
-        let t = FcTuning { bn, bc, bk, fwd: pass.clone(), bwd: pass.clone(), upd: pass };
+        let pass = |spec: &str| PassConfig { chunk, ..PassConfig::spec(spec) };
+        let t = FcTuning { bn, bc, bk, fwd: pass("ABc"), bwd: pass("ACb"), upd: pass("BCa") };
         let fc = Fc::with_tuning(n, c, k, act, t).unwrap();
         let pool = Pool::new(threads).unwrap().always_parallel();
         let p = Problem::new(n, c, k, act, seed);
@@ -223,8 +223,9 @@ fn default_tuning_with_chunked_reductions_matches_reference() {
     ] {
         let fc = Fc::new(n, c, k, Activation::Relu).unwrap();
         let t = fc.tuning();
-        let got = [&t.fwd, &t.bwd, &t.upd]
-            .map(|p| p.chunk == PassConfig::HEURISTIC_CHUNK && p.spec.starts_with('c'));
+        // Chunks of 8, the reduction loop (c, b, a) outermost.
+        let got = [(&t.fwd, 'c'), (&t.bwd, 'b'), (&t.upd, 'a')]
+            .map(|(p, red)| p.chunk == 8 && p.spec.starts_with(red));
         assert_eq!(got, chunked, "{n}x{c}x{k}: {t:?}");
         check(&Problem::new(n, c, k, Activation::Relu, 5), &fc, &pool)
             .unwrap_or_else(|e| panic!("{n}x{c}x{k}: {e}"));
@@ -249,39 +250,48 @@ fn every_valid_spec_gives_the_same_result() {
         &Fc::with_tuning(n, c, k, Activation::Tanh, base.clone()).unwrap(),
         &pool,
     );
+    // Per pass: every order with each output loop serial or parallel (the
+    // reduction stays serial), and blocked and chunked specs. The letters
+    // are the same in every pass: a = N, b = K, c = C blocks.
     let mut specs = Vec::new();
-    for order in ["abc", "acb", "bac", "bca", "cab", "cba"] {
-        for mask in 0..4u8 {
-            // Upper-case a and/or b (c is the reduction and stays serial).
-            let s: String = order
-                .chars()
-                .map(|ch| match ch {
-                    'a' if mask & 1 != 0 => 'A',
-                    'b' if mask & 2 != 0 => 'B',
-                    x => x,
-                })
-                .collect();
-            specs.push((s, 0usize, vec![], vec![]));
+    for (pass, red) in [(0, 'c'), (1, 'b'), (2, 'a')] {
+        for order in ["abc", "acb", "bac", "bca", "cab", "cba"] {
+            for mask in 0..4u8 {
+                let mut outs = ['a', 'b', 'c'].into_iter().filter(|&l| l != red);
+                let (o1, o2) = (outs.next().unwrap(), outs.next().unwrap());
+                let s: String = order
+                    .chars()
+                    .map(|ch| {
+                        let up = (ch == o1 && mask & 1 != 0) || (ch == o2 && mask & 2 != 0);
+                        if up {
+                            ch.to_ascii_uppercase()
+                        } else {
+                            ch
+                        }
+                    })
+                    .collect();
+                specs.push((pass, s, 0usize, vec![], vec![]));
+            }
         }
     }
-    specs.push(("aABc".into(), 0, vec![2], vec![]));
-    specs.push(("AbBc".into(), 2, vec![], vec![2]));
-    specs.push(("bAcB".into(), 1, vec![], vec![2]));
-    specs.push(("cAB".into(), 3, vec![], vec![]));
+    specs.push((0, "aABc".into(), 0, vec![2], vec![]));
+    specs.push((0, "AbBc".into(), 2, vec![], vec![2]));
+    specs.push((0, "bAcB".into(), 1, vec![], vec![2]));
+    specs.push((0, "cAB".into(), 3, vec![], vec![]));
+    specs.push((1, "aACb".into(), 0, vec![2], vec![]));
+    specs.push((1, "bAC".into(), 3, vec![], vec![]));
+    specs.push((2, "bBCa".into(), 0, vec![], vec![2]));
+    specs.push((2, "aCB".into(), 4, vec![], vec![]));
     let mut ran = 0;
-    for (spec, chunk, ba, bb) in specs {
+    for (pass, spec, chunk, ba, bb) in specs {
         let pc = PassConfig {
             spec: spec.clone(),
             chunk,
             blocks_a: ba,
             blocks_b: bb,
         };
-        let t = FcTuning {
-            fwd: pc.clone(),
-            bwd: pc.clone(),
-            upd: pc,
-            ..base.clone()
-        };
+        let mut t = base.clone();
+        *[&mut t.fwd, &mut t.bwd, &mut t.upd][pass] = pc;
         let fc = match Fc::with_tuning(n, c, k, Activation::Tanh, t) {
             Ok(f) => f,
             Err(e) => {
@@ -301,11 +311,11 @@ fn every_valid_spec_gives_the_same_result() {
                 && same(&got.1, &want.1)
                 && same(&got.2, &want.2)
                 && same(&got.3, &want.3),
-            "spec {spec} chunk {chunk} differs"
+            "pass {pass} spec {spec} chunk {chunk} differs"
         );
         ran += 1;
     }
-    assert!(ran >= 20, "only {ran} specs ran");
+    assert!(ran >= 60, "only {ran} specs ran");
 }
 
 #[test]
@@ -321,14 +331,14 @@ fn bad_specs_shapes_and_buffers_name_the_value() {
         e.contains("upd") && e.contains("cannot run in parallel"),
         "{e}"
     );
-    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("ABz"))
+    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("BCz"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("unknown loop letter 'z'"), "{e}");
-    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("AB"))
+    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("Ba"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("loop 'c' (N blocks) is missing"), "{e}");
+    assert!(e.contains("loop 'c' (C blocks) is missing"), "{e}");
     let blk = FcTuning {
         fwd: PassConfig {
             blocks_a: vec![3],

@@ -281,14 +281,19 @@ fn every_valid_spec_gives_the_same_result() {
         c: 3,
         k: 6,
     };
-    for spec in ["AB", "BA", "ab", "Ab", "aB", "BAA"] {
+    // The spec is the whole nest: c (steps) and, in backward, d (phases)
+    // must enclose the parallel loops; a serial N loop may enclose them.
+    for spec in ["cAB", "cBA", "cab", "cAb", "caB", "cBAA", "acB"] {
         let mut t = tuning(&d, 2, 3, 2);
         t.fwd = PassConfig {
             blocks_b: vec![2],
             ..PassConfig::spec(spec)
         };
-        t.bwd = t.fwd.clone();
-        if spec == "BAA" {
+        t.bwd = PassConfig {
+            spec: spec.replacen('c', "cd", 1),
+            ..t.fwd.clone()
+        };
+        if spec == "cBAA" {
             t.fwd.blocks_a = vec![1];
             t.bwd.blocks_a = vec![1];
         }
@@ -308,6 +313,15 @@ fn bad_shapes_and_specs_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("rnn fwd"), "{e}");
+    let mut t = RnnTuning::heuristic(4, 4, 4);
+    t.bwd = PassConfig::spec("dcAB");
+    let e = Rnn::with_tuning(CellKind::Lstm, 2, 4, 4, 4, t)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rnn bwd") && e.contains("loop 'd' (phases) must be inside loop 'c' (steps)"),
+        "{e}"
+    );
     let rnn = Rnn::new(CellKind::Lstm, 2, 4, 4, 4).unwrap();
     let pool = Pool::new(1).unwrap();
     let wrong = Rnn::new(CellKind::Lstm, 3, 4, 4, 4).unwrap().x_layout();

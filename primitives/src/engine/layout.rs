@@ -432,6 +432,10 @@ unsafe fn transpose_avx(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
 pub(crate) type Shape = (usize, usize, usize, usize, Inner);
 
 impl Blocked {
+    /// A zero buffer of a shape a plan validated (its size fits).
+    pub(crate) fn zeros_of((rows, cols, br, bc, inner): Shape) -> Blocked {
+        Blocked::zeros(rows, cols, br, bc, inner).expect("sizes checked when the layer was planned")
+    }
     /// This buffer's [`Shape`].
     pub(crate) fn shape(&self) -> Shape {
         (self.rows, self.cols, self.br, self.bc, self.inner)

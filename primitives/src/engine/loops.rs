@@ -418,6 +418,25 @@ impl LoopNest {
                 ));
             }
         }
+        // Ordered loops nest in the order they are defined (a sequence's
+        // steps outside the phases of one step).
+        let firsts: Vec<usize> = (0..loops.len())
+            .filter(|&lp| loops[lp].ordered)
+            .map(|lp| levels.iter().position(|lv| lv.lp == lp).unwrap_or(0))
+            .collect();
+        if let Some(w) = firsts.windows(2).find(|w| w[0] > w[1]) {
+            let (outer, inner) = (levels[w[1]].lp, levels[w[0]].lp);
+            return Err(spec_err(
+                spec,
+                format!(
+                    "loop '{}' ({}) must be inside loop '{}' ({})",
+                    (b'a' + outer as u8) as char,
+                    loops[outer].name,
+                    (b'a' + inner as u8) as char,
+                    loops[inner].name
+                ),
+            ));
+        }
         let ordered = par.0 != par.1 && levels[..par.0].iter().any(|lv| loops[lv.lp].ordered);
         Ok(LoopNest {
             loops,
@@ -485,6 +504,39 @@ impl LoopNest {
         } else {
             pool.broadcast(go);
         }
+    }
+
+    /// The point that follows `idx` in the nest's order, as one thread
+    /// running the whole nest visits them (None after the last). Passes
+    /// prefetch the next call's operands from it: inside a parallel group
+    /// it is the same thread's next point except at the end of its share.
+    pub fn successor(&self, idx: &[usize]) -> Option<[usize; MAX_LOOPS]> {
+        // The start of the block of `step` that holds idx[lp].
+        let start_of = |lp: usize, step: usize| {
+            let l = &self.loops[lp];
+            l.start + (idx[lp] - l.start) / step * step
+        };
+        for (i, lv) in self.levels.iter().enumerate().rev() {
+            let l = &self.loops[lv.lp];
+            let hi = match lv.outer {
+                None => l.end,
+                Some(o) => (start_of(lv.lp, o) + o).min(l.end),
+            };
+            let next = start_of(lv.lp, lv.step) + lv.step;
+            if next < hi {
+                // Levels inside level i restart at their enclosing block.
+                let mut out = [0; MAX_LOOPS];
+                for (lp, l) in self.loops.iter().enumerate() {
+                    out[lp] = match self.levels[..i].iter().rev().find(|v| v.lp == lp) {
+                        Some(v) => start_of(lp, v.step),
+                        None => l.start,
+                    };
+                }
+                out[lv.lp] = next;
+                return Some(out);
+            }
+        }
+        None
     }
 
     /// Runs the nest serially on the calling thread (the whole iteration space).
@@ -655,6 +707,44 @@ mod tests {
             let got = collect(&LoopNest::new(loops(), spec).unwrap(), &pool);
             assert_eq!(got, want, "{spec}");
         }
+    }
+
+    #[test]
+    fn successor_follows_the_serial_order() {
+        let loops = || {
+            vec![
+                LoopDef::new("a", 8, 1).blocks(vec![4, 2]),
+                LoopDef::new("b", 8, 2).blocks(vec![4]),
+                LoopDef::new("c", 5, 2).reduction(),
+            ]
+        };
+        for spec in ["abc", "cba", "ABc", "aaBc", "aaaBBc", "caaAB", "bBaac"] {
+            let nest = LoopNest::new(loops(), spec).unwrap();
+            let order = std::cell::RefCell::new(Vec::new());
+            nest.run_serial(|i| order.borrow_mut().push(i.to_vec()));
+            let order = order.into_inner();
+            for (k, p) in order.iter().enumerate() {
+                let next = nest.successor(p).map(|n| n[..3].to_vec());
+                assert_eq!(next.as_ref(), order.get(k + 1), "{spec} after {p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn ordered_loops_nest_in_their_order() {
+        let loops = || {
+            vec![
+                LoopDef::new("n", 2, 1),
+                LoopDef::new("steps", 3, 1).ordered(),
+                LoopDef::new("phases", 2, 1).ordered(),
+            ]
+        };
+        assert!(LoopNest::new(loops(), "bcA").is_ok());
+        let e = LoopNest::new(loops(), "cbA").unwrap_err().to_string();
+        assert!(
+            e.contains("loop 'c' (phases) must be inside loop 'b' (steps)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub(crate) mod math;
 pub(crate) mod pass;
 pub mod tensor;
 pub mod threads;
+pub(crate) mod view;

@@ -1,10 +1,13 @@
 //! What every pass's plan shares: its loop order and blocking
 //! ([`PassConfig`], with the default order's heuristic), the block-size
-//! choice, and the kernels of a reduction split into chunks ([`Chunked`]).
+//! choice, the kernels of a reduction split into chunks ([`Chunked`]), and
+//! the runner of a reduction pass ([`Reduction`]), which picks each call's
+//! kernel and prefetches the next call's operand from the nest's order.
 
 use crate::error::Result;
 use crate::loops::{LoopDef, LoopNest};
-use brgemm::{Beta, Descriptor, Epilogue, Kernel, StreamPrefetch};
+use crate::threads::Pool;
+use brgemm::{BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch, StreamPrefetch};
 use std::sync::Arc;
 
 /// Loop order and blocking of one pass.
@@ -22,15 +25,43 @@ pub struct PassConfig {
 
 impl PassConfig {
     /// The nest of pass `pass` over `loops`, with this config's blocking
-    /// levels on the first two loops and its spec.
+    /// levels on loops a and b and its spec.
     pub(crate) fn nest(&self, pass: &str, mut loops: Vec<LoopDef>) -> Result<LoopNest> {
         loops[0].blocks = self.blocks_a.clone();
         loops[1].blocks = self.blocks_b.clone();
         LoopNest::named(pass, loops, &self.spec)
     }
 
+    /// Iterations of a reduction of `red` per call: `chunk`, 0 meaning all.
+    pub(crate) fn chunk_of(&self, red: usize) -> usize {
+        if self.chunk == 0 {
+            red
+        } else {
+            self.chunk.min(red)
+        }
+    }
+
     /// Reduction blocks per call when a pass splits its reduction.
-    pub const HEURISTIC_CHUNK: usize = 8;
+    pub(crate) const HEURISTIC_CHUNK: usize = 8;
+
+    /// [`PassConfig::heuristic`] for a pass whose output loops are the
+    /// nest's letters `out[0]` and `out[1]` and whose reduction is `red.0`
+    /// (of `red.1` blocks): the heuristic's `a`, `b` and `c` renamed.
+    pub(crate) fn heuristic_for(out: [(char, usize); 2], red: (char, usize)) -> Self {
+        let h = PassConfig::heuristic(out[0].1, out[1].1, red.1);
+        let rename = |ch: char| {
+            let to = [out[0].0, out[1].0, red.0][(ch.to_ascii_lowercase() as u8 - b'a') as usize];
+            if ch.is_ascii_uppercase() {
+                to.to_ascii_uppercase()
+            } else {
+                to
+            }
+        };
+        PassConfig {
+            spec: h.spec.chars().map(rename).collect(),
+            ..h
+        }
+    }
 
     /// The default order of a pass with `a` x `b` output blocks and `red`
     /// reduction blocks: both output loops parallel, the one with more blocks
@@ -68,10 +99,10 @@ impl PassConfig {
 
     /// Reduction blocks per call for streamed block-rows (see
     /// [`PassConfig::heuristic`]): 256 KiB of 64x64 blocks.
-    pub const STREAM_CHUNK: usize = 16;
+    pub(crate) const STREAM_CHUNK: usize = 16;
     /// Longest block-row, in reduction blocks, not treated as streamed:
     /// 512 KiB of 64x64 blocks, half of the L2 where this was measured.
-    pub const STREAM_ROW_BLOCKS: usize = 32;
+    pub(crate) const STREAM_ROW_BLOCKS: usize = 32;
 
     /// `spec` with no blocking levels and the whole reduction per call.
     pub fn spec(spec: &str) -> Self {
@@ -145,5 +176,120 @@ impl Chunked {
             (false, false) => &self.mid,
             (false, true) => &self.last,
         }
+    }
+}
+
+/// The operands of one call of a [`Reduction`], at the call's first
+/// reduction step (the stride batch form walks the rest).
+pub(crate) struct Operands {
+    pub(crate) a: *const f32,
+    pub(crate) b: *const f32,
+    pub(crate) c: *mut f32,
+    pub(crate) bias: *const f32,
+}
+
+/// Which operand of the next call a prefetching [`Reduction`] brings in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ahead {
+    /// Its A blocks (weights streaming from memory).
+    A,
+    /// Its C block (a stream of output blocks, each read and written once).
+    C,
+}
+
+/// A reduction pass: a nest one of whose loops is the reduction, done
+/// [`Reduction::chunk`] iterations per BRGEMM call (stride batch form, one
+/// A and one B block per iteration), with the kernel for each position of a
+/// call in the reduction and the prefetch of the next call's operand.
+pub(crate) struct Reduction {
+    pub(crate) nest: LoopNest,
+    pub(crate) kernels: Chunked,
+    red_loop: usize,
+    red: usize,
+    chunk: usize,
+    /// What to prefetch and its elements per reduction step (A) or per
+    /// call (C); None when the kernels do not prefetch.
+    ahead: Option<(Ahead, usize)>,
+}
+
+impl Reduction {
+    /// Plans pass `which` over `loops` (steps of 1) whose loop `red_loop`
+    /// is the reduction, in `cfg`'s order, with kernels for `desc` (stride
+    /// form) and `ep` on the call that completes an output; prefetching
+    /// kernels bring in the next call's `ahead`.
+    pub(crate) fn new(
+        which: &str,
+        cfg: &PassConfig,
+        mut loops: Vec<LoopDef>,
+        red_loop: usize,
+        (desc, ep): (Descriptor, Epilogue),
+        ahead: Ahead,
+    ) -> Result<Reduction> {
+        let red = loops[red_loop].end;
+        let chunk = cfg.chunk_of(red);
+        loops[red_loop] = LoopDef::new(loops[red_loop].name, red, chunk).reduction();
+        let len = match (ahead, desc.batch_form) {
+            (Ahead::A, BatchForm::Stride { a, .. }) => a,
+            _ => desc.m * desc.n,
+        };
+        Ok(Reduction {
+            nest: cfg.nest(which, loops)?,
+            kernels: Chunked::new(desc, ep)?,
+            red_loop,
+            red,
+            chunk,
+            ahead: (desc.prefetch != Prefetch::None).then_some((ahead, len)),
+        })
+    }
+
+    /// Runs the pass with `kernels` (this pass's unless given). `at(idx)`
+    /// gives the operands of the call at nest point `idx`; `after(idx, op,
+    /// count, last)` runs after each call (`count` reduction steps; `last`:
+    /// it completed its output). With prefetching kernels each call brings
+    /// in the operand of the call after it in the nest's order
+    /// ([`LoopNest::successor`]), unless that call uses the same one.
+    ///
+    /// # Safety
+    /// For every point of the nest, `at` must give operands the kernels may
+    /// read (the chunk's A and B blocks in the stride form; the bias when
+    /// the epilogue adds one) and write (C), and points that differ in a
+    /// parallel loop must have disjoint C.
+    pub(crate) unsafe fn run<F, G>(&self, pool: &Pool, kernels: Option<&Chunked>, at: F, after: G)
+    where
+        F: Fn(&[usize]) -> Operands + Sync,
+        G: Fn(&[usize], &Operands, usize, bool) + Sync,
+    {
+        let kernels = kernels.unwrap_or(&self.kernels);
+        self.nest.run(pool, |i| {
+            let r0 = i[self.red_loop];
+            let count = self.chunk.min(self.red - r0);
+            let (first, last) = (r0 == 0, r0 + count == self.red);
+            let op = at(i);
+            let (mut ahead, mut len) = (std::ptr::null(), 0);
+            if let Some((what, per)) = self.ahead {
+                if let Some(next) = self.nest.successor(i) {
+                    let nx = at(&next[..i.len()]);
+                    (ahead, len) = match what {
+                        Ahead::A if nx.a != op.a => {
+                            (nx.a, self.chunk.min(self.red - next[self.red_loop]) * per)
+                        }
+                        Ahead::C if nx.c != op.c => (nx.c as *const f32, per),
+                        _ => (ahead, 0),
+                    };
+                }
+            }
+            let batch = RawBatch::Stride {
+                a: op.a,
+                b: op.b,
+                count,
+            };
+            // SAFETY: the caller's contract.
+            unsafe {
+                kernels
+                    .pick(first, last)
+                    .execute_raw_ahead(batch, op.c, op.bias, ahead, len)
+            };
+            after(i, &op, count, last);
+        });
     }
 }

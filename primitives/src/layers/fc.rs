@@ -2,30 +2,31 @@
 //! loop nests around BRGEMM.
 //!
 //! Shapes: X `[N][C]`, W `[K][C]`, Y = act(X W^T + b) `[N][K]`, in the blocked
-//! layouts of [`crate::layout`]. Each pass is a three-loop nest; `c` is always
-//! the reduction, done as the BRGEMM batch (`chunk` blocks per call; the
+//! layouts of [`crate::layout`]. Every pass is a nest over the same three
+//! loops, `a` = N blocks, `b` = K blocks, `c` = C blocks; each pass reduces
+//! over one of them as the BRGEMM batch (`chunk` blocks per call; the
 //! default, 0, means all of them in one call so the output block is stored
-//! once).
+//! once). The letters of every layer: `docs/loop-specs.md`.
 //!
-//! | pass | a | b | c (reduction, BRGEMM batch) | BRGEMM (m x n x k) | A_i | B_i | C |
-//! |---|---|---|---|---|---|---|---|
-//! | fwd | N blocks | K blocks | C blocks | bk x bn x bc | `W[kb][cb]` | `X[nb][cb]` | `Y[nb][kb]` |
-//! | bwd | N blocks | C blocks | K blocks | bc x bn x bk | `Wt[cb][kb]` | `dZ[nb][kb]` | `dX[nb][cb]` |
-//! | upd | K blocks | C blocks | N blocks | bk x bc x bn | `dZ[nb][kb]` | `X[nb][cb]` (row-major B) | `dW[kb][cb]` |
+//! | pass | output loops | reduction | BRGEMM (m x n x k) | A_i | B_i | C |
+//! |---|---|---|---|---|---|---|
+//! | fwd | a, b | c | bk x bn x bc | `W[kb][cb]` | `X[nb][cb]` | `Y[nb][kb]` |
+//! | bwd | a, c | b | bc x bn x bk | `Wt[cb][kb]` | `dZ[nb][kb]` | `dX[nb][cb]` |
+//! | upd | b, c | a | bk x bc x bn | `dZ[nb][kb]` | `X[nb][cb]` (row-major B) | `dW[kb][cb]` |
 //!
 //! Data reuse: one BRGEMM call streams a block-row of each operand. The
 //! default order ([`PassConfig::heuristic`]) puts the output loop with more
 //! blocks outside, so the operand of the inner loop is the smaller set of
 //! block-rows and comes back from L2 for the next outer block; with more
 //! than 8 reduction blocks the reduction is split into chunks of 8 and goes
-//! outermost (`cAB`/`cBA`), so that set fits in L2 even for long
-//! reductions (the LSTM's dW over all steps: x1.4; on cores that prefetch
-//! from L2 only with the first output loop outside). Weights that stream
-//! from memory (one or two N blocks, long block-rows) are read in chunks of
-//! 16 blocks with the reduction innermost, each call prefetching the
-//! next's. upd's reduction runs
-//! over the minibatch, inside each output block's calls, so every
-//! `dW[kb][cb]` is owned by one thread: no races, no per-thread partial sums.
+//! outermost, so that set fits in L2 even for long reductions (the LSTM's
+//! dW over all steps: x1.4; on cores that prefetch from L2 only with the
+//! first output loop outside). Weights that stream from memory (one or two
+//! N blocks, long block-rows) are read in chunks of 16 blocks with the
+//! reduction innermost, each call prefetching the next call's (the engine
+//! finds that call from the nest's order). upd's reduction runs over the
+//! minibatch, inside each output block's calls, so every `dW[kb][cb]` is
+//! owned by one thread: no races, no per-thread partial sums.
 //!
 //! Both output loops are parallel, with the blocking of
 //! [`FcTuning::heuristic`]. Any valid spec gives the same result (the tests
@@ -33,12 +34,13 @@
 
 use crate::act::mul_act_grad;
 use crate::error::{check_buf, shape, Result};
-use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
-use crate::loops::{LoopDef, LoopNest};
+use crate::layout::{check_shape, Blocked, Inner, Shape};
+use crate::loops::LoopDef;
 use crate::math::add_rows;
-use crate::pass::{pick_block, Chunked, PassConfig};
+use crate::pass::{pick_block, Ahead, Chunked, Operands, PassConfig, Reduction};
 use crate::threads::Pool;
-use brgemm::{Activation, BatchForm, Descriptor, Epilogue, Prefetch, RawBatch};
+use crate::view::View;
+use brgemm::{Activation, BatchForm, Descriptor, Epilogue, Prefetch};
 use brgemm::{Policy, StreamPrefetch};
 
 /// Blocking and loop orders of an FC layer.
@@ -77,57 +79,10 @@ impl FcTuning {
             bn,
             bc,
             bk,
-            fwd: PassConfig::heuristic(nb, kb, cb),
-            bwd: PassConfig::heuristic(nb, cb, kb),
-            upd: PassConfig::heuristic(kb, cb, nb),
+            fwd: PassConfig::heuristic_for([('a', nb), ('b', kb)], ('c', cb)),
+            bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb)),
+            upd: PassConfig::heuristic_for([('b', kb), ('c', cb)], ('a', nb)),
         }
-    }
-}
-
-struct Pass {
-    nest: LoopNest,
-    kernels: Chunked,
-    chunk: usize,
-    red: usize,
-    /// Loop a (N blocks) runs inside loop b, so consecutive calls share b's
-    /// weight block-row: the next one is needed only after the last N
-    /// block, and prefetching it during every call of the row brought it
-    /// in nb times, pushing the current row and X out of L2. Measured on
-    /// Zen 5 (alternating in one process, 21 pairs, two runs) with `BAc`:
-    /// fwd/bwd (512,2048,2048) x1.03-1.04, (256,1024,1024) x1.00-1.04;
-    /// one N block ((64,4096,4096)) is unchanged by construction.
-    a_inner: bool,
-    /// The reduction is the innermost loop: a chunked call is followed by
-    /// the next chunk of the same weight block-row.
-    red_inner: bool,
-}
-
-impl Pass {
-    /// The weights the call after this one reads, to prefetch during this
-    /// one: `(first block, blocks)`, counting blocks of the weights in
-    /// their order (block-row `row` of `rows` holds blocks `row * red ..`),
-    /// for a call at block-row `row`, reduction blocks `r0..r0 + cnt` and
-    /// N block `nb` of `nbn`. `None` where the next call reuses the
-    /// block-row just read (N loop inside, see `a_inner`) or there is none.
-    fn next_weights(
-        &self,
-        row: usize,
-        rows: usize,
-        (r0, cnt): (usize, usize),
-        (nb, nbn): (usize, usize),
-    ) -> Option<(usize, usize)> {
-        if self.red_inner && r0 + cnt < self.red {
-            let r1 = r0 + cnt;
-            return Some((row * self.red + r1, self.chunk.min(self.red - r1)));
-        }
-        if row + 1 == rows || (self.a_inner && nb + 1 < nbn) {
-            return None;
-        }
-        Some(if self.red_inner {
-            ((row + 1) * self.red, self.chunk)
-        } else {
-            ((row + 1) * self.red + r0, cnt)
-        })
     }
 }
 
@@ -143,10 +98,10 @@ pub struct Fc {
     /// Activation after the bias.
     pub(crate) act: Activation,
     tuning: FcTuning,
-    fwd: Pass,
+    fwd: Reduction,
     fwd_pre: Option<Chunked>,
-    bwd: Pass,
-    upd: Pass,
+    bwd: Reduction,
+    upd: Reduction,
 }
 
 impl std::fmt::Debug for Fc {
@@ -182,39 +137,6 @@ fn fc_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
         StreamPrefetch::BeyondL2 => 4 * k * c > (1 << 21) && n.div_ceil(t.bn) <= 2,
         // A call's operands do not fit L1 (48 KiB): its pairs come from L2.
         StreamPrefetch::BeyondL1 => 4 * c.min(k) * (t.bn + t.bc.min(t.bk)) > 48 << 10,
-    })
-}
-
-fn pass(
-    which: &str,
-    cfg: &PassConfig,
-    a: (&'static str, usize),
-    b: (&'static str, usize),
-    red: (&'static str, usize),
-    desc: Descriptor,
-    ep: Epilogue,
-) -> Result<Pass> {
-    let chunk = if cfg.chunk == 0 {
-        red.1
-    } else {
-        cfg.chunk.min(red.1)
-    };
-    let nest = cfg.nest(
-        which,
-        vec![
-            LoopDef::new(a.0, a.1, 1),
-            LoopDef::new(b.0, b.1, 1),
-            LoopDef::new(red.0, red.1, chunk).reduction(),
-        ],
-    )?;
-    let first = |l: char| cfg.spec.find(|c: char| c.eq_ignore_ascii_case(&l));
-    Ok(Pass {
-        nest,
-        kernels: Chunked::new(desc, ep)?,
-        chunk,
-        red: red.1,
-        a_inner: first('a') > first('b'),
-        red_inner: cfg.spec.ends_with(['c', 'C']),
     })
 }
 
@@ -264,55 +186,36 @@ impl Fc {
         let fdesc = Descriptor::new(bk, bn, bc)
             .batch_form(stride(bk * bc, bn * bc))
             .prefetch(pf);
-        let fwd = pass(
-            "fwd",
-            &t.fwd,
-            ("N blocks", nb),
-            ("K blocks", kb),
-            ("C blocks", cb),
-            fdesc,
-            ep,
-        )?;
+        let loops = || {
+            vec![
+                LoopDef::new("N blocks", nb, 1),
+                LoopDef::new("K blocks", kb, 1),
+                LoopDef::new("C blocks", cb, 1),
+            ]
+        };
+        let fwd = Reduction::new("fwd", &t.fwd, loops(), 2, (fdesc, ep), Ahead::A)?;
         // GELU's derivative needs the pre-activation: training writes Z with
         // a bias-only epilogue and applies GELU on the hot block.
+        let pre = Epilogue {
+            bias: true,
+            activation: Activation::Identity,
+        };
         let fwd_pre = (act == Activation::Gelu)
-            .then(|| {
-                Chunked::new(
-                    fdesc,
-                    Epilogue {
-                        bias: true,
-                        activation: Activation::Identity,
-                    },
-                )
-            })
+            .then(|| Chunked::new(fdesc, pre))
             .transpose()?;
         let bdesc = Descriptor::new(bc, bn, bk)
             .batch_form(stride(bc * bk, bn * bk))
             .prefetch(pf);
-        let bwd = pass(
-            "bwd",
-            &t.bwd,
-            ("N blocks", nb),
-            ("C blocks", cb),
-            ("K blocks", kb),
-            bdesc,
-            Epilogue::default(),
-        )?;
+        let none = Epilogue::default();
+        let bwd = Reduction::new("bwd", &t.bwd, loops(), 1, (bdesc, none), Ahead::A)?;
         // X blocks are [bn][bc]: read in place as a row-major B (k = bn rows).
+        // Prefetching kernels bring in the next dW block.
         let udesc = Descriptor::new(bk, bc, bn)
             .b_row_major()
             .ldb(bc)
             .batch_form(stride(kb * bn * bk, cb * bn * bc))
             .prefetch(upd_prefetch(n, c, k, &t));
-        let upd = pass(
-            "upd",
-            &t.upd,
-            ("K blocks", kb),
-            ("C blocks", cb),
-            ("N blocks", nb),
-            udesc,
-            Epilogue::default(),
-        )?;
+        let upd = Reduction::new("upd", &t.upd, loops(), 0, (udesc, none), Ahead::C)?;
         Ok(Fc {
             n,
             c,
@@ -340,84 +243,36 @@ impl Fc {
     }
     /// A zero input X (`[N/bn][C/bc][bn][bc]`).
     pub fn x_layout(&self) -> Blocked {
-        Blocked::zeros(
-            self.n,
-            self.c,
-            self.tuning.bn,
-            self.tuning.bc,
-            Inner::RowMajor,
-        )
-        .unwrap()
+        Blocked::zeros_of(self.x_shape())
     }
     /// A zero output Y (also dY, dZ and Z: `[N/bn][K/bk][bn][bk]`).
     pub fn y_layout(&self) -> Blocked {
-        Blocked::zeros(
-            self.n,
-            self.k,
-            self.tuning.bn,
-            self.tuning.bk,
-            Inner::RowMajor,
-        )
-        .unwrap()
+        Blocked::zeros_of(self.y_shape())
     }
     /// Zero weights W (`[K/bk][C/bc][bc][bk]`).
     pub fn w_layout(&self) -> Blocked {
-        Blocked::zeros(
-            self.k,
-            self.c,
-            self.tuning.bk,
-            self.tuning.bc,
-            Inner::ColMajor,
-        )
-        .unwrap()
+        Blocked::zeros_of(self.w_shape())
     }
     /// Zero transposed weights, as backward-data reads them (`[C/bc][K/bk][bk][bc]`).
     pub fn wt_layout(&self) -> Blocked {
-        Blocked::zeros(
-            self.c,
-            self.k,
-            self.tuning.bc,
-            self.tuning.bk,
-            Inner::ColMajor,
-        )
-        .unwrap()
+        Blocked::zeros_of(self.wt_shape())
     }
 
     fn x_shape(&self) -> Shape {
-        (
-            self.n,
-            self.c,
-            self.tuning.bn,
-            self.tuning.bc,
-            Inner::RowMajor,
-        )
+        let t = &self.tuning;
+        (self.n, self.c, t.bn, t.bc, Inner::RowMajor)
     }
     fn y_shape(&self) -> Shape {
-        (
-            self.n,
-            self.k,
-            self.tuning.bn,
-            self.tuning.bk,
-            Inner::RowMajor,
-        )
+        let t = &self.tuning;
+        (self.n, self.k, t.bn, t.bk, Inner::RowMajor)
     }
     fn w_shape(&self) -> Shape {
-        (
-            self.k,
-            self.c,
-            self.tuning.bk,
-            self.tuning.bc,
-            Inner::ColMajor,
-        )
+        let t = &self.tuning;
+        (self.k, self.c, t.bk, t.bc, Inner::ColMajor)
     }
     fn wt_shape(&self) -> Shape {
-        (
-            self.c,
-            self.k,
-            self.tuning.bc,
-            self.tuning.bk,
-            Inner::ColMajor,
-        )
+        let t = &self.tuning;
+        (self.c, self.k, t.bc, t.bk, Inner::ColMajor)
     }
 
     /// Compares a buffer's shape with what the layer needs, allocating
@@ -442,78 +297,50 @@ impl Fc {
         self.check("W", w, self.w_shape())?;
         self.check("Y", y, self.y_shape())?;
         check_buf("bias", bias.len(), self.padded_k())?;
-        let t = &self.tuning;
-        let (xp, wp, bp) = (
-            x.data.as_ptr() as usize,
-            w.data.as_ptr() as usize,
-            bias.as_ptr() as usize,
-        );
-        let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
-        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
-        let yp = SyncPtr(y.data.as_mut_ptr());
-        let zp = match (z, &self.fwd_pre) {
-            (Some(z), Some(_)) => {
+        let (bn, bk) = (self.tuning.bn, self.tuning.bk);
+        let (xv, wv, bv) = (x.blocks(), w.blocks(), View::new(bias, [bk]));
+        let yv = y.blocks_mut();
+        // With GELU in training the kernels write Z, and Y = GELU(Z) follows
+        // on the hot block.
+        let (out, pre) = match (z, &self.fwd_pre) {
+            (Some(z), Some(pre)) => {
                 self.check("Z", z, self.y_shape())?;
-                Some(SyncPtr(z.data.as_mut_ptr()))
+                (z.blocks_mut(), Some(pre))
             }
-            _ => None,
+            _ => (yv, None),
         };
         // Sigmoid(0) = 0.5 would fill K padding: keep padding at zero.
         let k_tail = self.k % bk;
         let clear_pad = k_tail != 0 && self.act.apply(0.0) != 0.0;
-        let p = &self.fwd;
-        let nbn = self.n.div_ceil(bn);
-        p.nest.run(pool, |i| {
-            let (nb, kb, c0) = (i[0], i[1], i[2]);
-            let cnt = p.chunk.min(p.red - c0);
-            let (first, last) = (c0 == 0, c0 + cnt == p.red);
-            let a = (wp as *const f32).wrapping_add((kb * cbn + c0) * bk * bc);
-            let b = (xp as *const f32).wrapping_add((nb * cbn + c0) * bn * bc);
-            let off = (nb * kbn + kb) * bn * bk;
-            let bias = (bp as *const f32).wrapping_add(kb * bk);
-            let batch = RawBatch::Stride { a, b, count: cnt };
-            // SAFETY: shapes were checked above; blocks (nb, kb) are owned by
-            // one thread (the c loop is a reduction, never parallel).
-            unsafe {
-                match (zp, &self.fwd_pre) {
-                    (Some(zp), Some(pre)) => {
-                        let zc = zp.get().add(off);
-                        pre.pick(first, last).execute_raw(batch, zc, bias);
-                        if last {
-                            let (zs, ys) = (
-                                std::slice::from_raw_parts(zc, bn * bk),
-                                std::slice::from_raw_parts_mut(yp.get().add(off), bn * bk),
-                            );
-                            for (y, z) in ys.iter_mut().zip(zs) {
-                                *y = self.act.apply(*z);
-                            }
-                        }
-                    }
-                    // With prefetching kernels (weights streaming from
-                    // memory), bring in the next K block's weights during
-                    // the call before they are needed: the next call's, or
-                    // with the N loop inside, the last N block's.
-                    _ => {
-                        let (ahead, len) = p
-                            .next_weights(kb, kbn, (c0, cnt), (nb, nbn))
-                            .map_or((0, 0), |(blk, n)| (blk * bk * bc, n * bk * bc));
-                        p.kernels.pick(first, last).execute_raw_ahead(
-                            batch,
-                            yp.get().add(off),
-                            bias,
-                            (wp as *const f32).wrapping_add(ahead),
-                            len,
-                        )
+        let kbn = self.k.div_ceil(bk);
+        let at = |i: &[usize]| Operands {
+            a: wv.at([i[1], i[2]]),
+            b: xv.at([i[0], i[2]]),
+            c: out.at([i[0], i[1]]),
+            bias: bv.at([i[1]]),
+        };
+        // SAFETY: shapes were checked above; blocks (nb, kb) are owned by
+        // one thread (the C loop is a reduction, never parallel), and only
+        // the call that completed them touches them after it.
+        unsafe {
+            self.fwd.run(pool, pre, at, |i, op, _, last| {
+                if !last {
+                    return;
+                }
+                let ys = yv.slice([i[0], i[1]], bn * bk);
+                if pre.is_some() {
+                    let zs = std::slice::from_raw_parts(op.c, bn * bk);
+                    for (y, z) in ys.iter_mut().zip(zs) {
+                        *y = self.act.apply(*z);
                     }
                 }
-                if last && clear_pad && kb + 1 == kbn {
-                    let blk = std::slice::from_raw_parts_mut(yp.get().add(off), bn * bk);
-                    for row in blk.chunks_exact_mut(bk) {
+                if clear_pad && i[1] + 1 == kbn {
+                    for row in ys.chunks_exact_mut(bk) {
                         row[k_tail..].fill(0.0);
                     }
                 }
-            }
-        });
+            });
+        }
         Ok(())
     }
 
@@ -565,35 +392,15 @@ impl Fc {
         self.check("dZ", dz, self.y_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         self.check("dX", dx, self.x_shape())?;
-        let t = &self.tuning;
-        let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
-        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
-        let (dzp, wtp) = (dz.data.as_ptr() as usize, wt.data.as_ptr() as usize);
-        let dxp = SyncPtr(dx.data.as_mut_ptr());
-        let p = &self.bwd;
-        let nbn = self.n.div_ceil(t.bn);
-        p.nest.run(pool, |i| {
-            let (nb, cb, k0) = (i[0], i[1], i[2]);
-            let cnt = p.chunk.min(p.red - k0);
-            let a = (wtp as *const f32).wrapping_add((cb * kbn + k0) * bc * bk);
-            let b = (dzp as *const f32).wrapping_add((nb * kbn + k0) * bn * bk);
-            // SAFETY: as in forward; dX[nb][cb] is owned by one thread.
-            // As in forward, the next C block's weights come in meanwhile.
-            let (ahead, len) = p
-                .next_weights(cb, cbn, (k0, cnt), (nb, nbn))
-                .map_or((0, 0), |(blk, n)| (blk * bc * bk, n * bc * bk));
-            unsafe {
-                p.kernels
-                    .pick(k0 == 0, k0 + cnt == p.red)
-                    .execute_raw_ahead(
-                        RawBatch::Stride { a, b, count: cnt },
-                        dxp.get().add((nb * cbn + cb) * bn * bc),
-                        std::ptr::null(),
-                        (wtp as *const f32).wrapping_add(ahead),
-                        len,
-                    )
-            };
-        });
+        let (dzv, wtv, dxv) = (dz.blocks(), wt.blocks(), dx.blocks_mut());
+        let at = |i: &[usize]| Operands {
+            a: wtv.at([i[2], i[1]]),
+            b: dzv.at([i[0], i[1]]),
+            c: dxv.at([i[0], i[2]]),
+            bias: std::ptr::null(),
+        };
+        // SAFETY: as in forward; dX[nb][cb] is owned by one thread.
+        unsafe { self.bwd.run(pool, None, at, |_, _, _, _| {}) };
         Ok(())
     }
 
@@ -614,50 +421,34 @@ impl Fc {
         self.check("dW", dw, self.w_shape())?;
         check_buf("db", db.len(), self.padded_k())?;
         let t = &self.tuning;
-        let (kbn, cbn) = (self.k.div_ceil(t.bk), self.c.div_ceil(t.bc));
-        let (bn, bc, bk) = (t.bn, t.bc, t.bk);
-        let (dzp, xp) = (dz.data.as_ptr() as usize, x.data.as_ptr() as usize);
-        let dwp = SyncPtr(dw.data.as_mut_ptr());
-        let p = &self.upd;
-        // The bias gradient rides along: the item of C block 0 adds the dZ
-        // blocks its BRGEMM just read (hot in L2) into db[kb], instead of a
-        // second pass over dZ from memory.
+        let (bn, bk, kbn) = (t.bn, t.bk, self.k.div_ceil(t.bk));
+        let (dzv, xv, dwv) = (dz.blocks(), x.blocks(), dw.blocks_mut());
+        // The bias gradient rides along: the calls of C block 0 add the dZ
+        // blocks they just read (hot in L2) into db[kb], instead of a second
+        // pass over dZ from memory.
         db.fill(0.0);
-        let dbp = SyncPtr(db.as_mut_ptr());
-        p.nest.run(pool, |i| {
-            let (kb, cb, n0) = (i[0], i[1], i[2]);
-            let cnt = p.chunk.min(p.red - n0);
-            let a = (dzp as *const f32).wrapping_add((n0 * kbn + kb) * bn * bk);
-            if cb == 0 {
-                // SAFETY: db[kb] is touched by this item alone, and the
-                // chunks of one K block run in order (loop c is a serial
-                // reduction); the blocks lie inside dZ (checked).
-                unsafe {
-                    let out = std::slice::from_raw_parts_mut(dbp.get().add(kb * bk), bk);
-                    for j in 0..cnt {
-                        add_rows(
-                            out,
-                            std::slice::from_raw_parts(a.add(j * kbn * bn * bk), bn * bk),
-                        );
+        let dbv = crate::view::ViewMut::new(db, [bk]);
+        let at = |i: &[usize]| Operands {
+            a: dzv.at([i[0], i[1]]),
+            b: xv.at([i[0], i[2]]),
+            c: dwv.at([i[1], i[2]]),
+            bias: std::ptr::null(),
+        };
+        // SAFETY: as in forward; dW[kb][cb] and db[kb] are owned by one
+        // thread, and the chunks of one output run in order (the N loop is
+        // a serial reduction). The next block is only prefetched, and may
+        // lie past dW's end.
+        unsafe {
+            self.upd.run(pool, None, at, |i, op, count, _| {
+                if i[2] == 0 {
+                    let out = dbv.slice([i[1]], bk);
+                    for j in 0..count {
+                        let rows = op.a.add(j * kbn * bn * bk);
+                        add_rows(out, std::slice::from_raw_parts(rows, bn * bk));
                     }
                 }
-            }
-            let b = (xp as *const f32).wrapping_add((n0 * cbn + cb) * bn * bc);
-            // SAFETY: as in forward; dW[kb][cb] is owned by one thread. The
-            // next block is only prefetched (prefetching kernels only), and
-            // may lie past dW's end.
-            unsafe {
-                p.kernels
-                    .pick(n0 == 0, n0 + cnt == p.red)
-                    .execute_raw_ahead(
-                        RawBatch::Stride { a, b, count: cnt },
-                        dwp.get().add((kb * cbn + cb) * bk * bc),
-                        std::ptr::null(),
-                        dwp.get().wrapping_add((kb * cbn + cb + 1) * bk * bc),
-                        bk * bc,
-                    )
-            };
-        });
+            });
+        }
         Ok(())
     }
 
@@ -668,87 +459,5 @@ impl Fc {
         self.check("W", w, self.w_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         w.transpose_into_par(wt, pool)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The calls of a pass's nest on one thread, in order: (block-row,
-    /// first reduction block, N block).
-    fn calls(spec: &str, rows: usize, red: usize, chunk: usize, nbn: usize) -> Vec<[usize; 3]> {
-        let mut v = vec![];
-        if spec == "cBA" {
-            for c0 in (0..red).step_by(chunk) {
-                for x in 0..rows * nbn {
-                    v.push([x / nbn, c0, x % nbn]);
-                }
-            }
-            return v;
-        }
-        for x in 0..rows * nbn {
-            for c0 in (0..red).step_by(chunk) {
-                v.push(match spec {
-                    "BAc" => [x / nbn, c0, x % nbn],
-                    "ABc" => [x % rows, c0, x / rows],
-                    _ => unreachable!(),
-                });
-            }
-        }
-        v
-    }
-
-    #[test]
-    fn each_call_prefetches_the_weights_the_next_call_reads() {
-        let (rows, red) = (3, 40);
-        for (spec, nbn, chunk) in [
-            ("BAc", 1, 16),
-            ("BAc", 2, 16),
-            ("BAc", 1, 0),
-            ("BAc", 3, 0),
-            ("ABc", 2, 16),
-            ("ABc", 2, 0),
-            ("cBA", 1, 8),
-            ("cBA", 2, 8),
-        ] {
-            let cfg = PassConfig {
-                chunk,
-                ..PassConfig::spec(spec)
-            };
-            let t = FcTuning {
-                bn: 64,
-                bc: 64,
-                bk: 64,
-                fwd: cfg.clone(),
-                bwd: cfg,
-                upd: PassConfig::spec("ABc"),
-            };
-            let fc =
-                Fc::with_tuning(64 * nbn, 64 * red, 64 * rows, Activation::Identity, t).unwrap();
-            let p = &fc.fwd;
-            let seq = calls(spec, rows, red, p.chunk, nbn);
-            assert_eq!(seq.len(), rows * nbn * red.div_ceil(p.chunk));
-            let mut prefetched = 0;
-            for (i, &[row, r0, nb]) in seq.iter().enumerate() {
-                let got = p.next_weights(row, rows, (r0, p.chunk.min(red - r0)), (nb, nbn));
-                let Some(&[r1, c1, nb1]) = seq.get(i + 1) else {
-                    assert_eq!(got, None, "{spec} {nbn} {chunk}: after the last call");
-                    continue;
-                };
-                match got {
-                    Some(g) => {
-                        assert_eq!(g, (r1 * red + c1, p.chunk.min(red - c1)), "{spec} call {i}");
-                        prefetched += 1;
-                    }
-                    // Only where the next call goes back to a row read
-                    // before: the same row for the next N block, or row 0.
-                    None => assert!(r1 < row || (r1 == row && nb1 != nb), "{spec} call {i}"),
-                }
-            }
-            if spec == "BAc" && nbn == 1 {
-                assert_eq!(prefetched, seq.len() - 1, "{spec} {chunk}");
-            }
-        }
     }
 }

@@ -2,10 +2,10 @@
 //! over input-channel blocks and filter taps (the offset batch form).
 
 use crate::error::Result;
-use crate::layout::SyncPtr;
 use crate::loops::{LoopDef, LoopNest};
 use crate::pass::{Chunked, PassConfig};
 use crate::threads::Pool;
+use crate::view::{View, ViewMut};
 use brgemm::{AlignedVec, BatchForm, Descriptor, Epilogue, RawBatch};
 use std::sync::Mutex;
 
@@ -155,11 +155,15 @@ impl Gather {
             );
             &guard[..]
         };
-        let (xp, ap) = (xs.as_ptr() as usize, a.as_ptr() as usize);
-        let bp = bias.map_or(0, |b| b.as_ptr() as usize);
-        let plane = g.p * g.q * g.bo;
-        let yp = SyncPtr(y.as_mut_ptr());
         let rs = g.r * g.s;
+        // Padded input planes by (image x input block, row, column), filter
+        // blocks by (output block, input block), output pixels by (image,
+        // output block, row, column).
+        let xv = View::new(xs, [hp * wp * g.bi, wp * g.bi, g.bi]);
+        let av = View::new(a, [g.in_blocks * rs * g.bi * g.bo, rs * g.bi * g.bo]);
+        let bv = bias.map(|b| View::new(b, [g.bo]));
+        let (out_blocks, plane) = (g.out_blocks, g.p * g.q * g.bo);
+        let yv = ViewMut::new(y, [out_blocks * plane, plane, g.q * g.bo, g.bo]);
         self.nest.run(pool, |i| {
             let (ni, ob, pr, qb, c0) = (i[0], i[1], i[2], i[3], i[4]);
             let q0 = qb * g.bq;
@@ -169,36 +173,36 @@ impl Gather {
             } else {
                 self.tail.as_ref().unwrap()
             };
-            let a = (ap as *const f32).wrapping_add((ob * g.in_blocks + c0) * rs * g.bi * g.bo);
-            let b = (xp as *const f32).wrapping_add(
-                ((ni * g.in_blocks + c0) * hp * wp + pr * g.stride * wp + q0 * g.stride) * g.bi,
-            );
-            let bias = if bp == 0 {
-                std::ptr::null()
-            } else {
-                (bp as *const f32).wrapping_add(ob * g.bo)
+            let batch = RawBatch::Offset {
+                a: av.at([ob, c0]),
+                b: xv.at([ni * g.in_blocks + c0, pr * g.stride, q0 * g.stride]),
+                a_offs: self.a_off.as_ptr(),
+                b_offs: self.b_off.as_ptr(),
+                count: cnt * rs,
             };
+            let bias = bv.map_or(std::ptr::null(), |b| b.at([ob]));
+            // A single-pair call brings in the output block of the call
+            // after it in the nest's order.
+            let next = match cnt * rs {
+                1 => self.nest.successor(i),
+                _ => None,
+            };
+            let (ahead, len) = next.map_or((std::ptr::null(), 0), |n| {
+                (
+                    yv.at([n[0], n[1], n[2], n[3] * g.bq]) as *const f32,
+                    g.bq * g.bo,
+                )
+            });
             // SAFETY: buffer sizes were checked at the public entry; the
             // offsets stay inside the padded input and the filter; the
-            // output block (ni, ob, pr, qb) belongs to one thread. The next
-            // block (the next item of the default orders) is only prefetched,
-            // and may lie past y's end.
+            // output block (ni, ob, pr, qb) belongs to one thread.
             unsafe {
-                let c = yp
-                    .get()
-                    .add((ni * g.out_blocks + ob) * plane + (pr * g.q + q0) * g.bo);
                 ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw_ahead(
-                    RawBatch::Offset {
-                        a,
-                        b,
-                        a_offs: self.a_off.as_ptr(),
-                        b_offs: self.b_off.as_ptr(),
-                        count: cnt * rs,
-                    },
-                    c,
+                    batch,
+                    yv.at([ni, ob, pr, q0]),
                     bias,
-                    c.wrapping_add(g.bq * g.bo),
-                    if cnt * rs == 1 { g.bq * g.bo } else { 0 },
+                    ahead,
+                    len,
                 )
             };
         });

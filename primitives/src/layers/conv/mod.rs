@@ -50,6 +50,7 @@ use crate::math::add_rows;
 use crate::pass::{Chunked, PassConfig};
 use crate::tensor::{par_images, Filter, Tensor4};
 use crate::threads::Pool;
+use crate::view::{View, ViewMut};
 use brgemm::{Activation, AlignedVec, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
 use std::sync::{Arc, Mutex};
 
@@ -486,16 +487,16 @@ impl Conv {
     fn scatter(&self, pool: &Pool, sc: &Scatter, dz: &Tensor4, wt: &Filter, dx: &mut Tensor4) {
         let pr = &self.params;
         let t = &self.tuning;
-        let (p, q, st, d) = (pr.p(), pr.q(), pr.stride, pr.dilation);
+        let (q, st, d) = (pr.q(), pr.stride, pr.dilation);
         let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
         let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
         let plane = hp * wp * t.bc;
         let mut buf = sc.scratch.lock().unwrap_or_else(|e| e.into_inner());
         buf.resize(pr.n * cb * plane, 0.0);
         pool.for_slices(&mut buf, |_, part| part.fill(0.0));
-        let (wp_, dzp) = (wt.data.as_ptr() as usize, dz.data.as_ptr() as usize);
-        let bp = SyncPtr(buf.as_mut_ptr());
-        let rs = pr.r * pr.s;
+        let (wtv, dzv) = (wt.blocks(), dz.pixels());
+        // The padded dX planes by (image, C block, row, column).
+        let bv = ViewMut::new(&mut buf[..], [cb * plane, plane, wp * t.bc, t.bc]);
         sc.nest.run(pool, |i| {
             let (ni, ci, pi, qb, r, s) = (i[0], i[1], i[2], i[3], i[4], i[5]);
             let q0 = qb * sc.bq;
@@ -504,17 +505,16 @@ impl Conv {
             } else {
                 sc.tail.as_ref().unwrap()
             };
-            let a = (wp_ as *const f32).wrapping_add((ci * kb * rs + r * pr.s + s) * t.bk * t.bc);
-            let b = (dzp as *const f32).wrapping_add((ni * kb * p * q + pi * q + q0) * t.bk);
+            let batch = RawBatch::Stride {
+                a: wtv.at([ci, 0, r, s]),
+                b: dzv.at([ni, 0, pi, q0]),
+                count: kb,
+            };
+            let c = bv.at([ni, ci, pi * st + r * d, q0 * st + s * d]);
             // SAFETY: sizes checked at the entry; rows p*stride + r*dil and
             // columns q*stride + s*dil lie inside the padded plane; a plane
             // (ni, ci) belongs to one thread (only loops a and b are parallel).
-            unsafe {
-                let c = bp.get().add(
-                    (ni * cb + ci) * plane + ((pi * st + r * d) * wp + q0 * st + s * d) * t.bc,
-                );
-                k.execute_raw(RawBatch::Stride { a, b, count: kb }, c, std::ptr::null());
-            }
+            unsafe { k.execute_raw(batch, c, std::ptr::null()) };
         });
         let (ph, pw, h, w, bc) = (pr.pad_h, pr.pad_w, pr.h, pr.w, t.bc);
         let src = &buf[..];
@@ -579,8 +579,14 @@ impl Conv {
         };
         let u = &self.upd;
         let rows = pr.n * p;
-        let (dzp, xp) = (dz.data.as_ptr() as usize, xs.as_ptr() as usize);
+        // dZ's K-block planes (from each row's offset in `a_off`), the
+        // padded X planes by (C block, row, column), and dW's blocks by
+        // (K block, C block, r, s) in the layer's or a thread's partials.
+        let dzv = View::new(&dz.data, [p * q * t.bk]);
+        let xv = View::new(xs, [plane, wp * t.bc, t.bc]);
         let rs = pr.r * pr.s;
+        let blk = t.bc * t.bk;
+        let dw_strides = [cb * rs * blk, rs * blk, pr.s * blk, blk];
         // The bias gradient rides along: the item of tap (0, 0) and C block
         // 0 adds the dY rows its BRGEMM just read (hot in L2) into db[ki].
         // A separate pass re-read all of dY from memory: 25 MiB, 4.6 ms,
@@ -593,7 +599,7 @@ impl Conv {
         let item = |i: &[usize], dw_out: *mut f32, db_out: *mut f32, first: bool, last: bool| {
             let (r0, ki, ci, r, s) = (i[0], i[1], i[2], i[3], i[4]);
             let cnt = u.chunk.min(rows - r0);
-            let a = (dzp as *const f32).wrapping_add(ki * p * q * t.bk);
+            let a = dzv.at([ki]);
             if ci == 0 && r == 0 && s == 0 {
                 // SAFETY: db_out[ki] is touched by this item alone within a
                 // chunk, and the chunks of one output run in order (loop a is
@@ -605,22 +611,21 @@ impl Conv {
                     }
                 }
             }
-            let b = (xp as *const f32).wrapping_add(ci * plane + (r * wp + s) * d * t.bc);
+            let batch = RawBatch::Offset {
+                a,
+                b: xv.at([ci, r * d, s * d]),
+                a_offs: u.a_off[r0..].as_ptr(),
+                b_offs: u.b_off[r0..].as_ptr(),
+                count: cnt,
+            };
+            let c = ViewMut::from_ptr(dw_out, dw_strides).at([ki, ci, r, s]);
             // SAFETY: sizes checked at the entry; the block
             // dW[ki][ci][r][s] of `dw_out` belongs to one thread (loop a,
             // the reduction, is never parallel; split rows write partials).
             unsafe {
-                u.kernels.pick(first, last).execute_raw(
-                    RawBatch::Offset {
-                        a,
-                        b,
-                        a_offs: u.a_off.as_ptr().add(r0),
-                        b_offs: u.b_off.as_ptr().add(r0),
-                        count: cnt,
-                    },
-                    dw_out.add(((ki * cb + ci) * rs + r * pr.s + s) * t.bc * t.bk),
-                    std::ptr::null(),
-                )
+                u.kernels
+                    .pick(first, last)
+                    .execute_raw(batch, c, std::ptr::null())
             };
         };
         let threads = pool.threads();

@@ -40,10 +40,11 @@
 
 use crate::error::{shape, Result};
 use crate::fc::{Fc, FcTuning};
-use crate::layout::{check_shape, Blocked, Inner, Shape, SyncPtr};
+use crate::layout::{check_shape, Blocked, Inner, Shape};
 use crate::loops::{LoopDef, LoopNest};
 use crate::pass::PassConfig;
 use crate::threads::Pool;
+use crate::view::View;
 use brgemm::{Activation, BatchForm, Beta, Descriptor, Kernel, RawBatch};
 use std::sync::Arc;
 
@@ -79,19 +80,19 @@ pub struct RnnTuning {
     pub bc: usize,
     /// Hidden block.
     pub bk: usize,
-    /// Per-step forward nest over (N blocks, K blocks); the steps loop is
-    /// put in front of this spec as `c`.
+    /// Forward nest: `a` = N blocks, `b` = K blocks, `c` = steps (ordered:
+    /// outside the parallel loops; default `cAB`).
     pub fwd: PassConfig,
-    /// Per-step backward nest over (N blocks, K blocks); the steps and the
-    /// two phases of a step are put in front as `cd`.
+    /// Backward nest: as forward, plus `d` = the two phases of a step
+    /// (ordered, inside `c`; default `cdAB`).
     pub bwd: PassConfig,
 }
 
 impl RnnTuning {
     /// Blocks of 64 where they divide (else 48, 32, 16; sizes below 64 are
     /// one block; else 64 with padding), like [`FcTuning::heuristic`], and
-    /// both per-step loops parallel (`AB`): the step's (n, k) blocks are
-    /// independent.
+    /// both per-step loops parallel inside the steps (`cAB`, `cdAB`): a
+    /// step's (n, k) blocks are independent.
     pub fn heuristic(n: usize, c: usize, k: usize) -> RnnTuning {
         let cands = [64, 48, 32, 16];
         let pick = |x| crate::pass::pick_block(x, &cands);
@@ -99,8 +100,8 @@ impl RnnTuning {
             bn: pick(n),
             bc: pick(c),
             bk: pick(k),
-            fwd: PassConfig::spec("AB"),
-            bwd: PassConfig::spec("AB"),
+            fwd: PassConfig::spec("cAB"),
+            bwd: PassConfig::spec("cdAB"),
         }
     }
 }
@@ -294,24 +295,18 @@ impl Rnn {
         };
         let input = Fc::with_tuning(t * np, c, gk, Activation::Identity, fc_t(tn.bc))?;
         let recur = Fc::with_tuning(t * np, k, gk, Activation::Identity, fc_t(tn.bk))?;
-        // The steps are an ordered loop outside the user's per-step spec
-        // (`c` in front; backward adds its two phases as `d`): a whole
-        // sequence is one hand-off to the pool, with a barrier per step.
+        // The steps are an ordered loop (backward adds the two phases of a
+        // step): a whole sequence is one hand-off to the pool, with a
+        // barrier per step.
         let step_nest = |which: &str, cfg: &PassConfig, phases: usize| {
             let mut loops = vec![
                 LoopDef::new("N blocks", nb, 1),
                 LoopDef::new("K blocks", kb, 1),
                 LoopDef::new("steps", t, 1).ordered(),
             ];
-            let mut outer = "c".to_string();
             if phases > 1 {
                 loops.push(LoopDef::new("phases", phases, 1).ordered());
-                outer.push('d');
             }
-            let cfg = PassConfig {
-                spec: format!("{outer}{}", cfg.spec),
-                ..cfg.clone()
-            };
             cfg.nest(&format!("rnn {which}"), loops)
         };
         let (bn, bk) = (tn.bn, tn.bk);
@@ -451,16 +446,18 @@ impl Rnn {
             }
         }
         let g = self.kind.gates();
-        let gkb = g * kb;
-        let rp = r.data.as_ptr() as usize;
-        let gp = SyncPtr(st.gates.data.as_mut_ptr());
-        let hp = SyncPtr(st.h.data.as_mut_ptr());
-        let hpp = SyncPtr(st.h_prev.data.as_mut_ptr());
-        let cp = SyncPtr(st.c.data.as_mut_ptr());
+        let (rv, hpv) = (r.blocks(), st.h_prev.blocks_mut());
+        let (gv, hv, cv) = (st.gates.blocks_mut(), st.h.blocks_mut(), st.c.blocks_mut());
         let blk = bn * bk;
-        self.fwd_nest.run(pool, |i| {
+        let nest = &self.fwd_nest;
+        nest.run(pool, |i| {
             let (ni, ki, t) = (i[0], i[1], i[2]);
             let row = t * nb + ni;
+            // R block-row of gate j for hidden block ki; with prefetching
+            // kernels (R streaming from memory) the next call's comes in
+            // meanwhile: the next gate's, then the next item's first.
+            let r_row = |j: usize, ki: usize| rv.at([j * kb + ki, 0]);
+            let next_item = nest.successor(i).map(|n| n[1]).filter(|&k| k != ki);
             // SAFETY: all offsets are inside buffers whose shapes were
             // checked; the (step, n block, k block) blocks of gates, h,
             // h_prev[t+1] and c[t+1] are written by this item only, and
@@ -468,63 +465,39 @@ impl Rnn {
             // previous step (the steps loop is ordered: a barrier
             // separates steps).
             unsafe {
-                let hprev = (hpp.get() as *const f32).add(row * kb * blk);
-                let gate = |j: usize| gp.get().add((row * gkb + j * kb + ki) * blk);
-                // R block-row of gate j for this item; with prefetching
-                // kernels (R streaming from memory) the next call's comes
-                // in meanwhile: the next gate's, then the next item's.
-                let r_row =
-                    |j: usize, ki: usize| (rp as *const f32).add((j * kb + ki) * kb * bk * bk);
+                let gate = |j: usize| gv.slice([row, j * kb + ki], blk);
                 for j in 0..g {
-                    let next = if j + 1 < g {
-                        r_row(j + 1, ki)
-                    } else {
-                        r_row(0, (ki + 1) % kb)
+                    let next = match (j + 1 < g, next_item) {
+                        (true, _) => r_row(j + 1, ki),
+                        (false, Some(k)) => r_row(0, k),
+                        (false, None) => std::ptr::null(),
                     };
                     self.rec_kernel.execute_raw_ahead(
                         RawBatch::Stride {
                             a: r_row(j, ki),
-                            b: hprev,
+                            b: hpv.at([row, 0]),
                             count: kb,
                         },
-                        gate(j),
+                        gv.at([row, j * kb + ki]),
                         std::ptr::null(),
                         next,
                         kb * bk * bk,
                     );
                 }
-                let hout = std::slice::from_raw_parts_mut(hp.get().add((row * kb + ki) * blk), blk);
+                let hout = hv.slice([row, ki], blk);
                 match self.kind {
-                    CellKind::Rnn => {
-                        cell::rnn_fwd(std::slice::from_raw_parts_mut(gate(0), blk), hout)
-                    }
+                    CellKind::Rnn => cell::rnn_fwd(gate(0), hout),
                     CellKind::Lstm => {
-                        let cprev =
-                            std::slice::from_raw_parts(cp.get().add((row * kb + ki) * blk), blk);
-                        let cnew = std::slice::from_raw_parts_mut(
-                            cp.get().add(((row + nb) * kb + ki) * blk),
-                            blk,
-                        );
-                        cell::lstm_fwd(
-                            std::slice::from_raw_parts_mut(gate(0), blk),
-                            std::slice::from_raw_parts_mut(gate(1), blk),
-                            std::slice::from_raw_parts_mut(gate(2), blk),
-                            std::slice::from_raw_parts_mut(gate(3), blk),
-                            cprev,
-                            cnew,
-                            hout,
-                        );
+                        let (cprev, cnew) =
+                            (cv.slice([row, ki], blk), cv.slice([row + nb, ki], blk));
+                        cell::lstm_fwd(gate(0), gate(1), gate(2), gate(3), cprev, cnew, hout);
                     }
                 }
                 // Hidden padding stays zero by itself: zero weight
                 // rows and bias there give G = 0, so c = f*0 + i*tanh(0)
                 // = 0 and h = o*tanh(0) = 0 (RNN: tanh(0) = 0).
                 if t + 1 < self.t {
-                    std::ptr::copy_nonoverlapping(
-                        hout.as_ptr(),
-                        hpp.get().add(((row + nb) * kb + ki) * blk),
-                        blk,
-                    );
+                    hpv.slice([row + nb, ki], blk).copy_from_slice(hout);
                 }
             }
         });
@@ -567,48 +540,39 @@ impl Rnn {
         let tn = &self.tuning;
         let (bn, bk) = (tn.bn, tn.bk);
         let (nb, kb) = (self.padded_n() / bn, self.padded_k() / bk);
-        let g = self.kind.gates();
-        let gkb = g * kb;
+        let gkb = self.kind.gates() * kb;
         let blk = bn * bk;
         // dc of the step being processed: dc0 doubles as the running buffer.
         gr.dc0.data.fill(0.0);
-        let (dgp, dhp, dcp) = (
-            SyncPtr(gr.dg.data.as_mut_ptr()),
-            SyncPtr(gr.dh.data.as_mut_ptr()),
-            SyncPtr(gr.dc0.data.as_mut_ptr()),
-        );
-        let dh0p = SyncPtr(gr.dh0.data.as_mut_ptr());
-        let rtp = gr.rt.data.as_ptr() as usize;
+        let (dgv, dhv, dcv) = (gr.dg.blocks_mut(), gr.dh.blocks_mut(), gr.dc0.blocks_mut());
+        let (dh0v, rtv) = (gr.dh0.blocks_mut(), gr.rt.blocks());
+        let (gt, cs) = (st.gates.blocks(), st.c.blocks());
+        let nest = &self.bwd_nest;
         // Steps from the last; per step two ordered phases over the
         // (n block, k block) items.
-        self.bwd_nest.run(pool, |i| {
-            let t = self.t - 1 - i[2];
+        nest.run(pool, |i| {
+            let (ni, ki, t) = (i[0], i[1], self.t - 1 - i[2]);
+            let row = t * nb + ni;
             if i[3] == 0 {
                 // Gate gradients of step t, block by block.
-                let (ni, ki) = (i[0], i[1]);
-                let row = t * nb + ni;
-                let off = |j: usize| (row * gkb + j * kb + ki) * blk;
                 // SAFETY: shapes checked above; each (n block, k block) of
                 // dG[t], dc and dh[t] belongs to this item.
                 unsafe {
-                    let dht = std::slice::from_raw_parts(dhp.get().add((row * kb + ki) * blk), blk);
-                    let gt = &st.gates.data;
-                    let dgate =
-                        |j: usize| std::slice::from_raw_parts_mut(dgp.get().add(off(j)), blk);
+                    let kept = |v: View<2>, r: usize, j: usize| {
+                        std::slice::from_raw_parts(v.at([r, j * kb + ki]), blk)
+                    };
+                    let dgate = |j: usize| dgv.slice([row, j * kb + ki], blk);
+                    let dht = &*dhv.slice([row, ki], blk);
                     match self.kind {
-                        CellKind::Rnn => cell::rnn_bwd(&gt[off(0)..][..blk], dht, dgate(0)),
+                        CellKind::Rnn => cell::rnn_bwd(kept(gt, row, 0), dht, dgate(0)),
                         CellKind::Lstm => {
-                            let dc = std::slice::from_raw_parts_mut(
-                                dcp.get().add((ni * kb + ki) * blk),
-                                blk,
-                            );
                             let kept = cell::LstmKept {
-                                gi: &gt[off(0)..][..blk],
-                                gf: &gt[off(1)..][..blk],
-                                gc: &gt[off(2)..][..blk],
-                                go: &gt[off(3)..][..blk],
-                                cnow: &st.c.data[((row + nb) * kb + ki) * blk..][..blk],
-                                cprev: &st.c.data[(row * kb + ki) * blk..][..blk],
+                                gi: kept(gt, row, 0),
+                                gf: kept(gt, row, 1),
+                                gc: kept(gt, row, 2),
+                                go: kept(gt, row, 3),
+                                cnow: kept(cs, row + nb, 0),
+                                cprev: kept(cs, row, 0),
                             };
                             let mut grads = cell::LstmGateGrads {
                                 di: dgate(0),
@@ -616,43 +580,33 @@ impl Rnn {
                                 dc: dgate(2),
                                 dout: dgate(3),
                             };
-                            cell::lstm_bwd(&kept, dht, dc, &mut grads);
+                            cell::lstm_bwd(&kept, dht, dcv.slice([ni, ki], blk), &mut grads);
                         }
                     }
                 }
             } else {
-                // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block.
-                let (ni, kj) = (i[0], i[1]);
-                let row = t * nb + ni;
+                // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block; the
+                // next item's R^T row comes in meanwhile (prefetching kernels
+                // only; see forward).
+                let next = nest
+                    .successor(i)
+                    .filter(|n| n[3] == 1 && n[1] != ki)
+                    .map_or(std::ptr::null(), |n| rtv.at([n[1], 0]));
+                let batch = RawBatch::Stride {
+                    a: rtv.at([ki, 0]),
+                    b: dgv.at([row, 0]),
+                    count: gkb,
+                };
+                let (kernel, out) = if t > 0 {
+                    (&self.rec_t_kernel, dhv.at([row - nb, ki]))
+                } else {
+                    (&self.rec_t_kernel0, dh0v.at([ni, ki]))
+                };
                 // SAFETY: as above; the (n block, hidden block) of
                 // dh[t-1] / dh0 belongs to this item, dG[t] is complete.
                 unsafe {
-                    let batch = RawBatch::Stride {
-                        a: (rtp as *const f32).add(kj * gkb * bk * bk),
-                        b: dgp.get().add(row * gkb * blk) as *const f32,
-                        count: gkb,
-                    };
-                    // The next hidden block's R^T row comes in meanwhile
-                    // (prefetching kernels only; see forward).
-                    let next = (rtp as *const f32).add(((kj + 1) % kb) * gkb * bk * bk);
-                    if t > 0 {
-                        self.rec_t_kernel.execute_raw_ahead(
-                            batch,
-                            dhp.get().add(((row - nb) * kb + kj) * blk),
-                            std::ptr::null(),
-                            next,
-                            gkb * bk * bk,
-                        );
-                    } else {
-                        self.rec_t_kernel0.execute_raw_ahead(
-                            batch,
-                            dh0p.get().add((ni * kb + kj) * blk),
-                            std::ptr::null(),
-                            next,
-                            gkb * bk * bk,
-                        );
-                    }
-                }
+                    kernel.execute_raw_ahead(batch, out, std::ptr::null(), next, gkb * bk * bk)
+                };
             }
         });
         // Reductions over all steps at once.

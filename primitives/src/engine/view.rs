@@ -1,0 +1,149 @@
+//! Typed addressing of a tensor's blocks. A loop body takes its operands'
+//! pointers from block indices (`x.at([nb, cb])`) instead of repeating each
+//! layout's offset algebra; the strides come from the tensor's shape, which
+//! the pass checked at its entry.
+//!
+//! Pointers are formed with wrapping arithmetic, so computing one is safe;
+//! reading or writing through it is the caller's `unsafe`, justified by
+//! that check (and, for [`ViewMut`], by the nest giving each output block
+//! to one thread).
+
+use crate::layout::Blocked;
+use crate::tensor::{Filter, Tensor4};
+
+/// Read-only addressing: the element offset of block `idx` is `idx . strides`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct View<const D: usize> {
+    base: *const f32,
+    strides: [usize; D],
+}
+
+/// Writable addressing, as [`View`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ViewMut<const D: usize> {
+    base: *mut f32,
+    strides: [usize; D],
+}
+
+// SAFETY: views only compute addresses; the passes that dereference them
+// hand disjoint output blocks to the threads of a nest.
+unsafe impl<const D: usize> Send for View<D> {}
+unsafe impl<const D: usize> Sync for View<D> {}
+unsafe impl<const D: usize> Send for ViewMut<D> {}
+unsafe impl<const D: usize> Sync for ViewMut<D> {}
+
+#[inline(always)]
+fn offset<const D: usize>(idx: [usize; D], strides: [usize; D]) -> usize {
+    let mut off = 0;
+    for d in 0..D {
+        off += idx[d] * strides[d];
+    }
+    off
+}
+
+impl<const D: usize> View<D> {
+    /// A view of raw storage (a pass's scratch) with these strides.
+    pub(crate) fn new(data: &[f32], strides: [usize; D]) -> Self {
+        View {
+            base: data.as_ptr(),
+            strides,
+        }
+    }
+    /// The first element of block `idx`.
+    #[inline(always)]
+    pub(crate) fn at(self, idx: [usize; D]) -> *const f32 {
+        self.base.wrapping_add(offset(idx, self.strides))
+    }
+}
+
+impl<const D: usize> ViewMut<D> {
+    /// A writable view of raw storage with these strides.
+    pub(crate) fn new(data: &mut [f32], strides: [usize; D]) -> Self {
+        ViewMut {
+            base: data.as_mut_ptr(),
+            strides,
+        }
+    }
+    /// A writable view from a raw pointer (a thread's partial sums).
+    pub(crate) fn from_ptr(base: *mut f32, strides: [usize; D]) -> Self {
+        ViewMut { base, strides }
+    }
+    /// The first element of block `idx`.
+    #[inline(always)]
+    pub(crate) fn at(self, idx: [usize; D]) -> *mut f32 {
+        self.base.wrapping_add(offset(idx, self.strides))
+    }
+    /// The `len` elements from block `idx` on.
+    ///
+    /// # Safety
+    /// They must lie inside the viewed storage and no other live reference
+    /// may overlap them.
+    #[inline(always)]
+    pub(crate) unsafe fn slice<'a>(self, idx: [usize; D], len: usize) -> &'a mut [f32] {
+        std::slice::from_raw_parts_mut(self.at(idx), len)
+    }
+}
+
+impl Blocked {
+    fn block_strides(&self) -> [usize; 2] {
+        [self.col_blocks() * self.block_len(), self.block_len()]
+    }
+    /// Blocks by `[row block, column block]`.
+    pub(crate) fn blocks(&self) -> View<2> {
+        View::new(&self.data, self.block_strides())
+    }
+    /// Writable blocks by `[row block, column block]`.
+    pub(crate) fn blocks_mut(&mut self) -> ViewMut<2> {
+        let s = self.block_strides();
+        ViewMut::new(&mut self.data, s)
+    }
+}
+
+impl Tensor4 {
+    fn pixel_strides(&self) -> [usize; 4] {
+        let (h, w, bc) = (self.h, self.w, self.bc);
+        [self.c_blocks() * h * w * bc, h * w * bc, w * bc, bc]
+    }
+    /// Pixels by `[image, channel block, row, column]`: each a run of `bc`
+    /// channels.
+    pub(crate) fn pixels(&self) -> View<4> {
+        View::new(&self.data, self.pixel_strides())
+    }
+}
+
+impl Filter {
+    /// Blocks by `[K block, C block, filter row, filter column]`: each a
+    /// `bc x bk` matrix.
+    pub(crate) fn blocks(&self) -> View<4> {
+        let (r, s, blk) = (self.r, self.s, self.bc * self.bk);
+        let cb = self.c.div_ceil(self.bc);
+        View::new(&self.data, [cb * r * s * blk, r * s * blk, s * blk, blk])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Inner;
+
+    #[test]
+    fn views_address_what_the_index_methods_do() {
+        let b = Blocked::zeros(10, 7, 4, 3, Inner::RowMajor).unwrap();
+        let base = b.data().as_ptr();
+        for (i, j) in [(0, 0), (1, 2), (2, 1)] {
+            assert_eq!(b.blocks().at([i, j]), base.wrapping_add(b.block(i, j)));
+        }
+        let t = Tensor4::zeros(2, 5, 3, 4, 2).unwrap();
+        let base = t.data().as_ptr();
+        assert_eq!(
+            t.pixels().at([1, 2, 2, 3]),
+            base.wrapping_add(t.index(1, 4, 2, 3))
+        );
+        let f = Filter::zeros(6, 5, 3, 2, 3, 2).unwrap();
+        let base = f.data().as_ptr();
+        assert_eq!(
+            f.blocks().at([1, 2, 2, 1]),
+            base.wrapping_add(f.index(3, 4, 2, 1))
+        );
+    }
+}
