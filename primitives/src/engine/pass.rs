@@ -65,11 +65,11 @@ impl PassConfig {
 
     /// The default order of a pass with `a` x `b` output blocks and `red`
     /// reduction blocks: both output loops parallel, the one with more blocks
-    /// outside, the reduction innermost. Past [`Self::HEURISTIC_CHUNK`]
+    /// outside, the reduction innermost. Past `HEURISTIC_CHUNK` (8)
     /// reduction blocks the reduction is split into chunks and goes
     /// outermost (`cAB`/`cBA`), where the CPU policy says the split pays;
     /// where it prefetches from L2 and the weights stream from memory, the
-    /// reduction stays innermost in chunks of [`Self::STREAM_CHUNK`]. The
+    /// reduction stays innermost in chunks of `STREAM_CHUNK` (16). The
     /// measurements: `docs/tuning-notes.md`.
     pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
         let outer = if a >= b { "AB" } else { "BA" };
