@@ -53,6 +53,14 @@ pub struct Policy {
     /// The bf16 kernels in order of preference where supported (AMX also
     /// needs every dimension a multiple of 32).
     pub bf16_order: [Bf16Isa; 3],
+    /// Reduction blocks per call where a pass's default order splits a
+    /// long reduction and runs it outermost.
+    pub split_chunk: usize,
+    /// Reduction blocks per call of a weight block-row streamed from
+    /// memory with the reduction innermost (`BeyondL1` cores).
+    pub stream_chunk: usize,
+    /// The longest block-row, in reduction blocks, not treated as streamed.
+    pub stream_row_blocks: usize,
 }
 
 impl Policy {
@@ -65,6 +73,9 @@ impl Policy {
         bf16_prefetch_from: Some(256 << 10),
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
+        split_chunk: 8,
+        stream_chunk: 16,
+        stream_row_blocks: 32,
     };
     /// Intel Sapphire Rapids, and every core not measured.
     pub const DEFAULT: Policy = Policy {
@@ -75,6 +86,9 @@ impl Policy {
         bf16_prefetch_from: None,
         single_pair_tile: None,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
+        split_chunk: 8,
+        stream_chunk: 16,
+        stream_row_blocks: 32,
     };
     /// Every row.
     pub const TABLE: [Policy; 2] = [Policy::ZEN5, Policy::DEFAULT];

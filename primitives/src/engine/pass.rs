@@ -41,9 +41,6 @@ impl PassConfig {
         }
     }
 
-    /// Reduction blocks per call when a pass splits its reduction.
-    pub(crate) const HEURISTIC_CHUNK: usize = 8;
-
     /// [`PassConfig::heuristic`] for a pass whose output loops are the
     /// nest's letters `out[0]` and `out[1]` and whose reduction is `red.0`
     /// (of `red.1` blocks): the heuristic's `a`, `b` and `c` renamed.
@@ -65,44 +62,34 @@ impl PassConfig {
 
     /// The default order of a pass with `a` x `b` output blocks and `red`
     /// reduction blocks: both output loops parallel, the one with more blocks
-    /// outside, the reduction innermost. Past `HEURISTIC_CHUNK` (8)
-    /// reduction blocks the reduction is split into chunks and goes
-    /// outermost (`cAB`/`cBA`), where the CPU policy says the split pays;
+    /// outside, the reduction innermost. Past the CPU policy's
+    /// `split_chunk` reduction blocks the reduction is split into chunks and
+    /// goes outermost (`cAB`/`cBA`), where the policy says the split pays;
     /// where it prefetches from L2 and the weights stream from memory, the
-    /// reduction stays innermost in chunks of `STREAM_CHUNK` (16). The
+    /// reduction stays innermost in chunks of `stream_chunk`. The
     /// measurements: `docs/tuning-notes.md`.
     pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
         let outer = if a >= b { "AB" } else { "BA" };
-        let prefetch = crate::policy().stream_prefetch;
-        let split_pays = match prefetch {
+        let pol = crate::policy();
+        let split_pays = match pol.stream_prefetch {
             StreamPrefetch::BeyondL2 => true,
             StreamPrefetch::BeyondL1 => a >= b,
         };
-        if red > Self::HEURISTIC_CHUNK && split_pays {
+        let streams = a < b && a <= 2 && red > pol.stream_row_blocks;
+        if red > pol.split_chunk && split_pays {
             PassConfig {
-                chunk: Self::HEURISTIC_CHUNK,
+                chunk: pol.split_chunk,
                 ..PassConfig::spec(&format!("c{outer}"))
             }
-        } else if prefetch == StreamPrefetch::BeyondL1
-            && a < b
-            && a <= 2
-            && red > Self::STREAM_ROW_BLOCKS
-        {
+        } else if pol.stream_prefetch == StreamPrefetch::BeyondL1 && streams {
             PassConfig {
-                chunk: Self::STREAM_CHUNK,
+                chunk: pol.stream_chunk,
                 ..PassConfig::spec(&format!("{outer}c"))
             }
         } else {
             PassConfig::spec(&format!("{outer}c"))
         }
     }
-
-    /// Reduction blocks per call for streamed block-rows (see
-    /// [`PassConfig::heuristic`]): 256 KiB of 64x64 blocks.
-    pub(crate) const STREAM_CHUNK: usize = 16;
-    /// Longest block-row, in reduction blocks, not treated as streamed:
-    /// 512 KiB of 64x64 blocks, half of the L2 where this was measured.
-    pub(crate) const STREAM_ROW_BLOCKS: usize = 32;
 
     /// `spec` with no blocking levels and the whole reduction per call.
     pub fn spec(spec: &str) -> Self {
