@@ -32,6 +32,7 @@ fn bench(c: &mut Criterion) {
             let opts = KernelOptions {
                 isa: Some(isa),
                 tile: None,
+                bf16: None,
             };
             let kern = Kernel::with_options(&w.descriptor(BatchForm::Packed), opts).unwrap();
             g.bench_function(BenchmarkId::new(isa.name(), &id), |bch| {

@@ -154,6 +154,7 @@ fn bench_brgemm(o: &Opts) {
                     KernelOptions {
                         isa: Some(isa),
                         tile: o.tile,
+                        bf16: None,
                     },
                 )
                 .expect("valid descriptor");
@@ -752,8 +753,9 @@ fn dp_barrier(u: &brgemm_distributed::mpi::environment::Universe) {
 /// AVX512-BF16 on all, with the fp32 kernel on the same shape in the same run
 /// for the ratio. Blocks fill about 1 MiB as in the fp32 lines.
 fn bench_brgemm_bf16(o: &Opts) {
-    use brgemm::bf16::{bf16, Bf16Isa, Bf16Kernel};
+    use brgemm::bf16::{bf16, Bf16Isa};
     use brgemm::{DataType, Descriptor, RawBatch};
+    use brgemm::{Kernel, KernelOptions};
     let isas: Vec<Bf16Isa> = [Bf16Isa::Amx, Bf16Isa::Avx512Bf16]
         .into_iter()
         .filter(|i| i.is_supported())
@@ -794,7 +796,11 @@ fn bench_brgemm_bf16(o: &Opts) {
         let r32 = measure(|| w.pass(&k32), &probe, min_sample, samples);
         let gf32 = w.flops_per_pass() / r32.secs / 1e9;
         for &isa in &isas {
-            let Ok(kern) = Bf16Kernel::with_isa(&d, isa) else {
+            let opts = KernelOptions {
+                bf16: Some(isa),
+                ..KernelOptions::default()
+            };
+            let Ok(kern) = Kernel::with_options(&d, opts) else {
                 continue;
             }; // AMX: multiples of 32 only
             let mut pass = || {
@@ -813,7 +819,7 @@ fn bench_brgemm_bf16(o: &Opts) {
             let gf = flops / r.secs / 1e9;
             println!(
                 r#"{{"bench":"brgemm","isa":"{}","dtype":"bf16","form":"stride","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{blocks},"threads":1,"gflops":{gf:.1},"fp32_isa":"{isa32}","fp32_gflops":{gf32:.1},"x_fp32":{:.2},"fp32_peak_gflops":{:.1}}}"#,
-                kern.isa().name(),
+                isa.name(),
                 gf / gf32,
                 r.peak_gflops
             );

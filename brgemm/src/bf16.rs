@@ -20,9 +20,9 @@
 //! C is f32, or bf16 with `Descriptor::c_dtype(DataType::Bf16)`: the sum,
 //! alpha, beta (the old bf16 C widened), bias and activation are computed in
 //! f32 on an L1-hot scratch block, then rounded to nearest even
-//! ([`Bf16Kernel::execute_bf16_out`]).
+//! ([`crate::Kernel::execute_bf16_out`]).
 
-use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
+use crate::batch::{AddrSrc, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
 use crate::buffer::{aligned_vec, AlignedVec};
 use crate::desc::{Activation, BatchForm, Beta, DataType, Descriptor};
 use crate::error::{invalid, Error, Result};
@@ -66,15 +66,7 @@ impl Bf16Isa {
     /// Whether this CPU and OS can run it (AMX: CPU support, OS tile state
     /// and the permission granted; `BRGEMM_AMX_DENY` simulates a refusal).
     pub fn is_supported(self) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Bf16Isa::Amx => amx::available(),
-            #[cfg(target_arch = "x86_64")]
-            Bf16Isa::Avx512Bf16 => crate::kernels::avx512bf16_bf16::available(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Bf16Isa::Amx | Bf16Isa::Avx512Bf16 => false,
-            Bf16Isa::Fp32 | Bf16Isa::Reference => true,
-        }
+        crate::kernels::available(self.name(), DataType::Bf16)
     }
     /// `BRGEMM_BF16_ISA` if set (error if unknown or unsupported), else None.
     fn forced() -> Result<Option<Bf16Isa>> {
@@ -143,23 +135,24 @@ pub fn pack_a_vnni(
     Ok(out)
 }
 
-/// A planned bf16 BRGEMM (see the module docs for the layouts).
+/// The bf16 plan behind a [`crate::Kernel`] whose descriptor has dtype
+/// Bf16 (see the module docs for the layouts).
 #[derive(Debug)]
-pub struct Bf16Kernel {
+pub(crate) struct Bf16Plan {
     desc: Descriptor,
     isa: Bf16Isa,
     /// For a bf16 C: the same kernel with an f32 C of leading dimension m
     /// (the scratch block the result is rounded from).
-    f32_twin: Option<Box<Bf16Kernel>>,
+    f32_twin: Option<Box<Bf16Plan>>,
     /// For [`Bf16Isa::Fp32`]: the f32 kernel over the widened, packed batch.
     fp32: Option<std::sync::Arc<crate::Kernel>>,
 }
 
-impl Bf16Kernel {
+impl Bf16Plan {
     /// Plans `desc` (its `dtype` must be [`DataType::Bf16`]) for the first
     /// kernel of the CPU policy's [`crate::Policy::bf16_order`] that runs
     /// here and fits the shape, or `BRGEMM_BF16_ISA`.
-    pub fn new(desc: &Descriptor) -> Result<Bf16Kernel> {
+    pub(crate) fn new(desc: &Descriptor) -> Result<Bf16Plan> {
         let isa = match Bf16Isa::forced()? {
             Some(i) => i,
             None => crate::policy()?
@@ -176,7 +169,7 @@ impl Bf16Kernel {
     }
 
     /// Plans `desc` for `isa` (error if unsupported or if the shape does not fit it).
-    pub fn with_isa(desc: &Descriptor, isa: Bf16Isa) -> Result<Bf16Kernel> {
+    pub(crate) fn with_isa(desc: &Descriptor, isa: Bf16Isa) -> Result<Bf16Plan> {
         if desc.dtype != DataType::Bf16 {
             return Err(invalid(
                 "dtype",
@@ -210,7 +203,7 @@ impl Bf16Kernel {
                     c_dtype: DataType::F32,
                     ..d
                 };
-                Ok::<_, Error>(Box::new(Bf16Kernel {
+                Ok::<_, Error>(Box::new(Bf16Plan {
                     desc: t,
                     isa,
                     f32_twin: None,
@@ -218,7 +211,7 @@ impl Bf16Kernel {
                 }))
             })
             .transpose()?;
-        Ok(Bf16Kernel {
+        Ok(Bf16Plan {
             desc: d,
             isa,
             f32_twin,
@@ -244,88 +237,26 @@ impl Bf16Kernel {
         crate::dispatch(&f).map(Some)
     }
 
-    /// The kernel in use.
-    pub fn isa(&self) -> Bf16Isa {
+    pub(crate) fn isa(&self) -> Bf16Isa {
         self.isa
     }
-    /// The validated descriptor.
-    pub fn descriptor(&self) -> &Descriptor {
+    pub(crate) fn descriptor(&self) -> &Descriptor {
         &self.desc
     }
     /// Elements of A_i read: `2 * lda * (ceil(k/2) - 1) + 2 * m`.
-    pub fn a_extent(&self) -> usize {
+    pub(crate) fn a_extent(&self) -> usize {
         2 * self.desc.lda * (self.desc.k.div_ceil(2) - 1) + 2 * self.desc.m
     }
 
-    /// Runs on checked slices (as [`crate::Kernel::execute`]), f32 C.
-    pub fn execute(
-        &self,
-        batch: Batch<'_, bf16>,
-        c: &mut [f32],
-        bias: Option<&[f32]>,
-    ) -> Result<()> {
-        if self.desc.c_dtype != DataType::F32 {
-            return Err(invalid(
-                "c_dtype",
-                "Bf16",
-                "this kernel writes a bf16 C: use execute_bf16_out",
-            ));
-        }
-        // SAFETY (of the callback): `checked` hands it pointers it checked.
-        self.checked(batch, c, bias, |k, b, c, bias| unsafe {
-            k.execute_raw(b, c, bias)
-        })
-    }
-
-    /// Runs on checked slices with a bf16 C (`c_dtype` Bf16): f32 epilogue,
-    /// then rounding to nearest even.
-    pub fn execute_bf16_out(
-        &self,
-        batch: Batch<'_, bf16>,
-        c: &mut [bf16],
-        bias: Option<&[f32]>,
-    ) -> Result<()> {
-        if self.desc.c_dtype != DataType::Bf16 {
-            return Err(invalid(
-                "c_dtype",
-                "F32",
-                "this kernel writes an f32 C: use execute",
-            ));
-        }
-        // SAFETY (of the callback): `checked` hands it pointers it checked.
-        self.checked(batch, c, bias, |k, b, c, bias| unsafe {
-            k.execute_raw_bf16_out(b, c, bias)
-        })
-    }
-
-    /// The length checks of a call (those of the f32 kernel, with the VNNI
-    /// extent of A), then `run` on the raw pointers.
-    fn checked<C>(
-        &self,
-        batch: Batch<'_, bf16>,
-        c: &mut [C],
-        bias: Option<&[f32]>,
-        run: impl FnOnce(&Self, RawBatch<bf16>, *mut C, *const f32),
-    ) -> Result<()> {
-        crate::plan::checked_call(
-            &self.desc,
-            self.a_extent(),
-            batch,
-            c,
-            bias,
-            |raw, c, bias| run(self, raw, c, bias),
-        )
-    }
-
-    /// As [`Bf16Kernel::execute_raw`] with a bf16 C: the f32 result of the
+    /// As [`Bf16Plan::execute_raw`] with a bf16 C: the f32 result of the
     /// block (old C widened when beta = 1) is rounded to nearest even.
     ///
     /// # Safety
-    /// As [`Bf16Kernel::execute_raw`], C holding bf16 elements.
+    /// As [`Bf16Plan::execute_raw`], C holding bf16 elements.
     ///
     /// # Panics
     /// If the descriptor's `c_dtype` is not Bf16, or the batch form differs.
-    pub unsafe fn execute_raw_bf16_out(
+    pub(crate) unsafe fn execute_raw_bf16_out(
         &self,
         batch: RawBatch<bf16>,
         c: *mut bf16,
@@ -362,12 +293,12 @@ impl Bf16Kernel {
     ///
     /// # Safety
     /// As [`crate::Kernel::execute_raw`], with A_i valid for
-    /// [`Bf16Kernel::a_extent`] elements, and the descriptor's `c_dtype` F32
-    /// (a bf16 C goes through [`Bf16Kernel::execute_raw_bf16_out`]).
+    /// [`Bf16Plan::a_extent`] elements, and the descriptor's `c_dtype` F32
+    /// (a bf16 C goes through [`Bf16Plan::execute_raw_bf16_out`]).
     ///
     /// # Panics
     /// If `batch` is not of the descriptor's form.
-    pub unsafe fn execute_raw(&self, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32) {
+    pub(crate) unsafe fn execute_raw(&self, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32) {
         match (batch, self.desc.batch_form) {
             (RawBatch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
                 self.run(&StrideSrc { a, b, sa, sb }, count, c, bias)
@@ -468,7 +399,7 @@ impl Bf16Kernel {
                     );
                 });
             }
-            _ => reference(d, src, count, c, bias),
+            _ => crate::kernels::reference_bf16::run(d, src, count, c, bias),
         }
     }
 }
@@ -502,37 +433,6 @@ unsafe fn epilogue(
                 v += *bias.add(m0 + r);
             }
             *x = act.apply(v);
-        }
-    }
-}
-
-/// The plain bf16 reference: widen, multiply, accumulate in f32.
-unsafe fn reference<B: BatchSrc<bf16>>(
-    d: &Descriptor,
-    src: &B,
-    count: usize,
-    c: *mut f32,
-    bias: *const f32,
-) {
-    for j in 0..d.n {
-        for r in 0..d.m {
-            let mut s = 0.0f32;
-            for i in 0..count {
-                let (a, b) = (src.a(i), src.b(i));
-                for p in 0..d.k {
-                    let av = (*a.add((p / 2) * 2 * d.lda + 2 * r + p % 2)).to_f32();
-                    s += av * (*b.add(p + j * d.ldb)).to_f32();
-                }
-            }
-            let cp = c.add(j * d.ldc + r);
-            let mut x = d.alpha * s;
-            if d.beta == Beta::One {
-                x += *cp;
-            }
-            if !bias.is_null() {
-                x += *bias.add(r);
-            }
-            *cp = d.epilogue.activation.apply(x);
         }
     }
 }

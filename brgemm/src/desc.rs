@@ -13,7 +13,7 @@ pub enum DataType {
     /// bfloat16 inputs (`half::bf16`), f32 accumulation and f32 output.
     /// A_i is VNNI-packed (see [`crate::bf16::pack_a_vnni`]): element (r, p)
     /// at `(p / 2) * 2 * lda + 2 * r + p % 2`; B_i is plain column-major.
-    /// Planned with [`crate::bf16::Bf16Kernel`].
+    /// Planned by [`crate::Kernel`] on a bf16 kernel.
     Bf16,
 }
 

@@ -55,20 +55,7 @@ impl Isa {
 
     /// Whether this CPU (and this build's target) can run kernels of this ISA.
     pub fn is_supported(self) -> bool {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => std::arch::is_aarch64_feature_detected!("neon"),
-            Isa::Portable | Isa::Reference => true,
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
+        crate::kernels::available(self.name(), crate::DataType::F32)
     }
 
     /// Every ISA this machine supports, strongest first.

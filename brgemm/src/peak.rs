@@ -131,7 +131,7 @@ impl TileCeiling {
     pub fn new(isa: Isa, slice: Duration) -> Result<TileCeiling> {
         let opts = KernelOptions {
             isa: Some(isa),
-            tile: None,
+            ..KernelOptions::default()
         };
         let main = Kernel::with_options(&Descriptor::new(64, 64, CEIL_K), opts)?;
         // No edge tiles: m is the tile's rows, n a multiple of its columns.
@@ -225,6 +225,7 @@ mod tests {
             let opts = KernelOptions {
                 isa: Some(isa),
                 tile: None,
+                bf16: None,
             };
             let main = Kernel::with_options(&Descriptor::new(64, 64, 64), opts).unwrap();
             assert_eq!(c.kernel().register_tile(), main.register_tile(), "{isa}");

@@ -4,6 +4,7 @@ use crate::batch::{AddrSrc, Batch, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
 use crate::blocking::{self, RegisterTile};
 use crate::desc::{BatchForm, Beta, Descriptor, Prefetch};
 use crate::error::{Error, Result};
+use crate::kernel::Kernel;
 use crate::kernels::{self, IsaKernels, TileFamily};
 use crate::tile::{TileCall, TileSet};
 use crate::Isa;
@@ -18,6 +19,9 @@ pub struct KernelOptions {
     /// Force this register tile instead of the model's choice (tuning
     /// experiments; error if the ISA has no such tile).
     pub tile: Option<RegisterTile>,
+    /// For a bf16 descriptor: force this bf16 kernel instead of the CPU
+    /// policy's order (error if unsupported or the shape does not fit).
+    pub bf16: Option<crate::bf16::Bf16Isa>,
 }
 
 enum Runner<B> {
@@ -41,12 +45,9 @@ enum Exec {
     Address(Runner<AddrSrc<f32>>),
 }
 
-/// A planned BRGEMM: validated, dispatched to one ISA and register tile.
-///
-/// `Send + Sync`; share it between threads freely (calls take `&self`).
-/// Calls do no planning work: [`Kernel::execute`] checks slice lengths in
-/// O(1) (O(batch) for the address form) and [`Kernel::execute_raw`] nothing.
-pub struct Kernel {
+/// The f32 plan behind a [`Kernel`]: validated, dispatched to one ISA and
+/// register tile.
+pub(crate) struct F32Plan {
     desc: Descriptor,
     isa: Isa,
     tile: Option<RegisterTile>,
@@ -55,13 +56,13 @@ pub struct Kernel {
     tiles: usize,
 }
 
-// SAFETY: a Kernel holds only plain data and function pointers.
-unsafe impl Send for Kernel {}
-unsafe impl Sync for Kernel {}
+// SAFETY: a plan holds only plain data and function pointers.
+unsafe impl Send for F32Plan {}
+unsafe impl Sync for F32Plan {}
 
-impl std::fmt::Debug for Kernel {
+impl std::fmt::Debug for F32Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel")
+        f.debug_struct("F32Plan")
             .field("desc", &self.desc)
             .field("isa", &self.isa)
             .field("tile", &self.tile)
@@ -137,14 +138,9 @@ fn build_runner<B: BatchSrc<f32>>(
     })
 }
 
-impl Kernel {
-    /// Plans `desc` for the selected ISA (`BRGEMM_ISA` or the best one).
-    pub fn new(desc: &Descriptor) -> Result<Kernel> {
-        Kernel::with_options(desc, KernelOptions::default())
-    }
-
-    /// Plans `desc` with explicit overrides.
-    pub fn with_options(desc: &Descriptor, opts: KernelOptions) -> Result<Kernel> {
+impl F32Plan {
+    /// Plans `desc` (dtype F32) with explicit overrides.
+    pub(crate) fn with_options(desc: &Descriptor, opts: KernelOptions) -> Result<F32Plan> {
         let d = desc.validate()?;
         let isa = match opts.isa {
             Some(i) if !i.is_supported() => return Err(Error::IsaUnsupported { isa: i }),
@@ -171,7 +167,7 @@ impl Kernel {
             Exec::Offset(r) => r.tiles(),
             Exec::Address(r) => r.tiles(),
         };
-        Ok(Kernel {
+        Ok(F32Plan {
             desc: d,
             isa,
             tile,
@@ -180,78 +176,22 @@ impl Kernel {
         })
     }
 
-    /// The validated descriptor (with `Packed` resolved to strides).
-    pub fn descriptor(&self) -> &Descriptor {
+    pub(crate) fn descriptor(&self) -> &Descriptor {
         &self.desc
     }
-    /// The ISA this kernel runs.
-    pub fn isa(&self) -> Isa {
+    pub(crate) fn isa(&self) -> Isa {
         self.isa
     }
-    /// The register tile of the main tiles (`None` for the reference kernel).
-    pub fn register_tile(&self) -> Option<RegisterTile> {
+    pub(crate) fn register_tile(&self) -> Option<RegisterTile> {
         self.tile
     }
-    /// Floating-point operations of one call with `count` batch elements.
-    pub fn flops(&self, count: usize) -> f64 {
-        2.0 * (self.desc.m * self.desc.n * self.desc.k) as f64 * count as f64
-    }
 
-    /// Runs the kernel on checked slices.
-    ///
-    /// `bias` must be `Some` (length >= m) exactly when the descriptor's
-    /// epilogue has a bias. With `Beta::Zero`, `c` is only written.
-    pub fn execute(&self, batch: Batch<'_>, c: &mut [f32], bias: Option<&[f32]>) -> Result<()> {
-        let d = &self.desc;
-        // SAFETY (of the callback): `checked_call` passes only pointers it
-        // checked against the validated descriptor.
-        checked_call(d, d.a_extent(), batch, c, bias, |raw, c, bias| unsafe {
-            self.execute_raw(raw, c, bias)
-        })
-    }
-
-    /// Runs the kernel on raw pointers with no checks: the entry point for
-    /// inner loops of primitives.
+    /// See [`Kernel::execute_raw_ahead`].
     ///
     /// # Safety
-    /// - every A_i (B_i) addressed by `batch` is valid for reads of
-    ///   `descriptor().a_extent()` (`b_extent()`) elements;
-    /// - `c` is valid for reads and writes of `c_extent()` elements and does
-    ///   not overlap any A_i or B_i;
-    /// - `bias` is valid for `m` reads when the epilogue has a bias, and is
-    ///   ignored (may be null) otherwise;
-    /// - for the offset and address forms the tables hold `count` entries.
-    ///
-    /// # Panics
-    /// If `batch` is not of the descriptor's batch form (a programming error).
+    /// As [`Kernel::execute_raw_ahead`].
     #[inline]
-    pub unsafe fn execute_raw(&self, batch: RawBatch, c: *mut f32, bias: *const f32) {
-        self.execute_raw_ahead(batch, c, bias, std::ptr::null(), 0)
-    }
-
-    /// As [`Kernel::execute_raw`], and with a prefetching descriptor
-    /// ([`Prefetch::NextPair`]) also prefetches `ahead_len` elements from
-    /// `ahead` while it computes, one line per k step spread over the tiles
-    /// and pairs (as far as the k steps reach): meant for the next call's A.
-    /// A call reads all of A in its first column of tiles and reuses it from
-    /// cache for the others; when A streams from memory (weights larger than
-    /// L2 used by one or two N blocks) that first column waits on memory
-    /// unless the call before brought A in. Measured, FC forward with 4096
-    /// inputs and outputs, one thread, alternating in one process:
-    /// N = 64 x1.14-1.20, N = 128 x1.05-1.07 (with prefetcht1 instead:
-    /// x1.09-1.11 and x1.04); LSTM forward with K = 1024 and 2048, N = 64:
-    /// x1.04-1.06 (the recurrent half of its work).
-    ///
-    /// The AVX-512 pipelined tiles walk the next pair's B instead wherever
-    /// their share of `ahead` is empty (no region, or used up), so with
-    /// `ahead_len = 0` a B that streams is prefetched (see the primitives'
-    /// convolution); the intrinsic tiles always prefetch a line of it too.
-    ///
-    /// # Safety
-    /// As [`Kernel::execute_raw`]; `ahead` is only prefetched, never read,
-    /// and may be any address.
-    #[inline]
-    pub unsafe fn execute_raw_ahead(
+    pub(crate) unsafe fn execute_raw_ahead(
         &self,
         batch: RawBatch,
         c: *mut f32,
@@ -525,7 +465,7 @@ pub fn dispatch_with(desc: &Descriptor, isa: Isa) -> Result<Arc<Kernel>> {
         desc,
         KernelOptions {
             isa: Some(isa),
-            tile: None,
+            ..KernelOptions::default()
         },
     )?);
     let mut w = cache.write().unwrap_or_else(|e| e.into_inner());

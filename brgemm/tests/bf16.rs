@@ -1,9 +1,19 @@
 //! bf16 kernels against an f64 reference computed from the same bf16 values.
 
-use brgemm::bf16::{bf16, pack_a_vnni, Bf16Isa, Bf16Kernel};
+use brgemm::bf16::{bf16, pack_a_vnni, Bf16Isa};
 use brgemm::{
-    Activation, Batch, BatchForm, Beta, DataType, Descriptor, Epilogue, Offsets, Prefetch,
+    Activation, Batch, BatchForm, Beta, DataType, Descriptor, Epilogue, Kernel, KernelOptions,
+    Offsets, Prefetch,
 };
+
+/// `d` (dtype Bf16) planned on the bf16 kernel `isa`.
+fn with_isa(d: &Descriptor, isa: Bf16Isa) -> brgemm::Result<Kernel> {
+    let opts = KernelOptions {
+        bf16: Some(isa),
+        ..KernelOptions::default()
+    };
+    Kernel::with_options(d, opts)
+}
 use proptest::prelude::*;
 
 fn rnd(seed: &mut u64, n: usize) -> Vec<bf16> {
@@ -98,7 +108,7 @@ impl Case {
         match form {
             0 => {
                 let d = d.batch_form(BatchForm::Stride { a: asz, b: bsz });
-                let kern = Bf16Kernel::with_isa(&d, isa).unwrap();
+                let kern = with_isa(&d, isa).unwrap();
                 kern.execute(
                     Batch::Stride {
                         a: &flat_a,
@@ -112,7 +122,7 @@ impl Case {
             }
             1 => {
                 let d = d.batch_form(BatchForm::Offset);
-                let kern = Bf16Kernel::with_isa(&d, isa).unwrap();
+                let kern = with_isa(&d, isa).unwrap();
                 // Reversed order: offsets really are followed.
                 let offs = Offsets::new(
                     (0..self.count).rev().map(|i| i * asz).collect(),
@@ -132,7 +142,7 @@ impl Case {
             }
             _ => {
                 let d = d.batch_form(BatchForm::Address);
-                let kern = Bf16Kernel::with_isa(&d, isa).unwrap();
+                let kern = with_isa(&d, isa).unwrap();
                 let a: Vec<&[bf16]> = self.a_vnni.iter().map(|v| &v[..]).collect();
                 let b: Vec<&[bf16]> = self.b.iter().map(|v| &v[..]).collect();
                 kern.execute(Batch::Address { a: &a, b: &b }, &mut c, bias)
@@ -238,7 +248,7 @@ fn amx_is_used_where_available_and_falls_back_when_refused() {
     let denied = std::env::var_os("BRGEMM_AMX_DENY").is_some();
     let c = Case::new(64, 64, 64, 2, 0, 1);
     let d = desc(&c, Beta::Zero, 1.0, Epilogue::default());
-    let k = Bf16Kernel::new(&d).unwrap();
+    let k = Kernel::new(&d).unwrap();
     let next = if Bf16Isa::Avx512Bf16.is_supported() {
         Bf16Isa::Avx512Bf16
     } else {
@@ -249,17 +259,21 @@ fn amx_is_used_where_available_and_falls_back_when_refused() {
             Bf16Isa::Amx.is_supported(),
             "CPU lists amx_bf16 but AMX is unavailable"
         );
-        assert_eq!(k.isa(), Bf16Isa::Amx);
+        assert_eq!(k.bf16_isa().unwrap(), Bf16Isa::Amx);
     } else {
         assert!(!Bf16Isa::Amx.is_supported());
-        assert_eq!(k.isa(), next, "fallback when AMX is refused or absent");
+        assert_eq!(
+            k.bf16_isa().unwrap(),
+            next,
+            "fallback when AMX is refused or absent"
+        );
     }
     // A shape AMX cannot take goes to the next kernel.
     let odd = Case::new(33, 17, 7, 2, 1, 3);
     let dd = desc(&odd, Beta::Zero, 1.0, Epilogue::default());
-    assert_eq!(Bf16Kernel::new(&dd).unwrap().isa(), next);
+    assert_eq!(Kernel::new(&dd).unwrap().bf16_isa().unwrap(), next);
     odd.check(&dd, next, 1).unwrap();
-    c.check(&d, k.isa(), 0).unwrap();
+    c.check(&d, k.bf16_isa().unwrap(), 0).unwrap();
 }
 
 /// Two AMX kernels of different shapes interleaved on one thread and on
@@ -310,14 +324,40 @@ fn avx512bf16_is_detected_where_the_cpu_has_it() {
 
 #[test]
 fn bad_bf16_plans_name_the_value() {
+    // One front end: an f32 descriptor plans an f32 kernel, which refuses
+    // bf16 operands by name (and the other way round).
     let d = Descriptor::new(32, 32, 32);
-    let e = Bf16Kernel::new(&d).unwrap_err().to_string();
-    assert!(e.contains("dtype") && e.contains("F32"), "{e}");
+    let (a, b, mut c) = (
+        vec![bf16::ZERO; 32 * 32],
+        vec![bf16::ZERO; 32 * 32],
+        vec![0.0; 32 * 32],
+    );
+    let batch = Batch::Stride {
+        a: &a,
+        b: &b,
+        count: 1,
+    };
+    let e = Kernel::new(&d)
+        .unwrap()
+        .execute(batch, &mut c, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("dtype") && e.contains("Bf16") && e.contains("F32"),
+        "{e}"
+    );
+    let k16 = Kernel::new(&d.dtype(DataType::Bf16)).unwrap();
+    let (a32, b32) = (vec![0.0f32; 32 * 32], vec![0.0f32; 32 * 32]);
+    let batch = Batch::Stride {
+        a: &a32,
+        b: &b32,
+        count: 1,
+    };
+    let e = k16.execute(batch, &mut c, None).unwrap_err().to_string();
+    assert!(e.contains("dtype") && e.contains("planned for Bf16"), "{e}");
     if Bf16Isa::Amx.is_supported() {
         let d = Descriptor::new(30, 32, 32).dtype(DataType::Bf16);
-        let e = Bf16Kernel::with_isa(&d, Bf16Isa::Amx)
-            .unwrap_err()
-            .to_string();
+        let e = with_isa(&d, Bf16Isa::Amx).unwrap_err().to_string();
         assert!(
             e.contains("30x32x32") && e.contains("multiples of 32"),
             "{e}"
@@ -367,11 +407,9 @@ fn bf16_output_is_the_f32_result_rounded_to_nearest_even() {
                 let db = d.c_dtype(DataType::Bf16);
                 match form {
                     0 => {
-                        let kern = Bf16Kernel::with_isa(
-                            &db.batch_form(BatchForm::Stride { a: asz, b: bsz }),
-                            isa,
-                        )
-                        .unwrap();
+                        let kern =
+                            with_isa(&db.batch_form(BatchForm::Stride { a: asz, b: bsz }), isa)
+                                .unwrap();
                         kern.execute_bf16_out(
                             Batch::Stride {
                                 a: &flat_a,
@@ -384,8 +422,7 @@ fn bf16_output_is_the_f32_result_rounded_to_nearest_even() {
                         .unwrap();
                     }
                     1 => {
-                        let kern =
-                            Bf16Kernel::with_isa(&db.batch_form(BatchForm::Offset), isa).unwrap();
+                        let kern = with_isa(&db.batch_form(BatchForm::Offset), isa).unwrap();
                         let offs = Offsets::new(
                             (0..c.count).rev().map(|i| i * asz).collect(),
                             (0..c.count).rev().map(|i| i * bsz).collect(),
@@ -414,8 +451,7 @@ fn bf16_output_is_the_f32_result_rounded_to_nearest_even() {
                         assert!(e.unwrap_err().to_string().contains("c_dtype"));
                     }
                     _ => {
-                        let kern =
-                            Bf16Kernel::with_isa(&db.batch_form(BatchForm::Address), isa).unwrap();
+                        let kern = with_isa(&db.batch_form(BatchForm::Address), isa).unwrap();
                         let a: Vec<&[bf16]> = c.a_vnni.iter().map(|v| &v[..]).collect();
                         let b: Vec<&[bf16]> = c.b.iter().map(|v| &v[..]).collect();
                         kern.execute_bf16_out(Batch::Address { a: &a, b: &b }, &mut cb, bias)

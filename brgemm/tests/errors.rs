@@ -55,6 +55,7 @@ fn invalid_tile_and_isa_are_refused() {
         KernelOptions {
             isa: Some(Isa::Portable),
             tile: Some(t),
+            bf16: None,
         },
     )
     .unwrap_err();
@@ -67,6 +68,7 @@ fn invalid_tile_and_isa_are_refused() {
                 KernelOptions {
                     isa: Some(isa),
                     tile: None,
+                    bf16: None,
                 },
             )
             .unwrap_err();
@@ -104,7 +106,7 @@ fn short_slices_are_reported_per_operand() {
     // count 0 needs no A or B at all.
     k.execute(
         Batch::Stride {
-            a: &[],
+            a: &[0.0f32; 0],
             b: &[],
             count: 0,
         },

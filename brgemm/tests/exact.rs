@@ -12,6 +12,7 @@ fn kernels(d: &Descriptor) -> Vec<Kernel> {
                 KernelOptions {
                     isa: Some(isa),
                     tile: None,
+                    bf16: None,
                 },
             )
             .unwrap()

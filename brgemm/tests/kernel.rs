@@ -77,6 +77,7 @@ fn run_isa(isa: Isa) {
                     KernelOptions {
                         isa: Some(isa),
                         tile: None,
+                        bf16: None,
                     },
                 )
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -159,6 +160,7 @@ fn every_register_tile_is_correct() {
                         KernelOptions {
                             isa: Some(isa),
                             tile: Some(t),
+                            bf16: None,
                         },
                     ) else {
                         continue; // not in this ISA's grid
@@ -194,6 +196,7 @@ fn zero_batch_applies_beta_and_epilogue_only() {
                 KernelOptions {
                     isa: Some(isa),
                     tile: None,
+                    bf16: None,
                 },
             )
             .unwrap();
@@ -227,6 +230,7 @@ fn prefetching_ahead_changes_no_result() {
                 KernelOptions {
                     isa: Some(isa),
                     tile: None,
+                    bf16: None,
                 },
             )
             .unwrap();

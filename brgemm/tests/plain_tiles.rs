@@ -21,6 +21,7 @@ fn plain_and_pipelined_tiles_match_the_reference() {
                 let opts = KernelOptions {
                     isa: Some(isa),
                     tile: Some(t),
+                    bf16: None,
                 };
                 std::env::set_var("BRGEMM_PIPELINE", "0");
                 let plain = Kernel::with_options(&case.desc, opts).unwrap();
@@ -39,6 +40,7 @@ fn plain_and_pipelined_tiles_match_the_reference() {
     let opts = KernelOptions {
         isa: Some(Isa::Avx512),
         tile: None,
+        bf16: None,
     };
     std::env::set_var("BRGEMM_PIPELINE", "0");
     let plain = Kernel::with_options(&d, opts).unwrap();

@@ -1,4 +1,6 @@
-//! Microkernels, one file per ISA and dtype (`<isa>_<dtype>.rs`).
+//! Microkernels, one file per ISA and dtype (`<isa>_<dtype>.rs`), and the
+//! one table ([`TABLE`]) through which every kernel of this build, f32 and
+//! bf16, says whether this CPU runs it.
 //!
 //! Each SIMD file implements [`crate::simd::SimdF32`] for its ISA, wraps the
 //! generic [`crate::tile::tile`] in a `#[target_feature]` entry point, and lists
@@ -8,6 +10,7 @@
 //! a smaller fully unrolled tile rather than masked or scalar code.
 
 use crate::batch::BatchSrc;
+use crate::desc::DataType;
 use crate::tile::TileFn;
 
 #[cfg(target_arch = "x86_64")]
@@ -21,7 +24,96 @@ pub(crate) mod avx512bf16_bf16;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon_f32;
 pub(crate) mod portable_f32;
+pub(crate) mod reference_bf16;
 pub(crate) mod reference_f32;
+
+/// One kernel family of this build: its name (as `BRGEMM_ISA` or
+/// `BRGEMM_BF16_ISA` takes it), the inputs it reads, and whether this CPU
+/// and OS can run it.
+pub(crate) struct Entry {
+    pub(crate) name: &'static str,
+    pub(crate) dtype: DataType,
+    pub(crate) available: fn() -> bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn x86_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+#[cfg(target_arch = "x86_64")]
+fn x86_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+#[cfg(target_arch = "aarch64")]
+fn arm_neon() -> bool {
+    std::arch::is_aarch64_feature_detected!("neon")
+}
+fn always() -> bool {
+    true
+}
+
+/// Every kernel of this build, f32 tiles (generated per ISA) and bf16
+/// kernels alike, strongest first within a dtype.
+pub(crate) const TABLE: &[Entry] = &[
+    #[cfg(target_arch = "x86_64")]
+    Entry {
+        name: "avx512",
+        dtype: DataType::F32,
+        available: x86_avx512,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Entry {
+        name: "avx2",
+        dtype: DataType::F32,
+        available: x86_avx2,
+    },
+    #[cfg(target_arch = "aarch64")]
+    Entry {
+        name: "neon",
+        dtype: DataType::F32,
+        available: arm_neon,
+    },
+    Entry {
+        name: "portable",
+        dtype: DataType::F32,
+        available: always,
+    },
+    Entry {
+        name: "reference",
+        dtype: DataType::F32,
+        available: always,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Entry {
+        name: "amx",
+        dtype: DataType::Bf16,
+        available: amx_bf16::available,
+    },
+    #[cfg(target_arch = "x86_64")]
+    Entry {
+        name: "avx512bf16",
+        dtype: DataType::Bf16,
+        available: avx512bf16_bf16::available,
+    },
+    // The widening kernel runs the f32 tiles of the selected ISA.
+    Entry {
+        name: "fp32",
+        dtype: DataType::Bf16,
+        available: always,
+    },
+    Entry {
+        name: "reference",
+        dtype: DataType::Bf16,
+        available: always,
+    },
+];
+
+/// Whether the kernel `name` for `dtype` is in this build and runs here.
+pub(crate) fn available(name: &str, dtype: DataType) -> bool {
+    TABLE
+        .iter()
+        .any(|e| e.dtype == dtype && e.name == name && (e.available)())
+}
 
 /// What the planner needs to know of one ISA's microkernels.
 pub(crate) trait IsaKernels {

@@ -143,6 +143,7 @@ impl Chunked {
                     brgemm::KernelOptions {
                         isa: None,
                         tile: Some(t),
+                        bf16: None,
                     },
                 )
                 .map(Arc::new),

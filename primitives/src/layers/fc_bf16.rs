@@ -17,15 +17,16 @@ use crate::fc::Fc;
 use crate::layout::{Blocked, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
-use brgemm::bf16::{bf16, Bf16Kernel};
+use brgemm::bf16::bf16;
+use brgemm::Kernel;
 use brgemm::{
     Activation, AlignedVec, BatchForm, DataType, Descriptor, Epilogue, Prefetch, RawBatch,
 };
 
 /// The bf16 forward and backward-data of an [`Fc`] layer.
 pub struct FcBf16 {
-    fwd: Bf16Kernel,
-    bwd: Bf16Kernel,
+    fwd: Kernel,
+    bwd: Kernel,
     nest_fwd: LoopNest,
     nest_bwd: LoopNest,
     bn: usize,
@@ -97,7 +98,7 @@ impl FcBf16 {
             ));
         }
         let (nb, cb, kb) = (fc.n.div_ceil(bn), fc.c.div_ceil(bc), fc.k.div_ceil(bk));
-        let fwd = Bf16Kernel::new(
+        let fwd = Kernel::new(
             &Descriptor::new(bk, bn, bc)
                 .dtype(DataType::Bf16)
                 .prefetch(bf16_prefetch(cb * bc, bn, bk))
@@ -110,7 +111,7 @@ impl FcBf16 {
                     activation: fc.act,
                 }),
         )?;
-        let bwd = Bf16Kernel::new(
+        let bwd = Kernel::new(
             &Descriptor::new(bc, bn, bk)
                 .dtype(DataType::Bf16)
                 .prefetch(bf16_prefetch(kb * bk, bn, bc))
@@ -143,7 +144,7 @@ impl FcBf16 {
 
     /// The bf16 kernel in use (forward), e.g. `Amx`.
     pub fn isa(&self) -> brgemm::bf16::Bf16Isa {
-        self.fwd.isa()
+        self.fwd.bf16_isa().expect("planned with a bf16 descriptor")
     }
 
     /// The work of one pass for [`Pool::for_work`], in f32-equivalent
