@@ -5,7 +5,6 @@ use std::hash::{Hash, Hasher};
 
 /// Element type of A, B and C.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
 pub enum DataType {
     /// IEEE binary32 inputs, accumulation and output.
     #[default]
@@ -15,6 +14,27 @@ pub enum DataType {
     /// at `(p / 2) * 2 * lda + 2 * r + p % 2`; B_i is plain column-major.
     /// Planned by [`crate::Kernel`] on a bf16 kernel.
     Bf16,
+    /// IEEE binary16 inputs, f32 accumulation: the GPU kernels read it
+    /// (plain column-major A); no CPU kernel does.
+    F16,
+}
+
+impl DataType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::F32 => 4,
+            DataType::Bf16 | DataType::F16 => 2,
+        }
+    }
+    /// Lower-case name (`f32`, `bf16`, `f16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "f32",
+            DataType::Bf16 => "bf16",
+            DataType::F16 => "f16",
+        }
+    }
 }
 
 /// How the batch of A_i and B_i is addressed at call time.

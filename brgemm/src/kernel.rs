@@ -105,6 +105,13 @@ impl Kernel {
                 Some(isa) => Bf16Plan::with_isa(desc, isa)?,
                 None => Bf16Plan::new(desc)?,
             }),
+            DataType::F16 => {
+                return Err(invalid(
+                    "dtype",
+                    "F16",
+                    "no CPU kernel reads f16 (the GPU kernels do)",
+                ))
+            }
         };
         Ok(Kernel { plan })
     }

@@ -1,63 +1,43 @@
 //! The GPU descriptor: what is baked into one generated kernel.
 
-use crate::error::{invalid, Result};
+use crate::dtype::vec16;
+use crate::error::{invalid, Error, Result};
 use crate::tiling::Tiling;
-use brgemm::{Activation, Beta, Epilogue};
+use brgemm::{Activation, Beta, Descriptor, Epilogue};
 
 pub use crate::dtype::GpuDtype;
 
-/// How A_i and B_i are found (as in the CPU kernel).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GpuBatch {
-    /// A_i = A + i*a, B_i = B + i*b (elements; baked into the kernel).
-    Stride {
-        /// Elements between A_i and A_{i+1}.
-        a: usize,
-        /// Elements between B_i and B_{i+1}.
-        b: usize,
-    },
-    /// `A_i = A + offs_a[i]`, `B_i = B + offs_b[i]`: element offsets in a device
-    /// table (see [`crate::BatchTable`]).
-    Offset,
-    /// A_i and B_i are addresses read from device tables: device pointers on
-    /// CUDA; on OpenCL (no pointers across buffers) byte addresses within the
-    /// A and B buffers.
-    Address,
-}
+/// How A_i and B_i are found: the CPU kernel's [`brgemm::BatchForm`].
+/// `Stride` bakes the strides into the kernel; `Offset` reads element
+/// offsets from device tables (see [`crate::BatchTable`]); `Address` reads
+/// addresses from device tables (device pointers on CUDA; on OpenCL, with
+/// no pointers across buffers, byte addresses within the A and B buffers);
+/// `Packed` is resolved to strides by validation.
+pub type GpuBatch = brgemm::BatchForm;
 
-/// A GPU BRGEMM: `C[m x n] = act(alpha * sum_{i<batch} A_i[m x k] B_i[k x n] + beta*C + bias)`,
-/// column-major like the CPU kernel (m contiguous in A and C, k in B). The
-/// batch count is a launch argument; everything here is a compile-time
-/// constant of the generated source.
+/// A GPU BRGEMM: a [`brgemm::Descriptor`] (the same fields and the same
+/// validation as on the CPU: `C[m x n] = act(alpha * sum_i A_i[m x k]
+/// B_i[k x n] + beta*C + bias)`, column-major, with plain column-major A
+/// for every dtype) plus what only the GPU kernel fixes: the tables'
+/// alignment and the block tiling. The batch count is a launch argument;
+/// everything here is a compile-time constant of the generated source.
+/// Reads of the CPU fields go through `Deref` (`d.m`, `d.lda`, `d.dtype`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuDescriptor {
-    /// Rows of A and C.
-    pub m: usize,
-    /// Columns of B and C.
-    pub n: usize,
-    /// Columns of A, rows of B.
-    pub k: usize,
-    /// Leading dimension of A (>= m).
-    pub lda: usize,
-    /// Leading dimension of B (>= k).
-    pub ldb: usize,
-    /// Leading dimension of C (>= m).
-    pub ldc: usize,
-    /// Input element type.
-    pub dtype: GpuDtype,
-    /// Batch addressing.
-    pub batch: GpuBatch,
-    /// Scale of the sum.
-    pub alpha: f32,
-    /// Scale of the old C.
-    pub beta: Beta,
-    /// Fused per-row bias and activation.
-    pub epilogue: Epilogue,
+    /// The BRGEMM itself.
+    pub desc: Descriptor,
     /// Offset/address tables promise this alignment (elements); the 16-byte
-    /// `cp.async` path needs [`GpuDtype::vec`]. Set 1 for arbitrary offsets.
+    /// `cp.async` path needs one 16-byte vector. Set 1 for arbitrary offsets.
     pub table_align: usize,
     /// Block tiling; `None` takes [`Tiling::heuristic`].
     pub tiling: Option<Tiling>,
+}
+
+impl std::ops::Deref for GpuDescriptor {
+    type Target = Descriptor;
+    fn deref(&self) -> &Descriptor {
+        &self.desc
+    }
 }
 
 impl GpuDescriptor {
@@ -65,59 +45,51 @@ impl GpuDescriptor {
     /// back-to-back matrices, beta 0, no epilogue, bf16 inputs.
     pub fn new(m: usize, n: usize, k: usize) -> Self {
         GpuDescriptor {
-            m,
-            n,
-            k,
-            lda: m,
-            ldb: k,
-            ldc: m,
-            dtype: GpuDtype::Bf16,
-            batch: GpuBatch::Stride { a: m * k, b: k * n },
-            alpha: 1.0,
-            beta: Beta::Zero,
-            epilogue: Epilogue::default(),
+            desc: Descriptor::new(m, n, k)
+                .dtype(GpuDtype::Bf16)
+                .batch_form(GpuBatch::Stride { a: m * k, b: k * n }),
             table_align: 0,
             tiling: None,
         }
     }
     /// Sets the leading dimension of A.
     pub fn lda(mut self, v: usize) -> Self {
-        self.lda = v;
+        self.desc = self.desc.lda(v);
         self
     }
     /// Sets the leading dimension of B.
     pub fn ldb(mut self, v: usize) -> Self {
-        self.ldb = v;
+        self.desc = self.desc.ldb(v);
         self
     }
     /// Sets the leading dimension of C.
     pub fn ldc(mut self, v: usize) -> Self {
-        self.ldc = v;
+        self.desc = self.desc.ldc(v);
         self
     }
     /// Sets the input type.
     pub fn dtype(mut self, d: GpuDtype) -> Self {
-        self.dtype = d;
+        self.desc = self.desc.dtype(d);
         self
     }
     /// Sets the batch form.
     pub fn batch(mut self, b: GpuBatch) -> Self {
-        self.batch = b;
+        self.desc = self.desc.batch_form(b);
         self
     }
     /// Sets alpha.
     pub fn alpha(mut self, a: f32) -> Self {
-        self.alpha = a;
+        self.desc = self.desc.alpha(a);
         self
     }
     /// Sets beta.
     pub fn beta(mut self, b: Beta) -> Self {
-        self.beta = b;
+        self.desc = self.desc.beta(b);
         self
     }
     /// Sets the epilogue.
     pub fn epilogue(mut self, bias: bool, activation: Activation) -> Self {
-        self.epilogue = Epilogue { bias, activation };
+        self.desc = self.desc.epilogue(Epilogue { bias, activation });
         self
     }
     /// Sets the alignment (elements) that offset/address tables promise.
@@ -131,32 +103,34 @@ impl GpuDescriptor {
         self
     }
 
-    /// Checks every field; returns the descriptor with the tiling and
-    /// table alignment resolved.
+    /// Checks every field once: the CPU descriptor's own validation (sizes,
+    /// leading dimensions, overflow, alpha, `Packed` resolved to strides),
+    /// then what the generated kernel adds (32-bit tile indices, f32 C,
+    /// column-major B, the table alignment and the tiling). Returns the
+    /// descriptor with the tiling and table alignment resolved.
     pub fn validate(&self) -> Result<GpuDescriptor> {
-        let d = *self;
-        for (what, v) in [("m", d.m), ("n", d.n), ("k", d.k)] {
-            if v == 0 {
-                return Err(invalid(what, v, "must be at least 1"));
-            }
+        let desc = self.desc.validate().map_err(Error::from)?;
+        for (what, v) in [("m", desc.m), ("n", desc.n), ("k", desc.k)] {
             if v > i32::MAX as usize / 2 {
                 return Err(invalid(what, v, "exceeds the kernel's 32-bit tile indices"));
             }
         }
-        if d.lda < d.m {
-            return Err(invalid("lda", d.lda, format!("must be >= m = {}", d.m)));
+        if desc.c_dtype != GpuDtype::F32 {
+            return Err(invalid(
+                "c_dtype",
+                format!("{:?}", desc.c_dtype),
+                "the GPU kernels write an f32 C",
+            ));
         }
-        if d.ldb < d.k {
-            return Err(invalid("ldb", d.ldb, format!("must be >= k = {}", d.k)));
+        if desc.b_row_major {
+            return Err(invalid(
+                "b_row_major",
+                true,
+                "the GPU kernels read column-major B",
+            ));
         }
-        if d.ldc < d.m {
-            return Err(invalid("ldc", d.ldc, format!("must be >= m = {}", d.m)));
-        }
-        if !d.alpha.is_finite() {
-            return Err(invalid("alpha", d.alpha, "must be finite"));
-        }
-        let v = d.dtype.vec();
-        let table_align = match (d.batch, d.table_align) {
+        let v = vec16(desc.dtype);
+        let table_align = match (desc.batch_form, self.table_align) {
             (GpuBatch::Stride { .. }, _) => 1,
             (_, 0) => v,
             (_, a) if a == 1 || a == v => a,
@@ -166,56 +140,44 @@ impl GpuDescriptor {
                     a,
                     format!(
                         "must be 1 or {v} (one 16-byte vector of {})",
-                        d.dtype.name()
+                        desc.dtype.name()
                     ),
                 ))
             }
         };
-        let tiling = match d.tiling {
+        let tiling = match self.tiling {
             Some(t) => {
-                t.validate(d.dtype)?;
+                t.validate(desc.dtype)?;
                 t
             }
-            None => Tiling::heuristic(d.m, d.n, d.dtype),
+            None => Tiling::heuristic(desc.m, desc.n, desc.dtype),
         };
         Ok(GpuDescriptor {
+            desc,
             table_align,
             tiling: Some(tiling),
-            ..d
         })
     }
 
     /// Whether A tiles are copied as 16-byte vectors (`cp.async` on CUDA).
     pub(crate) fn vec_a(&self) -> bool {
-        let v = self.dtype.vec();
+        let v = vec16(self.dtype);
         self.lda.is_multiple_of(v)
-            && match self.batch {
+            && match self.batch_form {
                 GpuBatch::Stride { a, .. } => a % v == 0,
                 _ => self.table_align == v,
             }
     }
     /// Whether B tiles are copied as 16-byte vectors.
     pub(crate) fn vec_b(&self) -> bool {
-        let v = self.dtype.vec();
+        let v = vec16(self.dtype);
         self.ldb.is_multiple_of(v)
-            && match self.batch {
+            && match self.batch_form {
                 GpuBatch::Stride { b, .. } => b % v == 0,
                 _ => self.table_align == v,
             }
     }
 
-    /// Elements A_i spans from its first element (`lda*(k-1) + m`).
-    pub fn a_extent(&self) -> usize {
-        self.lda * (self.k - 1) + self.m
-    }
-    /// Elements B_i spans.
-    pub fn b_extent(&self) -> usize {
-        self.ldb * (self.n - 1) + self.k
-    }
-    /// Elements C spans.
-    pub fn c_extent(&self) -> usize {
-        self.ldc * (self.n - 1) + self.m
-    }
     /// Floating-point operations of one call with `batch` pairs.
     pub fn flops(&self, batch: usize) -> f64 {
         2.0 * (self.m * self.n * self.k * batch) as f64
@@ -227,10 +189,11 @@ impl GpuDescriptor {
         let t = self
             .tiling
             .unwrap_or_else(|| Tiling::heuristic(self.m, self.n, self.dtype));
-        let form = match self.batch {
+        let form = match self.batch_form {
             GpuBatch::Stride { a, b } => format!("s{a}_{b}"),
             GpuBatch::Offset => format!("o{}", self.table_align),
             GpuBatch::Address => format!("p{}", self.table_align),
+            GpuBatch::Packed => unreachable!("validation resolves Packed"),
         };
         let act = crate::codegen::act_name(self.epilogue.activation);
         format!(

@@ -50,3 +50,18 @@ pub(crate) fn invalid(
         why: why.into(),
     }
 }
+
+/// The CPU descriptor's validation errors, which the GPU descriptor shares:
+/// the field, its value and the rule keep their names.
+impl From<brgemm::Error> for Error {
+    fn from(e: brgemm::Error) -> Error {
+        match e {
+            brgemm::Error::InvalidDescriptor {
+                field,
+                value,
+                reason,
+            } => invalid(field, value, reason),
+            other => invalid("descriptor", other, "rejected"),
+        }
+    }
+}

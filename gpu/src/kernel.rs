@@ -88,10 +88,10 @@ impl BatchTable {
         b: &[usize],
     ) -> Result<(GpuDescriptor, usize, usize)> {
         let d = d.validate()?;
-        if d.batch != form {
+        if d.batch_form != form {
             return Err(invalid(
                 "batch form",
-                format!("{:?}", d.batch),
+                format!("{:?}", d.batch_form),
                 format!("this table needs GpuBatch::{form:?}"),
             ));
         }
@@ -175,7 +175,7 @@ impl GpuBrgemm {
         if batch > i32::MAX as usize / d.k.div_ceil(d.tiling.expect("validated").bk) {
             return Err(invalid("batch", batch, "too many pairs for one launch"));
         }
-        let (a_reach, b_reach) = match (d.batch, table) {
+        let (a_reach, b_reach) = match (d.batch_form, table) {
             (GpuBatch::Stride { a: sa, b: sb }, None) => {
                 if batch == 0 {
                     (0, 0)

@@ -88,8 +88,8 @@ fn every_variant_compiles_without_spills() {
                     "{name}: no ldmatrix"
                 );
             }
-            if d.lda % d.dtype.vec() == 0
-                && matches!(d.batch, brgemm_gpu::GpuBatch::Stride { a, .. } if a % d.dtype.vec() == 0)
+            if d.lda % (16 / d.dtype.size()) == 0
+                && matches!(d.batch_form, brgemm_gpu::GpuBatch::Stride { a, .. } if a % (16 / d.dtype.size()) == 0)
             {
                 assert!(
                     ptx.contains("cp.async.cg.shared.global"),

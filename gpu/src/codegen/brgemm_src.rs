@@ -21,7 +21,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
         "u16"
     };
     let (va, vb) = (d.vec_a(), d.vec_b());
-    let v = d.dtype.vec();
+    let v = crate::dtype::vec16(d.dtype);
     let mut s = String::new();
     s.push_str(prelude(target));
     let defs: [(&str, usize); 18] = [
@@ -49,7 +49,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     }
     writeln!(s, "#define AROW {}\n#define BROW {}", t.a_row(), t.b_row()).unwrap();
     writeln!(s, "#define ESZ {}", d.dtype.size()).unwrap();
-    if let GpuBatch::Stride { a, b } = d.batch {
+    if let GpuBatch::Stride { a, b } = d.batch_form {
         writeln!(s, "#define SA ((idx_t){a})\n#define SB ((idx_t){b})").unwrap();
     }
     // Scalar reads of the shared tiles (OpenCL, and CUDA f32).
@@ -91,7 +91,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
         )
         .unwrap();
     }
-    let tab = match (d.batch, target) {
+    let tab = match (d.batch_form, target) {
         (GpuBatch::Address, _) => "u64",
         _ => "idx_t",
     };
@@ -203,13 +203,14 @@ fn load_tile(
     et: &str,
 ) -> String {
     let cuda = target == Target::Cuda;
-    let base = |x: &str, tab: &str, stride: &str| match (d.batch, target) {
+    let base = |x: &str, tab: &str, stride: &str| match (d.batch_form, target) {
         (GpuBatch::Stride { .. }, _) => format!("{x} + (idx_t)bi * {stride}"),
         (GpuBatch::Offset, _) => format!("{x} + {tab}[bi]"),
         (GpuBatch::Address, Target::Cuda) => format!("(const {et}*){tab}[bi]"),
         (GpuBatch::Address, Target::OpenCl) => {
             format!("(GLOBAL const {et}*)((GLOBAL const uchar*){x} + {tab}[bi])")
         }
+        (GpuBatch::Packed, _) => unreachable!("validation resolves Packed"),
     };
     let mut s = format!(
         "{{\n      const int bi = ({tt}) / KT, k0 = (({tt}) % KT) * BK, sx = {st};\n      \

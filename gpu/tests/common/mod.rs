@@ -109,7 +109,7 @@ impl Problem {
         let d = d.validate().unwrap();
         let mut r = Lcg(seed);
         let (ae, be) = (d.a_extent(), d.b_extent());
-        let (offs_a, offs_b, alen, blen) = match d.batch {
+        let (offs_a, offs_b, alen, blen) = match d.batch_form {
             GpuBatch::Stride { a, b } => (
                 (0..batch).map(|i| i * a).collect::<Vec<_>>(),
                 (0..batch).map(|i| i * b).collect::<Vec<_>>(),
@@ -185,8 +185,8 @@ impl Problem {
         let b = upload(dev, self.d.dtype, &self.b);
         let mut c = dev.upload(&self.c0)?;
         let bias = dev.upload(&self.bias)?;
-        let table = match self.d.batch {
-            GpuBatch::Stride { .. } => None,
+        let table = match self.d.batch_form {
+            GpuBatch::Stride { .. } | GpuBatch::Packed => None,
             GpuBatch::Offset => Some(BatchTable::offsets(
                 dev,
                 &self.d,
