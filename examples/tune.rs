@@ -457,13 +457,17 @@ fn tune_conv(args: &[String]) {
         v
     };
     let gather = Conv::new(p, Activation::Relu).unwrap().backward_data_form() == "gather";
-    let fwd_specs = ["ABcde", "BAcde", "ABCDe", "BACDe", "aBcde"];
+    // The layer's letters (docs/loop-specs.md): a images, b K, c C blocks,
+    // d rows, e pixel blocks, f, g filter taps.
+    let fwd_specs = ["ABdec", "BAdec", "ABDEc", "BADEc", "aBdec"];
+    // Gather backward-data reduces over b and writes c: the forward specs
+    // with b and c swapped.
     let bwd_specs: &[&str] = if gather {
-        &fwd_specs
+        &["ACdeb", "CAdeb", "ACDEb", "CADEb", "aCdeb"]
     } else {
-        &["ABcdef", "BAcdef"]
+        &["ACdefg", "CAdefg"]
     };
-    let upd_specs = ["aBCDE", "BCDEa", "aBCde"];
+    let upd_specs = ["aBCFG", "BCFGa", "aBCfg"];
     let samples = if quick { 3 } else { 5 };
     let mut rows: Vec<Row> = vec![];
     let t0 = Instant::now();

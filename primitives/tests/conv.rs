@@ -227,8 +227,23 @@ fn every_valid_spec_gives_the_same_result() {
         t.bq = 4;
         t
     };
+    // The layer's letters in every pass: a images, b K, c C blocks, d rows,
+    // e pixel blocks, f, g filter taps. Gather backward-data reduces over b
+    // where forward reduces over c: its specs are forward's with b and c
+    // swapped.
+    let swap_bc = |s: &str| -> String {
+        s.chars()
+            .map(|ch| match ch {
+                'b' => 'c',
+                'c' => 'b',
+                'B' => 'C',
+                'C' => 'B',
+                x => x,
+            })
+            .collect()
+    };
     for spec in [
-        "ABcde", "BAcde", "Aecdb", "abcde", "ABCDe", "eabcd", "AAbcde",
+        "ABdec", "BAdec", "Acdeb", "abdec", "ABDEc", "cabde", "AAbdec",
     ] {
         let mut t = base(&p);
         t.fwd = PassConfig {
@@ -236,20 +251,25 @@ fn every_valid_spec_gives_the_same_result() {
             blocks_a: vec![1],
             ..PassConfig::spec(spec)
         };
-        t.bwd = t.fwd.clone();
+        t.bwd = PassConfig {
+            spec: swap_bc(spec),
+            ..t.fwd.clone()
+        };
         check(p, t, Activation::Relu, 11);
     }
-    for spec in ["ABcdef", "BAfedc", "abcdef", "BAcdef"] {
+    // Scatter: b (every K block in one call) may be left out or named.
+    for spec in ["ACdefg", "CAgfed", "acdefg", "CAdefg", "bACdefg"] {
         let mut t = base(&p2);
         t.bwd = PassConfig::spec(spec);
         check(p2, t, Activation::Identity, 12);
     }
     for (spec, chunk) in [
-        ("aBCDE", 3),
-        ("BCDEa", 1),
-        ("abcde", 5),
-        ("deaBC", 0),
-        ("CBDEa", 2),
+        ("aBCFG", 3),
+        ("BCFGa", 1),
+        ("abcfg", 5),
+        ("fgaBC", 0),
+        ("CBFGa", 2),
+        ("deaBCFG", 2),
     ] {
         for (q, seed) in [(p, 13), (p2, 14)] {
             let mut t = base(&q);
@@ -307,11 +327,14 @@ fn bad_shapes_and_buffers_are_errors() {
     // A 4x4 filter transposed has the same dims: not an error here.
     assert!(e.is_none());
     let mut t = ConvTuning::heuristic(&p);
-    t.upd = PassConfig::spec("Abcde");
+    t.upd = PassConfig::spec("Abcfg");
     let e = Conv::with_tuning(p, Activation::Relu, t)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("conv upd") && e.contains("Abcde"), "{e}");
+    assert!(
+        e.contains("conv upd") && e.contains("Abcfg") && e.contains("pairs"),
+        "{e}"
+    );
     let e = Conv::new(p, Activation::Gelu).unwrap_err().to_string();
     assert!(e.contains("Gelu"), "{e}");
 }

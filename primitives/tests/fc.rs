@@ -335,10 +335,16 @@ fn bad_specs_shapes_and_buffers_name_the_value() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("unknown loop letter 'z'"), "{e}");
-    let e = Fc::with_tuning(64, 64, 64, Activation::Relu, t("Ba"))
+    // Two C blocks: loop c cannot be left out (a loop of one block can).
+    let t2 = FcTuning {
+        upd: PassConfig::spec("Ba"),
+        ..FcTuning::heuristic(64, 128, 64)
+    };
+    let e = Fc::with_tuning(64, 128, 64, Activation::Relu, t2)
         .unwrap_err()
         .to_string();
     assert!(e.contains("loop 'c' (C blocks) is missing"), "{e}");
+    assert!(Fc::with_tuning(64, 64, 64, Activation::Relu, t("Ba")).is_ok());
     let blk = FcTuning {
         fwd: PassConfig {
             blocks_a: vec![3],

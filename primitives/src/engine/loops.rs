@@ -8,6 +8,7 @@
 //! - a letter repeated adds a blocking level: with `blocks = [B1, B2]` the
 //!   string `a..a..a` walks loop a in steps of B1, then B2 inside each B1
 //!   block, then `step` inside each B2 block;
+//! - a loop of a single iteration may be left out (it then runs outermost);
 //! - an upper-case letter runs in parallel. All upper-case letters must be
 //!   adjacent: that group is collapsed into one iteration space and split
 //!   statically, in contiguous chunks, over the pool's threads. Serial loops
@@ -345,6 +346,21 @@ impl LoopNest {
                 step: 0,
                 outer: None,
             });
+        }
+        // A loop of one iteration may be left out: it runs outermost.
+        for lp in (0..loops.len()).rev() {
+            if count[lp] == 0 && loops[lp].trips() <= 1 {
+                count[lp] = 1;
+                levels.insert(
+                    0,
+                    Level {
+                        lp,
+                        step: 0,
+                        outer: None,
+                    },
+                );
+                par_levels.iter_mut().for_each(|x| *x += 1);
+            }
         }
         for (lp, &c) in count.iter().enumerate() {
             let letter = (b'a' + lp as u8) as char;
@@ -728,6 +744,23 @@ mod tests {
                 assert_eq!(next.as_ref(), order.get(k + 1), "{spec} after {p:?}");
             }
         }
+    }
+
+    #[test]
+    fn single_iteration_loops_may_be_left_out() {
+        let loops = || {
+            vec![
+                LoopDef::new("a", 3, 1),
+                LoopDef::new("one", 1, 1),
+                LoopDef::new("c", 4, 2),
+            ]
+        };
+        let pool = Pool::new(2).unwrap();
+        let want = collect(&LoopNest::new(loops(), "abC").unwrap(), &pool);
+        assert_eq!(collect(&LoopNest::new(loops(), "aC").unwrap(), &pool), want);
+        assert_eq!(collect(&LoopNest::new(loops(), "CA").unwrap(), &pool), want);
+        let e = LoopNest::new(loops(), "ab").unwrap_err().to_string();
+        assert!(e.contains("loop 'c' (c) is missing"), "{e}");
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub(super) struct GatherGeom {
     pub(super) dil: usize,
     pub(super) bq: usize,
     pub(super) flip: bool,
+    /// The output blocks are the layer's K blocks (forward) rather than its
+    /// C blocks (backward-data): which of the nest's loops b (K blocks) and
+    /// c (C blocks) is the output and which the reduction.
+    pub(super) out_is_k: bool,
 }
 
 /// Prefetch of the gather passes' kernels: where the CPU policy prefetches
@@ -53,6 +57,9 @@ fn single_pair_tile(bo: usize, pairs: usize) -> Option<brgemm::RegisterTile> {
 pub(super) struct Gather {
     pub(super) g: GatherGeom,
     pub(super) nest: LoopNest,
+    /// Nest loops of the output blocks and of the reduction's chunks.
+    pub(super) out_loop: usize,
+    pub(super) red_loop: usize,
     pub(super) main: Chunked,
     pub(super) tail: Option<Chunked>,
     pub(super) chunk: usize,
@@ -68,28 +75,26 @@ impl Gather {
         cfg: &PassConfig,
         ep: Epilogue,
     ) -> Result<Gather> {
-        let chunk = if cfg.chunk == 0 {
-            g.in_blocks
-        } else {
-            cfg.chunk.min(g.in_blocks)
-        };
+        let chunk = cfg.chunk_of(g.in_blocks);
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
         let g = GatherGeom {
             bq: g.bq.min(g.q),
             ..g
         };
         let nqb = g.q.div_ceil(g.bq);
-        let nest = nest(
-            which,
-            vec![
-                LoopDef::new("images", g.n, 1),
-                LoopDef::new("output blocks", g.out_blocks, 1),
-                LoopDef::new("output rows", g.p, 1),
-                LoopDef::new("pixel blocks", nqb, 1),
-                LoopDef::new("input-block chunks", g.in_blocks, chunk).reduction(),
-            ],
-            cfg,
-        )?;
+        // The layer's letters: a images, b K blocks, c C blocks, d rows and
+        // e pixel blocks of the pass's output.
+        let (out_loop, red_loop) = if g.out_is_k { (1, 2) } else { (2, 1) };
+        let mut loops = vec![
+            LoopDef::new("images", g.n, 1),
+            LoopDef::new("K blocks", 0, 1),
+            LoopDef::new("C blocks", 0, 1),
+            LoopDef::new("rows", g.p, 1),
+            LoopDef::new("pixel blocks", nqb, 1),
+        ];
+        loops[out_loop].end = g.out_blocks;
+        loops[red_loop] = LoopDef::new(loops[red_loop].name, g.in_blocks, chunk).reduction();
+        let nest = nest(which, loops, cfg)?;
         let desc = |n| {
             Descriptor::new(g.bo, n, g.bi)
                 .ldb(g.stride * g.bi)
@@ -118,6 +123,8 @@ impl Gather {
         Ok(Gather {
             g,
             nest,
+            out_loop,
+            red_loop,
             main,
             tail,
             chunk,
@@ -165,7 +172,7 @@ impl Gather {
         let (out_blocks, plane) = (g.out_blocks, g.p * g.q * g.bo);
         let yv = ViewMut::new(y, [out_blocks * plane, plane, g.q * g.bo, g.bo]);
         self.nest.run(pool, |i| {
-            let (ni, ob, pr, qb, c0) = (i[0], i[1], i[2], i[3], i[4]);
+            let (ni, ob, pr, qb, c0) = (i[0], i[self.out_loop], i[3], i[4], i[self.red_loop]);
             let q0 = qb * g.bq;
             let cnt = self.chunk.min(g.in_blocks - c0);
             let ks = if q0 + g.bq <= g.q {

@@ -6,12 +6,17 @@
 //! alike). Borders are handled by reading a zero-padded copy of the input
 //! (made once per call, O(input)), so the hot loop has no per-pixel branch.
 //!
-//! | pass | loops (spec letters a..) | one BRGEMM (m x n x k) | batch (reduction) |
-//! |---|---|---|---|
-//! | fwd | N, K blocks, P rows, Q blocks, C chunks | bk x bq pixels x bc | C blocks of the chunk x R x S (offsets) |
-//! | bwd, gather | N, C blocks, H rows, W blocks, K chunks | bc x bq x bk | K blocks x R x S, taps flipped |
-//! | bwd, scatter | N, C blocks, P rows, Q blocks, R, S | bc x bq x bk | K blocks (stride), beta = 1 |
-//! | upd | row chunks, K blocks, C blocks, R, S | bk x bc x Q | the chunk's (image, row) pairs (offsets) |
+//! Every pass uses the same letters: `a` images, `b` K blocks, `c` C
+//! blocks, `d` rows and `e` pixel blocks of the pass's output, `f` filter
+//! rows, `g` filter columns; a loop of one iteration may be left out of a
+//! spec (`docs/loop-specs.md`).
+//!
+//! | pass | loops | reduction | one BRGEMM (m x n x k) | batch |
+//! |---|---|---|---|---|
+//! | fwd | a b c d e | c (chunks of C blocks) | bk x bq pixels x bc | C blocks of the chunk x R x S (offsets) |
+//! | bwd, gather | a b c d e | b (chunks of K blocks) | bc x bq x bk | K blocks x R x S, taps flipped |
+//! | bwd, scatter | a b c d e f g | b (one iteration: all K blocks), d..g (beta = 1) | bc x bq x bk | K blocks (stride) |
+//! | upd | a b c (d e: one iteration) f g | a ((image, row) pairs, chunks) | bk x bc x Q | the chunk's pairs (offsets) |
 //!
 //! - **Forward**: the C tile is a run of `bq` output pixels of one output
 //!   row (of the whole image when the convolution is 1x1, stride 1, no
@@ -35,7 +40,7 @@
 //!   Every `dW[kb][cb][r][s]` block belongs to one thread: no races, no
 //!   partial sums (except with fewer than 8 blocks per thread, where the
 //!   threads split the rows into partial sums instead; see
-//!   [`Conv::backward_weights`]). The default `aBCDE` walks chunks of rows outermost and
+//!   [`Conv::backward_weights`]). The default `aBCFG` walks chunks of rows outermost and
 //!   the taps of a chunk inside, so a chunk is read from memory once and
 //!   reused from L2 for all R x S taps.
 //!
@@ -211,6 +216,7 @@ impl Conv {
                 dil: pr.dilation,
                 bq,
                 flip: false,
+                out_is_k: true,
             },
             &t.fwd,
             Epilogue {
@@ -241,13 +247,16 @@ impl Conv {
                     dil: d,
                     bq: bqb,
                     flip: true,
+                    out_is_k: false,
                 },
                 &t.bwd,
                 Epilogue::default(),
             )?))
         } else {
+            // All K blocks in each call: loop b has one iteration.
             let loops = vec![
                 LoopDef::new("images", pr.n, 1),
+                LoopDef::new("K blocks", kb, kb).reduction(),
                 LoopDef::new("C blocks", cb, 1),
                 LoopDef::new("output rows", p, 1).reduction(),
                 LoopDef::new("pixel blocks", q.div_ceil(bq), 1).reduction(),
@@ -290,18 +299,19 @@ impl Conv {
                 b_off.push(((ni * cb * hp + pi * st) * wp) * t.bc);
             }
         }
-        let mut uloops = vec![
-            LoopDef::new("row chunks", rows, chunk).reduction(),
+        // The reduction runs over (image, row) pairs in chunks that may cross
+        // images: loop a walks them, and d (rows) and e (pixel blocks) have
+        // one iteration each (a call reads whole rows).
+        let uloops = vec![
+            LoopDef::new("(image, row) pairs", rows, chunk).reduction(),
             LoopDef::new("K blocks", kb, 1),
             LoopDef::new("C blocks", cb, 1),
+            LoopDef::new("rows (in a)", 1, 1),
+            LoopDef::new("pixel blocks (whole rows)", 1, 1),
             LoopDef::new("filter rows", pr.r, 1),
             LoopDef::new("filter columns", pr.s, 1),
         ];
-        // Blocking levels of the spec's first two loops apply to K and C
-        // blocks here, which are loops b and c.
-        uloops[1] = uloops[1].clone().blocks(t.upd.blocks_a.clone());
-        uloops[2] = uloops[2].clone().blocks(t.upd.blocks_b.clone());
-        let unest = LoopNest::named("conv upd", uloops, &t.upd.spec)?;
+        let unest = nest("upd", uloops, &t.upd)?;
         let upd = Upd {
             nest: unest,
             // B_i = a row of X read in place, pixels (k) strided by
@@ -498,7 +508,7 @@ impl Conv {
         // The padded dX planes by (image, C block, row, column).
         let bv = ViewMut::new(&mut buf[..], [cb * plane, plane, wp * t.bc, t.bc]);
         sc.nest.run(pool, |i| {
-            let (ni, ci, pi, qb, r, s) = (i[0], i[1], i[2], i[3], i[4], i[5]);
+            let (ni, ci, pi, qb, r, s) = (i[0], i[2], i[3], i[4], i[5], i[6]);
             let q0 = qb * sc.bq;
             let k = if q0 + sc.bq <= q {
                 &sc.main
@@ -597,7 +607,7 @@ impl Conv {
         // into `dw_out`/`db_out` (the layer's or a thread's partials);
         // `first`/`last`: the first and last chunk that output sees.
         let item = |i: &[usize], dw_out: *mut f32, db_out: *mut f32, first: bool, last: bool| {
-            let (r0, ki, ci, r, s) = (i[0], i[1], i[2], i[3], i[4]);
+            let (r0, ki, ci, r, s) = (i[0], i[1], i[2], i[5], i[6]);
             let cnt = u.chunk.min(rows - r0);
             let a = dzv.at([ki]);
             if ci == 0 && r == 0 && s == 0 {

@@ -161,15 +161,17 @@ pub struct ConvTuning {
     pub bk: usize,
     /// Output pixels per BRGEMM call in forward and backward-data (BRGEMM n).
     pub bq: usize,
-    /// Forward: spec over (N, K blocks, P rows, Q blocks, C chunks); `chunk`
-    /// C blocks per call (0: all).
+    /// Forward. Every pass uses the layer's letters: `a` images, `b` K
+    /// blocks, `c` C blocks, `d` rows and `e` pixel blocks of the pass's
+    /// output, `f` filter rows, `g` filter columns (`docs/loop-specs.md`).
+    /// Forward reduces over c, `chunk` C blocks per call (0: all).
     pub fwd: PassConfig,
-    /// Backward-data: gather form (stride 1) over (N, C blocks, H rows, W
-    /// blocks, K chunks), `chunk` K blocks per call; scatter form (other
-    /// strides) over (N, C blocks, P rows, Q blocks, R, S).
+    /// Backward-data: the gather form (stride 1) reduces over b, `chunk` K
+    /// blocks per call; the scatter form (other strides) takes every K
+    /// block in each call (b has one iteration) and walks d..g.
     pub bwd: PassConfig,
-    /// Backward-weights: spec over (row chunks, K blocks, C blocks, R, S);
-    /// `chunk` (image, row) pairs per call (0: the heuristic's).
+    /// Backward-weights: reduces over a, which walks (image, row) pairs,
+    /// `chunk` per call (0: the heuristic's); d and e have one iteration.
     pub upd: PassConfig,
 }
 
@@ -190,13 +192,14 @@ impl ConvTuning {
     /// fewer than 64 channels are one block; else 64 with zero padding): a
     /// 64-row output block is four AVX-512 vectors for the register tile;
     /// 32 where a filter block-row would pass 1 MiB.
-    /// Pixel runs of up to 64 (see the module docs). Specs `ABcde` for
-    /// forward and gather backward-data (images and output blocks parallel;
-    /// `BAcde`, output blocks outer, when the filter exceeds 2 MiB; with
-    /// output rows and pixel blocks parallel too, `ABCDe`/`BACDe`, when
-    /// there are fewer than 64 image x block items),
-    /// `ABcdef` for scatter, `aBCDE` for the update with chunks of rows that
-    /// keep a chunk's dY and X rows within about 256 KiB of L2.
+    /// Pixel runs of up to 64 (see the module docs). Specs `ABdec` for
+    /// forward and `ACdeb` for gather backward-data (images and output
+    /// blocks parallel; output blocks outer, `BAdec`/`CAdeb`, when the
+    /// filter exceeds 2 MiB; with rows and pixel blocks parallel too,
+    /// `ABDEc`/`BADEc` and `ACDEb`/`CADEb`, when there are fewer than 64
+    /// image x block items), `ACdefg` for scatter, `aBCFG` for the update
+    /// with chunks of rows that keep a chunk's dY and X rows within about
+    /// 256 KiB of L2.
     pub fn heuristic(p: &ConvParams) -> ConvTuning {
         let cands = [64, 48, 32, 16];
         let (mut bc, mut bk) = (pick_block(p.c, &cands), pick_block(p.k, &cands));
@@ -227,22 +230,22 @@ impl ConvTuning {
         // 256->64 fwd x1.01-1.06, bwd x0.99-1.18; 128 at 28x28 x1.01-1.05;
         // 512 at 7x7 (128 items, unchanged) x0.97-1.03.
         let few = p.n * p.k.div_ceil(bk).min(p.c.div_ceil(bc)) < 64;
-        let gather = match (big, few) {
-            (true, true) => "BACDe",
-            (true, false) => "BAcde",
-            (false, true) => "ABCDe",
-            (false, false) => "ABcde",
+        let (fwd, bwd) = match (big, few) {
+            (true, true) => ("BADEc", "CADEb"),
+            (true, false) => ("BAdec", "CAdeb"),
+            (false, true) => ("ABDEc", "ACDEb"),
+            (false, false) => ("ABdec", "ACdeb"),
         };
         let row = if p.pointwise() { p.p() * p.q() } else { p.q() };
         ConvTuning {
             bc,
             bk,
             bq: pixel_block(row),
-            fwd: PassConfig::spec(gather),
-            bwd: PassConfig::spec(if p.bwd_gathers() { gather } else { "ABcdef" }),
+            fwd: PassConfig::spec(fwd),
+            bwd: PassConfig::spec(if p.bwd_gathers() { bwd } else { "ACdefg" }),
             upd: PassConfig {
                 chunk: upd_chunk(p, bc, bk),
-                ..PassConfig::spec("aBCDE")
+                ..PassConfig::spec("aBCFG")
             },
         }
     }
