@@ -68,7 +68,7 @@ fn run_isa(isa: Isa) {
             &strat,
             |((m, n, k, count), form, beta, alpha, pad, ep, (seed, pf, rm))| {
                 let mut case =
-                    Case::with_b_layout(m, n, k, count, form, beta, alpha, pad, ep, seed, rm);
+                    Case::with_b_layout((m, n, k), count, form, beta, alpha, pad, ep, seed, rm);
                 if pf {
                     case.desc = case.desc.prefetch(Prefetch::NextPair);
                 }

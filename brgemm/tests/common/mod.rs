@@ -66,7 +66,15 @@ impl Case {
         seed: u64,
     ) -> Case {
         Case::with_b_layout(
-            m, n, k, count, form, beta, alpha, pad, epilogue, seed, false,
+            (m, n, k),
+            count,
+            form,
+            beta,
+            alpha,
+            pad,
+            epilogue,
+            seed,
+            false,
         )
     }
 
@@ -84,9 +92,7 @@ impl Case {
         };
         let seed = (mv * 100 + nr) as u64;
         Case::with_b_layout(
-            m,
-            n,
-            k,
+            (m, n, k),
             3,
             form,
             Beta::One,
@@ -98,11 +104,10 @@ impl Case {
         )
     }
 
-    /// As [`Case::new`], with B_i row-major when `b_row_major`.
+    /// As [`Case::new`] (dimensions as one tuple), with B_i row-major when
+    /// `b_row_major`.
     pub fn with_b_layout(
-        m: usize,
-        n: usize,
-        k: usize,
+        (m, n, k): (usize, usize, usize),
         count: usize,
         form: Form,
         beta: Beta,
