@@ -7,6 +7,9 @@
 //!   times, with AVX-512, AVX2, NEON, portable and reference microkernels.
 //! - [`primitives`] (crate `brgemm-primitives`): loop nests, blocked layouts,
 //!   the FC layer, losses, optimizers and the [`primitives::Mlp`] model.
+//! - [`nn`] (crate `brgemm-nn`): networks as graphs of layers (a `Layer`
+//!   trait over the primitives, residual joins, shape checks when a graph
+//!   is built).
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
 //! - [`train`], [`train_cnn`], [`train_lstm`]: the MLP, CNN and sequence
@@ -25,6 +28,7 @@ pub use brgemm as kernel;
 pub use brgemm_distributed as distributed;
 #[cfg(feature = "gpu")]
 pub use brgemm_gpu as gpu;
+pub use brgemm_nn as nn;
 pub use brgemm_primitives as primitives;
 
 pub mod data;

@@ -1,0 +1,322 @@
+//! A network as a graph of layers: chains, and branches that join again by
+//! addition (the residual shortcut, with or without a projection). Shapes
+//! are checked as the graph is built; forward runs the nodes in the order
+//! they were added, backward in reverse, summing the gradients of a node
+//! that feeds several others.
+
+use crate::error::{Error, Result};
+use crate::layer::{Layer, Mode, Param};
+use crate::tensor::{Shape, Tensor};
+use brgemm_primitives::optim::{OptState, Optimizer};
+use brgemm_primitives::Pool;
+
+/// A node of a graph under construction (or built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeId(usize);
+
+enum Op {
+    Input,
+    Layer(Box<dyn Layer>),
+    Add,
+}
+
+struct Node {
+    op: Op,
+    inputs: Vec<usize>,
+    shape: Shape,
+}
+
+/// Builds a [`Graph`]: every node is added after its inputs, so the order
+/// of addition is an order of evaluation.
+pub struct GraphBuilder {
+    nodes: Vec<Node>,
+}
+
+impl GraphBuilder {
+    /// A graph whose input has `shape` (minibatch included).
+    pub fn new(shape: Shape) -> GraphBuilder {
+        GraphBuilder {
+            nodes: vec![Node {
+                op: Op::Input,
+                inputs: vec![],
+                shape,
+            }],
+        }
+    }
+
+    /// The input node.
+    pub fn input(&self) -> NodeId {
+        NodeId(0)
+    }
+
+    /// The output shape of `node`.
+    pub fn shape(&self, node: NodeId) -> Shape {
+        self.nodes[node.0].shape
+    }
+
+    fn check(&self, node: NodeId) -> Result<()> {
+        if node.0 < self.nodes.len() {
+            Ok(())
+        } else {
+            Err(Error::Graph(format!(
+                "node {} is not in this graph",
+                node.0
+            )))
+        }
+    }
+
+    /// Adds `layer` fed by `from`, planned for `from`'s output shape; a
+    /// shape the layer cannot take is an error naming both.
+    pub fn layer(&mut self, from: NodeId, mut layer: impl Layer + 'static) -> Result<NodeId> {
+        self.check(from)?;
+        let shape = layer.build(self.shape(from))?;
+        self.nodes.push(Node {
+            op: Op::Layer(Box::new(layer)),
+            inputs: vec![from.0],
+            shape,
+        });
+        Ok(NodeId(self.nodes.len() - 1))
+    }
+
+    /// Adds `a + b` (the residual join); their shapes must be equal.
+    pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId> {
+        self.check(a)?;
+        self.check(b)?;
+        let (left, right) = (self.shape(a), self.shape(b));
+        if left != right {
+            return Err(Error::Join {
+                node: self.nodes.len(),
+                left,
+                right,
+            });
+        }
+        self.nodes.push(Node {
+            op: Op::Add,
+            inputs: vec![a.0, b.0],
+            shape: left,
+        });
+        Ok(NodeId(self.nodes.len() - 1))
+    }
+
+    /// The graph computing `output`. Every node must contribute to it (a
+    /// layer that does not would train on stale gradients).
+    pub fn build(self, output: NodeId) -> Result<Graph> {
+        self.check(output)?;
+        let mut used = vec![false; self.nodes.len()];
+        used[output.0] = true;
+        for i in (0..=output.0).rev() {
+            if used[i] {
+                for &j in &self.nodes[i].inputs {
+                    used[j] = true;
+                }
+            }
+        }
+        if let Some(i) = used.iter().position(|u| !u) {
+            let what = match &self.nodes[i].op {
+                Op::Layer(l) => l.name(),
+                Op::Add => "add".into(),
+                Op::Input => "input".into(),
+            };
+            return Err(Error::Graph(format!(
+                "node {i} ({what}) does not reach the output node {}",
+                output.0
+            )));
+        }
+        let n = output.0 + 1;
+        let mut nodes = self.nodes;
+        nodes.truncate(n);
+        Ok(Graph {
+            nodes,
+            acts: vec![None; n],
+            opt: Vec::new(),
+        })
+    }
+}
+
+/// A built network: forward, backward, and the optimizer step.
+pub struct Graph {
+    nodes: Vec<Node>,
+    /// Each node's output of the last forward.
+    acts: Vec<Option<Tensor>>,
+    opt: Vec<OptState>,
+}
+
+impl Graph {
+    /// The input shape it was built for.
+    pub fn input_shape(&self) -> Shape {
+        self.nodes[0].shape
+    }
+    /// The output shape.
+    pub fn output_shape(&self) -> Shape {
+        self.nodes[self.nodes.len() - 1].shape
+    }
+    /// The layers' names, in order of evaluation.
+    pub fn layer_names(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Layer(l) => Some(l.name()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The output for `x`; in [`Mode::Train`] every layer keeps what its
+    /// backward needs.
+    pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        x.expect("graph input", self.input_shape())?;
+        self.acts[0] = Some(x.clone());
+        for i in 1..self.nodes.len() {
+            let (acts, node) = (&self.acts, &mut self.nodes[i]);
+            let input = |k: usize| acts[node.inputs[k]].as_ref().expect("inputs run first");
+            let out = match &mut node.op {
+                Op::Layer(l) => {
+                    let x = acts[node.inputs[0]].as_ref().expect("inputs run first");
+                    l.forward(pool, x, mode)?
+                }
+                Op::Add => {
+                    let mut y = input(0).clone();
+                    for (a, b) in y.data_mut().iter_mut().zip(input(1).data()) {
+                        *a += b;
+                    }
+                    y
+                }
+                Op::Input => unreachable!("only node 0 is the input"),
+            };
+            self.acts[i] = Some(out);
+        }
+        Ok(self.acts[self.nodes.len() - 1].clone().expect("ran"))
+    }
+
+    /// dL/d(input) for dL/d(output) `dy` of the last training forward;
+    /// every layer's parameter gradients are written.
+    pub fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        dy.expect("output gradient", self.output_shape())?;
+        if self.acts.iter().any(Option::is_none) {
+            return Err(Error::Graph("backward before any forward".into()));
+        }
+        let n = self.nodes.len();
+        let mut grads: Vec<Option<Tensor>> = vec![None; n];
+        grads[n - 1] = Some(dy.clone());
+        for i in (1..n).rev() {
+            let g = grads[i].take().expect("every node reaches the output");
+            let node = &mut self.nodes[i];
+            let outs: Vec<(usize, Tensor)> = match &mut node.op {
+                Op::Layer(l) => vec![(node.inputs[0], l.backward(pool, &g)?)],
+                Op::Add => vec![(node.inputs[0], g.clone()), (node.inputs[1], g)],
+                Op::Input => unreachable!("only node 0 is the input"),
+            };
+            for (j, d) in outs {
+                match &mut grads[j] {
+                    Some(acc) => {
+                        for (a, b) in acc.data_mut().iter_mut().zip(d.data()) {
+                            *a += b;
+                        }
+                    }
+                    slot => *slot = Some(d),
+                }
+            }
+        }
+        Ok(grads[0].take().expect("the input reaches the output"))
+    }
+
+    /// Every parameter with its gradient, in the order backward completes
+    /// them (the last layer's first).
+    pub fn params(&mut self) -> Vec<Param<'_>> {
+        self.nodes
+            .iter_mut()
+            .rev()
+            .filter_map(|n| match &mut n.op {
+                Op::Layer(l) => Some(l.params()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// One optimizer step on every parameter with the gradients of the last
+    /// backward. A bad hyper-parameter is an error naming it.
+    pub fn step(&mut self, opt: &Optimizer) -> Result<()> {
+        opt.validate()?;
+        let mut states = std::mem::take(&mut self.opt);
+        let params = self.params();
+        states.resize_with(params.len(), OptState::default);
+        for (p, s) in params.into_iter().zip(&mut states) {
+            s.step(opt, p.value, p.grad);
+        }
+        self.opt = states;
+        Ok(())
+    }
+
+    /// One training step on a minibatch: forward, softmax cross-entropy
+    /// against `labels` (one per sample, below the output's features),
+    /// backward, optimizer step. Returns the mean loss; a non-finite loss is
+    /// an error and leaves the weights as they were.
+    pub fn train_step(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        labels: &[usize],
+        opt: &Optimizer,
+    ) -> Result<f32> {
+        let logits = self.forward(pool, x, Mode::Train)?;
+        let (loss, dlogits) = softmax_cross_entropy(&logits, labels)?;
+        if !loss.is_finite() {
+            return Err(Error::Graph(format!(
+                "loss is {loss}: weights left unchanged"
+            )));
+        }
+        self.backward(pool, &dlogits)?;
+        self.step(opt)?;
+        Ok(loss)
+    }
+
+    /// The predicted class of each sample (arg max of the output).
+    pub fn predict(&mut self, pool: &Pool, x: &Tensor) -> Result<Vec<usize>> {
+        let y = self.forward(pool, x, Mode::Eval)?;
+        let k = y.shape().features();
+        Ok(y.data()
+            .chunks_exact(k)
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .fold(
+                        (0, f32::NEG_INFINITY),
+                        |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+                    )
+                    .0
+            })
+            .collect())
+    }
+}
+
+/// The mean softmax cross-entropy of `logits` (`(n, classes, 1, 1)`) against
+/// `labels`, and its gradient with respect to the logits.
+pub fn softmax_cross_entropy(logits: &Tensor, labels: &[usize]) -> Result<(f32, Tensor)> {
+    let s = logits.shape();
+    let k = s.features();
+    if labels.len() != s.n {
+        return Err(Error::Graph(format!(
+            "{} labels for a minibatch of {}",
+            labels.len(),
+            s.n
+        )));
+    }
+    if let Some(&bad) = labels.iter().find(|&&l| l >= k) {
+        return Err(Error::Graph(format!(
+            "label {bad} is not below {k} classes"
+        )));
+    }
+    let mut grad = logits.clone();
+    let mut loss = 0.0f64;
+    for (row, &l) in grad.data_mut().chunks_exact_mut(k).zip(labels) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+        loss += f64::from(sum.ln() + max - row[l]);
+        for v in row.iter_mut() {
+            *v = (*v - max).exp() / sum / s.n as f32;
+        }
+        row[l] -= 1.0 / s.n as f32;
+    }
+    Ok(((loss / s.n as f64) as f32, grad))
+}

@@ -1,0 +1,56 @@
+//! The layer contract: plan for an input shape, forward, backward, and the
+//! parameters with their gradients.
+
+use crate::error::Result;
+use crate::tensor::{Shape, Tensor};
+use brgemm_primitives::Pool;
+
+/// Training or inference: layers with state that differs between the two
+/// (batch norm, dropout) read it; the others ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Keep what backward needs; batch statistics.
+    Train,
+    /// Inference.
+    Eval,
+}
+
+/// One parameter tensor of a layer and its gradient, in the layer's own
+/// storage (which may be blocked and zero-padded: an element-wise
+/// optimizer step does not care, and the padding's gradient is zero).
+#[derive(Debug)]
+pub struct Param<'a> {
+    /// What it is, e.g. `"weight"` or `"bias"`.
+    pub name: &'static str,
+    /// The values.
+    pub value: &'a mut [f32],
+    /// dL/d(values) of the last backward.
+    pub grad: &'a mut [f32],
+}
+
+/// A layer of a network: one input, one output, planned once for an input
+/// shape. Inputs and outputs are plain NCHW [`Tensor`]s; blocking, padding
+/// and weight transposes stay inside.
+pub trait Layer: Send {
+    /// A short description for errors and tables, e.g. `conv2d 3x3 64->64`.
+    fn name(&self) -> String;
+
+    /// Plans the layer for inputs of `input` and returns its output shape.
+    /// A shape the layer cannot take is an error naming the layer and the
+    /// shape ([`crate::Error::Shape`]).
+    fn build(&mut self, input: Shape) -> Result<Shape>;
+
+    /// The output for `x` (of the built input shape). In [`Mode::Train`]
+    /// the layer keeps what its backward needs.
+    fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor>;
+
+    /// dL/dx for dL/dy of the last training forward; writes the parameter
+    /// gradients (overwriting the previous step's).
+    fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor>;
+
+    /// The parameters and their gradients, in the order backward completes
+    /// them (weights, then bias). None by default.
+    fn params(&mut self) -> Vec<Param<'_>> {
+        Vec::new()
+    }
+}

@@ -1,0 +1,183 @@
+//! 2-D convolution with fused bias and activation, over
+//! [`brgemm_primitives::Conv`].
+
+use super::linear::unbuilt;
+use super::weight_and_bias;
+use crate::error::{Error, Result};
+use crate::layer::{Layer, Mode, Param};
+use crate::tensor::{Shape, Tensor};
+use brgemm::Activation;
+use brgemm_primitives::init::{weights, Init, Rng};
+use brgemm_primitives::{Conv, ConvParams, Filter, Pool, Tensor4};
+
+/// A convolution `in_c -> out_c` with an `r x s` filter, one stride and
+/// padding for both axes, and a fused activation. Weights are PyTorch's
+/// `nn.Conv2d.weight` order, KCRS; the bias is `[out_c]`.
+pub struct Conv2d {
+    in_c: usize,
+    out_c: usize,
+    rs: (usize, usize),
+    stride: usize,
+    pad: usize,
+    act: Activation,
+    plain: Option<(Vec<f32>, Vec<f32>)>,
+    plan: Option<Plan>,
+}
+
+struct Plan {
+    conv: Conv,
+    w: Filter,
+    wt: Filter,
+    bias: Vec<f32>,
+    dw: Filter,
+    db: Vec<f32>,
+    x: Tensor4,
+    y: Tensor4,
+    dy: Tensor4,
+    dz: Tensor4,
+    dx: Tensor4,
+    trained: bool,
+}
+
+impl Conv2d {
+    /// `in_c -> out_c`, filter `r x s`, `stride`, zero `pad` on every side,
+    /// activation `act`; He-initialised weights from `seed`, zero bias.
+    pub fn new(
+        in_c: usize,
+        out_c: usize,
+        (r, s): (usize, usize),
+        stride: usize,
+        pad: usize,
+        act: Activation,
+        seed: u64,
+    ) -> Conv2d {
+        let fan_in = (in_c * r * s).max(1);
+        let w = weights(Init::Kaiming, out_c, fan_in, &mut Rng::new(seed));
+        Conv2d {
+            in_c,
+            out_c,
+            rs: (r, s),
+            stride,
+            pad,
+            act,
+            plain: Some((w, vec![0.0; out_c])),
+            plan: None,
+        }
+    }
+
+    /// The weights, KCRS (PyTorch's order).
+    pub fn weights(&self) -> Vec<f32> {
+        match (&self.plan, &self.plain) {
+            (Some(p), _) => p.w.to_kcrs(),
+            (None, Some((w, _))) => w.clone(),
+            (None, None) => unreachable!("a layer holds its weights in one form"),
+        }
+    }
+    /// Sets weights (KCRS, PyTorch's `weight`) and bias (`[out_c]`).
+    pub fn set_weights(&mut self, w: &[f32], b: &[f32]) -> Result<()> {
+        let want = self.out_c * self.in_c * self.rs.0 * self.rs.1;
+        if w.len() != want || b.len() != self.out_c {
+            return Err(Error::Graph(format!(
+                "{}: weight has {} values (expected {want}), bias {} (expected {})",
+                self.name(),
+                w.len(),
+                b.len(),
+                self.out_c
+            )));
+        }
+        match &mut self.plan {
+            Some(p) => {
+                p.w.set_kcrs(w)?;
+                p.bias[..b.len()].copy_from_slice(b);
+            }
+            None => self.plain = Some((w.to_vec(), b.to_vec())),
+        }
+        Ok(())
+    }
+}
+
+impl Layer for Conv2d {
+    fn name(&self) -> String {
+        format!(
+            "conv2d {}x{} {}->{} stride {} pad {}",
+            self.rs.0, self.rs.1, self.in_c, self.out_c, self.stride, self.pad
+        )
+    }
+
+    fn build(&mut self, input: Shape) -> Result<Shape> {
+        if input.c != self.in_c {
+            return Err(Error::Shape {
+                layer: self.name(),
+                input,
+                reason: format!("has {} channels, expected {}", input.c, self.in_c),
+            });
+        }
+        let (r, s) = self.rs;
+        let params = ConvParams::new(input.n, self.in_c, self.out_c, input.h, input.w, r, s)
+            .stride(self.stride)
+            .pad(self.pad);
+        let conv = Conv::new(params, self.act).map_err(|e| Error::Shape {
+            layer: self.name(),
+            input,
+            reason: e.to_string(),
+        })?;
+        let (w0, b0) = match (self.plan.take(), self.plain.take()) {
+            (Some(p), _) => (p.w.to_kcrs(), p.bias[..self.out_c].to_vec()),
+            (None, Some(wb)) => wb,
+            (None, None) => unreachable!("a layer holds its weights in one form"),
+        };
+        let mut w = conv.filter();
+        w.set_kcrs(&w0)?;
+        let mut bias = vec![0.0; conv.padded_k()];
+        bias[..self.out_c].copy_from_slice(&b0);
+        let out = Shape::new(input.n, self.out_c, params.p(), params.q());
+        self.plan = Some(Plan {
+            wt: conv.filter_t(),
+            dw: conv.filter(),
+            db: vec![0.0; conv.padded_k()],
+            x: conv.x_tensor(),
+            y: conv.y_tensor(),
+            dy: conv.y_tensor(),
+            dz: conv.y_tensor(),
+            dx: conv.x_tensor(),
+            w,
+            bias,
+            conv,
+            trained: false,
+        });
+        Ok(out)
+    }
+
+    fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
+        p.x.set_nchw(x.data())?;
+        p.conv.forward(pool, &p.x, &p.w, &p.bias, &mut p.y)?;
+        p.trained = mode == Mode::Train;
+        let (n, c, h, w, _) = p.y.dims();
+        Tensor::from_vec(Shape::new(n, c, h, w), p.y.to_nchw())
+    }
+
+    fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
+        if !p.trained {
+            return Err(Error::Graph(
+                "conv2d: backward without a training forward".into(),
+            ));
+        }
+        p.dy.set_nchw(dy.data())?;
+        p.conv.activation_backward(pool, &p.dy, &p.y, &mut p.dz)?;
+        p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
+        p.conv.backward_data(pool, &p.dz, &p.wt, &mut p.dx)?;
+        p.conv
+            .backward_weights(pool, &p.dz, &p.x, &mut p.dw, &mut p.db)?;
+        let (n, c, h, w, _) = p.dx.dims();
+        Tensor::from_vec(Shape::new(n, c, h, w), p.dx.to_nchw())
+    }
+
+    fn params(&mut self) -> Vec<Param<'_>> {
+        match &mut self.plan {
+            Some(p) => weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db),
+            None => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Fully connected: `y = act(x W^T + b)` on flattened inputs, over
+//! [`brgemm_primitives::Fc`].
+
+use super::weight_and_bias;
+use crate::error::{Error, Result};
+use crate::layer::{Layer, Mode, Param};
+use crate::tensor::{Shape, Tensor};
+use brgemm::Activation;
+use brgemm_primitives::init::{weights, Init, Rng};
+use brgemm_primitives::{Blocked, Fc, Pool};
+
+/// A fully connected layer with a fused activation. Weights are PyTorch's
+/// `nn.Linear.weight` order, `[outputs][inputs]` row-major; the bias is
+/// `[outputs]`.
+pub struct Linear {
+    inputs: usize,
+    outputs: usize,
+    act: Activation,
+    /// The plain weights and bias until the layer is built.
+    plain: Option<(Vec<f32>, Vec<f32>)>,
+    plan: Option<Plan>,
+}
+
+struct Plan {
+    fc: Fc,
+    w: Blocked,
+    wt: Blocked,
+    bias: Vec<f32>,
+    dw: Blocked,
+    db: Vec<f32>,
+    x: Blocked,
+    y: Blocked,
+    z: Blocked,
+    dy: Blocked,
+    dz: Blocked,
+    dx: Blocked,
+    trained: bool,
+}
+
+impl Linear {
+    /// `inputs -> outputs` with activation `act`; weights drawn with He
+    /// initialisation for ReLU-family activations, Glorot otherwise, from
+    /// `seed`; zero bias.
+    pub fn new(inputs: usize, outputs: usize, act: Activation, seed: u64) -> Linear {
+        let init = match act {
+            Activation::Relu | Activation::Gelu => Init::Kaiming,
+            _ => Init::Xavier,
+        };
+        let w = weights(init, outputs, inputs.max(1), &mut Rng::new(seed));
+        Linear {
+            inputs,
+            outputs,
+            act,
+            plain: Some((w, vec![0.0; outputs])),
+            plan: None,
+        }
+    }
+
+    /// The weights, `[outputs][inputs]` row-major (PyTorch's order).
+    pub fn weights(&self) -> Vec<f32> {
+        match (&self.plan, &self.plain) {
+            (Some(p), _) => p.w.to_plain(),
+            (None, Some((w, _))) => w.clone(),
+            (None, None) => unreachable!("a layer holds its weights in one form"),
+        }
+    }
+    /// The bias, `[outputs]`.
+    pub fn bias(&self) -> Vec<f32> {
+        match (&self.plan, &self.plain) {
+            (Some(p), _) => p.bias[..self.outputs].to_vec(),
+            (None, Some((_, b))) => b.clone(),
+            (None, None) => unreachable!("a layer holds its weights in one form"),
+        }
+    }
+    /// Sets weights (`[outputs][inputs]`, PyTorch's `weight`) and bias.
+    pub fn set_weights(&mut self, w: &[f32], b: &[f32]) -> Result<()> {
+        let name = self.name();
+        let bad = |what: &str, got: usize, want: usize| {
+            Error::Graph(format!("{name}: {what} has {got} values, expected {want}"))
+        };
+        if w.len() != self.inputs * self.outputs {
+            return Err(bad("weight", w.len(), self.inputs * self.outputs));
+        }
+        if b.len() != self.outputs {
+            return Err(bad("bias", b.len(), self.outputs));
+        }
+        match &mut self.plan {
+            Some(p) => {
+                p.w.set_plain(w)?;
+                p.bias[..b.len()].copy_from_slice(b);
+            }
+            None => self.plain = Some((w.to_vec(), b.to_vec())),
+        }
+        Ok(())
+    }
+}
+
+impl Layer for Linear {
+    fn name(&self) -> String {
+        format!("linear {}->{}", self.inputs, self.outputs)
+    }
+
+    fn build(&mut self, input: Shape) -> Result<Shape> {
+        let refuse = |reason: String| Error::Shape {
+            layer: self.name(),
+            input,
+            reason,
+        };
+        if input.h != 1 || input.w != 1 {
+            return Err(refuse("is not flat: put a Flatten in front".into()));
+        }
+        if input.c != self.inputs {
+            return Err(refuse(format!(
+                "has {} features, expected {}",
+                input.c, self.inputs
+            )));
+        }
+        let (w0, b0) = match (self.plan.take(), self.plain.take()) {
+            (Some(p), _) => (p.w.to_plain(), p.bias[..self.outputs].to_vec()),
+            (None, Some(wb)) => wb,
+            (None, None) => unreachable!("a layer holds its weights in one form"),
+        };
+        let fc = Fc::new(input.n, self.inputs, self.outputs, self.act)?;
+        let mut w = fc.w_layout();
+        w.set_plain(&w0)?;
+        let mut bias = vec![0.0; fc.padded_k()];
+        bias[..self.outputs].copy_from_slice(&b0);
+        self.plan = Some(Plan {
+            wt: fc.wt_layout(),
+            dw: fc.w_layout(),
+            db: vec![0.0; fc.padded_k()],
+            x: fc.x_layout(),
+            y: fc.y_layout(),
+            z: fc.y_layout(),
+            dy: fc.y_layout(),
+            dz: fc.y_layout(),
+            dx: fc.x_layout(),
+            w,
+            bias,
+            fc,
+            trained: false,
+        });
+        Ok(Shape::flat(input.n, self.outputs))
+    }
+
+    fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
+        p.x.set_plain(x.data())?;
+        p.fc.forward(pool, &p.x, &p.w, &p.bias, &mut p.y, Some(&mut p.z))?;
+        p.trained = mode == Mode::Train;
+        Tensor::from_vec(Shape::flat(p.fc.n(), p.fc.k()), p.y.to_plain())
+    }
+
+    fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
+        if !p.trained {
+            return Err(Error::Graph(
+                "linear: backward without a training forward".into(),
+            ));
+        }
+        p.dy.set_plain(dy.data())?;
+        let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
+        p.fc.activation_backward(pool, &p.dy, &p.y, z, &mut p.dz)?;
+        p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
+        p.fc.backward_data(pool, &p.dz, &p.wt, &mut p.dx)?;
+        p.fc.backward_weights(pool, &p.dz, &p.x, &mut p.dw, &mut p.db)?;
+        Tensor::from_vec(Shape::flat(p.fc.n(), p.fc.c()), p.dx.to_plain())
+    }
+
+    fn params(&mut self) -> Vec<Param<'_>> {
+        match &mut self.plan {
+            Some(p) => weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db),
+            None => Vec::new(),
+        }
+    }
+}
+
+pub(crate) fn unbuilt(what: &str) -> Error {
+    Error::Graph(format!(
+        "{what} on a layer that was never built (add it to a graph)"
+    ))
+}

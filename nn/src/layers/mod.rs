@@ -1,0 +1,33 @@
+//! The layers: thin wrappers over the primitives' passes.
+
+mod conv2d;
+mod linear;
+mod simple;
+
+pub use conv2d::Conv2d;
+pub use linear::Linear;
+pub use simple::{Flatten, GlobalAvgPool, Relu};
+
+use crate::layer::Param;
+
+/// The parameters of a layer with weights and a bias, in the order
+/// backward completes them.
+pub(crate) fn weight_and_bias<'a>(
+    w: &'a mut [f32],
+    dw: &'a mut [f32],
+    b: &'a mut [f32],
+    db: &'a mut [f32],
+) -> Vec<Param<'a>> {
+    vec![
+        Param {
+            name: "weight",
+            value: w,
+            grad: dw,
+        },
+        Param {
+            name: "bias",
+            value: b,
+            grad: db,
+        },
+    ]
+}

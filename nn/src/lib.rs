@@ -1,0 +1,44 @@
+//! Networks as graphs of layers over the BRGEMM primitives.
+//!
+//! A [`Layer`] is planned once for its input shape ([`Layer::build`]) and
+//! then runs forward and backward on plain NCHW [`Tensor`]s; the blocking,
+//! padding and weight transposes of the primitive underneath stay inside
+//! it. A [`Graph`] is built node by node ([`GraphBuilder`]): a chain of
+//! layers, plus branches that join by addition (residual shortcuts). Shapes
+//! are checked as the graph is built, and a mismatch is an error naming
+//! the layer and the shapes.
+//!
+//! ```
+//! use brgemm::Activation;
+//! use brgemm_nn::{Conv2d, GlobalAvgPool, GraphBuilder, Linear, Relu, Shape};
+//!
+//! // A residual block on 8-channel 6x6 inputs, then a classifier.
+//! let mut g = GraphBuilder::new(Shape::new(4, 8, 6, 6));
+//! let x = g.input();
+//! let a = g.layer(x, Conv2d::new(8, 8, (3, 3), 1, 1, Activation::Relu, 1))?;
+//! let b = g.layer(a, Conv2d::new(8, 8, (3, 3), 1, 1, Activation::Identity, 2))?;
+//! let sum = g.add(b, x)?;
+//! let r = g.layer(sum, Relu::new())?;
+//! let p = g.layer(r, GlobalAvgPool::new())?;
+//! let out = g.layer(p, Linear::new(8, 10, Activation::Identity, 3))?;
+//! let net = g.build(out)?;
+//! assert_eq!(net.output_shape(), Shape::flat(4, 10));
+//! # Ok::<(), brgemm_nn::Error>(())
+//! ```
+//!
+//! This first version converts between plain and blocked layouts at every
+//! layer; the graph keeping blocked tensors between layers, batch norm,
+//! pooling, dropout, LSTM layers and the model builders come next.
+#![deny(missing_docs)]
+
+mod error;
+mod graph;
+mod layer;
+mod layers;
+mod tensor;
+
+pub use error::{Error, Result};
+pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
+pub use layer::{Layer, Mode, Param};
+pub use layers::{Conv2d, Flatten, GlobalAvgPool, Linear, Relu};
+pub use tensor::{Shape, Tensor};

@@ -1,0 +1,368 @@
+//! The layer graph against finite differences and plain references, its
+//! construction errors, and a small residual network that learns.
+
+use brgemm::Activation;
+use brgemm_nn::{
+    Conv2d, Error, Flatten, GlobalAvgPool, Graph, GraphBuilder, Layer, Linear, Mode, Relu, Shape,
+    Tensor,
+};
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Pool;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn tensor(&mut self, s: Shape) -> Tensor {
+        Tensor::from_vec(s, (0..s.len()).map(|_| self.next()).collect()).unwrap()
+    }
+}
+
+/// L = sum(y * r): dL/dy = r.
+fn loss(g: &mut Graph, pool: &Pool, x: &Tensor, r: &Tensor) -> f64 {
+    let y = g.forward(pool, x, Mode::Eval).unwrap();
+    y.data()
+        .iter()
+        .zip(r.data())
+        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+        .sum()
+}
+
+/// Central differences of L against dx and every parameter's gradient, on
+/// `samples` positions of each.
+fn check_gradients(mut g: Graph, seed: u64, samples: usize) {
+    let pool = Pool::new(2).unwrap();
+    let mut rng = Lcg(seed);
+    let x = rng.tensor(g.input_shape());
+    let r = rng.tensor(g.output_shape());
+    g.forward(&pool, &x, Mode::Train).unwrap();
+    let dx = g.backward(&pool, &r).unwrap();
+    let grads: Vec<Vec<f32>> = g.params().iter().map(|p| p.grad.to_vec()).collect();
+    let eps = 1e-2f32;
+    let close = |a: f64, n: f64, what: &str| {
+        assert!(
+            (a - n).abs() <= 2e-2 * n.abs().max(0.05) + 2e-3,
+            "{what}: analytic {a}, numeric {n}"
+        );
+    };
+    let mut x2 = x.clone();
+    for k in 0..samples {
+        let i = (k * 7919 + 13) % x.shape().len();
+        let v = x2.data()[i];
+        x2.data_mut()[i] = v + eps;
+        let lp = loss(&mut g, &pool, &x2, &r);
+        x2.data_mut()[i] = v - eps;
+        let lm = loss(&mut g, &pool, &x2, &r);
+        x2.data_mut()[i] = v;
+        close(
+            f64::from(dx.data()[i]),
+            (lp - lm) / f64::from(2.0 * eps),
+            &format!("dx[{i}]"),
+        );
+    }
+    for (pi, grad) in grads.iter().enumerate() {
+        for k in 0..samples {
+            let i = (k * 104729 + 3) % grad.len();
+            let perturb = |g: &mut Graph, d: f32| {
+                let mut ps = g.params();
+                ps[pi].value[i] += d;
+            };
+            perturb(&mut g, eps);
+            let lp = loss(&mut g, &pool, &x, &r);
+            perturb(&mut g, -2.0 * eps);
+            let lm = loss(&mut g, &pool, &x, &r);
+            perturb(&mut g, eps);
+            close(
+                f64::from(grad[i]),
+                (lp - lm) / f64::from(2.0 * eps),
+                &format!("param {pi} [{i}]"),
+            );
+        }
+    }
+}
+
+#[test]
+fn conv_and_linear_chain_gradients_match_finite_differences() {
+    let mut b = GraphBuilder::new(Shape::new(3, 3, 7, 7));
+    let x = b.input();
+    let c1 = b
+        .layer(x, Conv2d::new(3, 5, (3, 3), 1, 1, Activation::Tanh, 1))
+        .unwrap();
+    let c2 = b
+        .layer(c1, Conv2d::new(5, 4, (3, 3), 2, 1, Activation::Identity, 2))
+        .unwrap();
+    let f = b.layer(c2, Flatten::new()).unwrap();
+    let out = b
+        .layer(f, Linear::new(4 * 4 * 4, 6, Activation::Tanh, 3))
+        .unwrap();
+    check_gradients(b.build(out).unwrap(), 5, 12);
+}
+
+#[test]
+fn residual_network_gradients_match_finite_differences() {
+    // Two residual blocks (identity shortcut, then a 1x1 projection with
+    // stride 2), global average pooling and a classifier.
+    let mut b = GraphBuilder::new(Shape::new(2, 4, 6, 6));
+    let x = b.input();
+    let a = b
+        .layer(x, Conv2d::new(4, 4, (3, 3), 1, 1, Activation::Tanh, 11))
+        .unwrap();
+    let a = b
+        .layer(a, Conv2d::new(4, 4, (3, 3), 1, 1, Activation::Identity, 12))
+        .unwrap();
+    let s1 = b.add(a, x).unwrap();
+    let c = b
+        .layer(s1, Conv2d::new(4, 6, (3, 3), 2, 1, Activation::Tanh, 13))
+        .unwrap();
+    let c = b
+        .layer(c, Conv2d::new(6, 6, (3, 3), 1, 1, Activation::Identity, 14))
+        .unwrap();
+    let proj = b
+        .layer(
+            s1,
+            Conv2d::new(4, 6, (1, 1), 2, 0, Activation::Identity, 15),
+        )
+        .unwrap();
+    let s2 = b.add(c, proj).unwrap();
+    let p = b.layer(s2, GlobalAvgPool::new()).unwrap();
+    let out = b
+        .layer(p, Linear::new(6, 3, Activation::Identity, 16))
+        .unwrap();
+    let g = b.build(out).unwrap();
+    assert_eq!(g.layer_names().len(), 7);
+    check_gradients(g, 9, 10);
+}
+
+#[test]
+fn relu_passes_gradients_where_positive_and_keeps_nan() {
+    let pool = Pool::new(1).unwrap();
+    let mut r = Relu::new();
+    let s = Shape::flat(1, 4);
+    assert_eq!(r.build(s).unwrap(), s);
+    let x = Tensor::from_vec(s, vec![-1.0, 2.0, f32::NAN, 0.5]).unwrap();
+    let y = r.forward(&pool, &x, Mode::Train).unwrap();
+    assert_eq!(&y.data()[..2], &[0.0, 2.0]);
+    assert!(y.data()[2].is_nan(), "a NaN input must not become 0");
+    let dy = Tensor::from_vec(s, vec![1.0; 4]).unwrap();
+    assert_eq!(
+        r.backward(&pool, &dy).unwrap().data(),
+        &[0.0, 1.0, 0.0, 1.0]
+    );
+}
+
+/// PyTorch's layouts: Conv2d weight KCRS, Linear weight [out][in]. The
+/// graph's output for imported weights equals a plain f64 evaluation of
+/// the same formula.
+#[test]
+fn weights_in_pytorch_order_give_the_reference_output() {
+    let (n, c, k, h, w) = (2, 3, 4, 5, 5);
+    let mut rng = Lcg(77);
+    let cw: Vec<f32> = (0..k * c * 9).map(|_| rng.next()).collect();
+    let cb: Vec<f32> = (0..k).map(|_| rng.next()).collect();
+    let lw: Vec<f32> = (0..2 * k * 9).map(|_| rng.next()).collect();
+    let lb: Vec<f32> = vec![0.5, -0.25];
+    let mut conv = Conv2d::new(c, k, (3, 3), 2, 1, Activation::Relu, 0);
+    conv.set_weights(&cw, &cb).unwrap();
+    let mut lin = Linear::new(k * 9, 2, Activation::Identity, 0);
+    lin.set_weights(&lw, &lb).unwrap();
+    let mut b = GraphBuilder::new(Shape::new(n, c, h, w));
+    let x = b.input();
+    let y = b.layer(x, conv).unwrap();
+    let f = b.layer(y, Flatten::new()).unwrap();
+    let out = b.layer(f, lin).unwrap();
+    let mut g = b.build(out).unwrap();
+    let xt = rng.tensor(Shape::new(n, c, h, w));
+    let got = g.forward(&Pool::new(1).unwrap(), &xt, Mode::Eval).unwrap();
+    // Reference: conv (stride 2, pad 1) + bias, ReLU, flatten NCHW, linear.
+    let xs = xt.data();
+    for ni in 0..n {
+        let mut feat = vec![0.0f64; k * 9];
+        for ki in 0..k {
+            for p in 0..3 {
+                for q in 0..3 {
+                    let mut s = f64::from(cb[ki]);
+                    for ci in 0..c {
+                        for r in 0..3 {
+                            for t in 0..3 {
+                                let (yy, xx) = ((2 * p + r) as isize - 1, (2 * q + t) as isize - 1);
+                                if yy < 0 || xx < 0 || yy >= h as isize || xx >= w as isize {
+                                    continue;
+                                }
+                                let xv = xs[((ni * c + ci) * h + yy as usize) * w + xx as usize];
+                                s += f64::from(cw[((ki * c + ci) * 3 + r) * 3 + t]) * f64::from(xv);
+                            }
+                        }
+                    }
+                    feat[(ki * 3 + p) * 3 + q] = s.max(0.0);
+                }
+            }
+        }
+        for o in 0..2 {
+            let want: f64 = f64::from(lb[o])
+                + (0..k * 9)
+                    .map(|j| f64::from(lw[o * k * 9 + j]) * feat[j])
+                    .sum::<f64>();
+            let v = f64::from(got.data()[ni * 2 + o]);
+            assert!(
+                (v - want).abs() < 1e-4 * want.abs().max(1.0),
+                "{ni},{o}: {v} vs {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn construction_errors_name_the_layer_and_the_shapes() {
+    let mut b = GraphBuilder::new(Shape::new(2, 3, 8, 8));
+    let x = b.input();
+    let e = b
+        .layer(x, Linear::new(192, 10, Activation::Identity, 0))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("linear 192->10") && e.contains("(2, 3, 8, 8)") && e.contains("Flatten"),
+        "{e}"
+    );
+    let e = b
+        .layer(x, Conv2d::new(4, 8, (3, 3), 1, 1, Activation::Relu, 0))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("conv2d 3x3 4->8") && e.contains("3 channels, expected 4"),
+        "{e}"
+    );
+    let a = b
+        .layer(x, Conv2d::new(3, 8, (3, 3), 2, 1, Activation::Relu, 0))
+        .unwrap();
+    let e = b.add(a, x).err().unwrap();
+    assert!(matches!(e, Error::Join { .. }));
+    let e = e.to_string();
+    assert!(
+        e.contains("(2, 8, 4, 4)") && e.contains("(2, 3, 8, 8)"),
+        "{e}"
+    );
+    // A filter larger than the padded input is refused when planned.
+    let e = b
+        .layer(x, Conv2d::new(3, 8, (11, 11), 1, 0, Activation::Relu, 0))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("conv2d 11x11"), "{e}");
+    // A branch that does not reach the output would train on stale grads.
+    let dead = b.layer(x, Relu::new()).unwrap();
+    let f = b.layer(a, Flatten::new()).unwrap();
+    let e = b.build(f).err().unwrap().to_string();
+    assert!(e.contains("relu") && e.contains("does not reach"), "{e}");
+    let _ = dead;
+}
+
+#[test]
+fn wrong_inputs_and_order_are_errors() {
+    let pool = Pool::new(1).unwrap();
+    let mut b = GraphBuilder::new(Shape::flat(2, 3));
+    let x = b.input();
+    let out = b
+        .layer(x, Linear::new(3, 2, Activation::Identity, 0))
+        .unwrap();
+    let mut g = b.build(out).unwrap();
+    let e = g
+        .backward(&pool, &Tensor::zeros(Shape::flat(2, 2)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("before any forward"), "{e}");
+    let e = g
+        .forward(&pool, &Tensor::zeros(Shape::flat(3, 3)), Mode::Train)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("(2, 3, 1, 1)") && e.contains("(3, 3, 1, 1)"),
+        "{e}"
+    );
+    let x = Tensor::zeros(Shape::flat(2, 3));
+    let e = g
+        .train_step(
+            &pool,
+            &x,
+            &[0, 5],
+            &Optimizer::Sgd {
+                lr: 0.1,
+                momentum: 0.0,
+            },
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("label 5"), "{e}");
+    let e = g
+        .train_step(
+            &pool,
+            &x,
+            &[0, 1],
+            &Optimizer::Sgd {
+                lr: f32::NAN,
+                momentum: 0.0,
+            },
+        )
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("NaN"), "{e}");
+}
+
+/// A small residual network learns which quadrant of an 8x8 image is
+/// bright: the loss falls and the training set is classified.
+#[test]
+fn a_residual_network_learns() {
+    let pool = Pool::new(2).unwrap();
+    let n = 16;
+    let mut b = GraphBuilder::new(Shape::new(n, 1, 8, 8));
+    let x = b.input();
+    let c = b
+        .layer(x, Conv2d::new(1, 8, (3, 3), 1, 1, Activation::Relu, 1))
+        .unwrap();
+    let r = b
+        .layer(c, Conv2d::new(8, 8, (3, 3), 1, 1, Activation::Identity, 2))
+        .unwrap();
+    let s = b.add(r, c).unwrap();
+    let s = b.layer(s, Relu::new()).unwrap();
+    let d = b
+        .layer(s, Conv2d::new(8, 8, (2, 2), 2, 0, Activation::Relu, 3))
+        .unwrap();
+    let f = b.layer(d, Flatten::new()).unwrap();
+    let out = b
+        .layer(f, Linear::new(8 * 16, 4, Activation::Identity, 4))
+        .unwrap();
+    let mut g = b.build(out).unwrap();
+    let mut rng = Lcg(3);
+    let mut data = vec![0.0f32; n * 64];
+    let labels: Vec<usize> = (0..n).map(|i| i % 4).collect();
+    for (i, &l) in labels.iter().enumerate() {
+        for y in 0..8 {
+            for xx in 0..8 {
+                let q = (y / 4) * 2 + xx / 4;
+                data[i * 64 + y * 8 + xx] = 0.2 * rng.next() + if q == l { 1.0 } else { 0.0 };
+            }
+        }
+    }
+    let xt = Tensor::from_vec(Shape::new(n, 1, 8, 8), data).unwrap();
+    let opt = Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+    };
+    let first = g.train_step(&pool, &xt, &labels, &opt).unwrap();
+    let mut last = first;
+    for _ in 0..60 {
+        last = g.train_step(&pool, &xt, &labels, &opt).unwrap();
+    }
+    assert!(last < 0.2 * first, "loss {first} -> {last}");
+    assert_eq!(g.predict(&pool, &xt).unwrap(), labels);
+}
