@@ -40,5 +40,5 @@ mod tensor;
 pub use error::{Error, Result};
 pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
 pub use layer::{Layer, Mode, Param};
-pub use layers::{Conv2d, Flatten, GlobalAvgPool, Linear, Relu};
+pub use layers::{BatchNorm2d, Conv2d, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Relu};
 pub use tensor::{Shape, Tensor};

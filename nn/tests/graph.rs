@@ -3,8 +3,8 @@
 
 use brgemm::Activation;
 use brgemm_nn::{
-    Conv2d, Error, Flatten, GlobalAvgPool, Graph, GraphBuilder, Layer, Linear, Mode, Relu, Shape,
-    Tensor,
+    BatchNorm2d, Conv2d, Error, Flatten, GlobalAvgPool, Graph, GraphBuilder, Layer, Linear, Mode,
+    Pool2dLayer, Relu, Shape, Tensor,
 };
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
@@ -23,9 +23,10 @@ impl Lcg {
     }
 }
 
-/// L = sum(y * r): dL/dy = r.
+/// L = sum(y * r): dL/dy = r. In training mode, so batch norm uses the
+/// batch's statistics, as the backward under test does.
 fn loss(g: &mut Graph, pool: &Pool, x: &Tensor, r: &Tensor) -> f64 {
-    let y = g.forward(pool, x, Mode::Eval).unwrap();
+    let y = g.forward(pool, x, Mode::Train).unwrap();
     y.data()
         .iter()
         .zip(r.data())
@@ -136,6 +137,39 @@ fn residual_network_gradients_match_finite_differences() {
     let g = b.build(out).unwrap();
     assert_eq!(g.layer_names().len(), 7);
     check_gradients(g, 9, 10);
+}
+
+#[test]
+fn batch_norm_and_pooling_gradients_match_finite_differences() {
+    let mut b = GraphBuilder::new(Shape::new(3, 5, 6, 6));
+    let x = b.input();
+    let c = b
+        .layer(x, Conv2d::new(5, 6, (3, 3), 1, 1, Activation::Identity, 21))
+        .unwrap();
+    let n = b.layer(c, BatchNorm2d::new(6)).unwrap();
+    let t = b
+        .layer(n, Conv2d::new(6, 6, (1, 1), 1, 0, Activation::Tanh, 22))
+        .unwrap();
+    let p = b.layer(t, Pool2dLayer::avg(3, 2, 1)).unwrap();
+    let f = b.layer(p, Flatten::new()).unwrap();
+    let out = b
+        .layer(f, Linear::new(6 * 3 * 3, 4, Activation::Identity, 23))
+        .unwrap();
+    check_gradients(b.build(out).unwrap(), 31, 10);
+}
+
+#[test]
+fn max_pooling_routes_the_gradient_to_the_maximum() {
+    let pool = Pool::new(1).unwrap();
+    let mut m = Pool2dLayer::max(2, 2, 0);
+    let s = Shape::new(1, 1, 2, 4);
+    assert_eq!(m.build(s).unwrap(), Shape::new(1, 1, 1, 2));
+    let x = Tensor::from_vec(s, vec![1.0, 5.0, -1.0, -2.0, 3.0, 2.0, -3.0, -0.5]).unwrap();
+    let y = m.forward(&pool, &x, Mode::Train).unwrap();
+    assert_eq!(y.data(), &[5.0, -0.5]);
+    let dy = Tensor::from_vec(y.shape(), vec![1.0, 2.0]).unwrap();
+    let dx = m.backward(&pool, &dy).unwrap();
+    assert_eq!(dx.data(), &[0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0]);
 }
 
 #[test]

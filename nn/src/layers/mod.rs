@@ -2,10 +2,12 @@
 
 mod conv2d;
 mod linear;
+mod norm_pool;
 mod simple;
 
 pub use conv2d::Conv2d;
 pub use linear::Linear;
+pub use norm_pool::{BatchNorm2d, Pool2dLayer};
 pub use simple::{Flatten, GlobalAvgPool, Relu};
 
 use crate::layer::Param;

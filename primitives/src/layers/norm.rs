@@ -72,6 +72,11 @@ impl BatchNorm {
     pub fn beta_mut(&mut self) -> &mut [f32] {
         &mut self.beta
     }
+    /// Scale and shift together, to update both in place (an optimizer
+    /// stepping over every parameter).
+    pub fn gamma_beta_mut(&mut self) -> (&mut [f32], &mut [f32]) {
+        (&mut self.gamma, &mut self.beta)
+    }
     /// Running mean (inference).
     pub fn running_mean(&self) -> &[f32] {
         &self.running_mean
