@@ -1,8 +1,7 @@
 //! 2-D convolution with fused bias and activation, over
 //! [`brgemm_primitives::Conv`].
 
-use super::linear::unbuilt;
-use super::weight_and_bias;
+use super::{need_training, unbuilt, weight_and_bias};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
@@ -159,11 +158,7 @@ impl Layer for Conv2d {
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
-        if !p.trained {
-            return Err(Error::Graph(
-                "conv2d: backward without a training forward".into(),
-            ));
-        }
+        need_training(p.trained, "conv2d")?;
         p.dy.set_nchw(dy.data())?;
         p.conv.activation_backward(pool, &p.dy, &p.y, &mut p.dz)?;
         p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;

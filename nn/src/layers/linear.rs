@@ -1,7 +1,7 @@
 //! Fully connected: `y = act(x W^T + b)` on flattened inputs, over
 //! [`brgemm_primitives::Fc`].
 
-use super::weight_and_bias;
+use super::{need_training, unbuilt, weight_and_bias};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
@@ -153,11 +153,7 @@ impl Layer for Linear {
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
-        if !p.trained {
-            return Err(Error::Graph(
-                "linear: backward without a training forward".into(),
-            ));
-        }
+        need_training(p.trained, "linear")?;
         p.dy.set_plain(dy.data())?;
         let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
         p.fc.activation_backward(pool, &p.dy, &p.y, z, &mut p.dz)?;
@@ -173,10 +169,4 @@ impl Layer for Linear {
             None => Vec::new(),
         }
     }
-}
-
-pub(crate) fn unbuilt(what: &str) -> Error {
-    Error::Graph(format!(
-        "{what} on a layer that was never built (add it to a graph)"
-    ))
 }

@@ -10,7 +10,26 @@ pub use linear::Linear;
 pub use norm_pool::{BatchNorm2d, Pool2dLayer};
 pub use simple::{Flatten, GlobalAvgPool, Relu};
 
+use crate::error::{Error, Result};
 use crate::layer::Param;
+
+/// The error of a call on a layer that no graph has built.
+pub(crate) fn unbuilt(what: &str) -> Error {
+    Error::Graph(format!(
+        "{what} on a layer that was never built (add it to a graph)"
+    ))
+}
+
+/// An error unless the last forward was a training one.
+pub(crate) fn need_training(trained: bool, layer: &str) -> Result<()> {
+    if trained {
+        Ok(())
+    } else {
+        Err(Error::Graph(format!(
+            "{layer}: backward without a training forward"
+        )))
+    }
+}
 
 /// The parameters of a layer with weights and a bias, in the order
 /// backward completes them.

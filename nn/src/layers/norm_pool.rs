@@ -1,7 +1,7 @@
 //! Batch normalisation and max/average pooling, over the primitives'
 //! `BatchNorm` and `Pool2d`.
 
-use super::linear::unbuilt;
+use super::{need_training, unbuilt};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
@@ -88,11 +88,7 @@ impl Layer for BatchNorm2d {
     }
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
-        if !p.trained {
-            return Err(Error::Graph(
-                "batchnorm2d: backward without a training forward".into(),
-            ));
-        }
+        need_training(p.trained, "batchnorm2d")?;
         p.dy.set_nchw(dy.data())?;
         p.bn.backward(pool, &p.x, &p.dy, &mut p.dx, &mut p.dgamma, &mut p.dbeta)?;
         plain(&p.dx)
@@ -204,11 +200,7 @@ impl Layer for Pool2dLayer {
     }
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
-        if !p.trained {
-            return Err(Error::Graph(
-                "pool: backward without a training forward".into(),
-            ));
-        }
+        need_training(p.trained, "pool")?;
         p.dy.set_nchw(dy.data())?;
         let argmax = (self.kind == PoolKind::Max).then_some(&p.argmax[..]);
         p.pool.backward(pool, &p.dy, argmax, &mut p.dx)?;
