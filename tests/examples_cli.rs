@@ -197,3 +197,26 @@ fn the_cnn_and_the_lstm_save_and_evaluate_the_same_after_loading() {
         assert_eq!(trained, loaded, "{example}");
     }
 }
+
+#[test]
+fn the_resnet_trains_on_the_graph_and_saves_no_model_file() {
+    let dir = tmp("fashion-resnet");
+    tiny_fashion(&dir);
+    let data = dir.to_str().unwrap();
+    let out = run(
+        "train_resnet",
+        &["--data", data, "--batch", "16", "--epochs", "2"],
+        &[],
+    );
+    let line = accuracy(&out);
+    let acc: f64 = line.trim_start_matches("test_accuracy=").parse().unwrap();
+    assert!((0.0..=1.0).contains(&acc), "{acc}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("epoch 2: loss"), "{text}");
+    let out = run(
+        "train_resnet",
+        &["--data", data, "--epochs", "1", "--save", "/tmp/x.bin"],
+        &[],
+    );
+    fails(&out, 2, "--save");
+}

@@ -35,6 +35,7 @@ mod error;
 mod graph;
 mod layer;
 mod layers;
+pub mod models;
 mod tensor;
 
 pub use error::{Error, Result};

@@ -1,0 +1,131 @@
+//! Trains a small ResNet on Fashion-MNIST with the layer graph
+//! (`brgemm_nn::models::small_resnet`: a 3x3 stem, three basic residual
+//! blocks of 16, 32 and 64 channels with batch norm and projection
+//! shortcuts, global average pooling, a linear classifier). Prints
+//! per-epoch loss, test accuracy and images/s, and ends with
+//! `test_accuracy=<fraction>`.
+//!
+//! ```text
+//! cargo run --release --example train_resnet [-- --data DIR --epochs N --batch B --lr LR
+//!     --train-limit N --seed S]
+//! ```
+//!
+//! Data: the IDX files of Fashion-MNIST (Xiao, Rasul and Vollgraf 2017, MIT
+//! licence) as the Debian package `dataset-fashion-mnist` installs them in
+//! /usr/share/datasets/fashion-mnist, or in `--data DIR`.
+
+use brgemm_dl::data::{self, ImageSet};
+use brgemm_dl::nn::{models, Graph, Shape, Tensor};
+use brgemm_primitives::init::Rng;
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Pool;
+use std::time::Instant;
+
+#[path = "support/cli.rs"]
+mod cli;
+
+const USAGE: &str = "train_resnet: a small ResNet on Fashion-MNIST (layer graph)\n\
+    usage: train_resnet [--data DIR --epochs N --batch B --lr LR --train-limit N --seed S]";
+
+/// Ends the process with status 1 and the error.
+fn fail(e: impl std::fmt::Display) -> ! {
+    eprintln!("error: {e}");
+    std::process::exit(1)
+}
+
+/// The images `idx` (padded with zeros to the graph's minibatch) and their
+/// labels.
+fn batch(set: &ImageSet, idx: &[usize], shape: Shape) -> (Tensor, Vec<usize>) {
+    let f = set.data.features;
+    let mut x = vec![0.0f32; shape.len()];
+    for (row, &i) in idx.iter().enumerate() {
+        x[row * f..][..f].copy_from_slice(&set.data.x[i * f..][..f]);
+    }
+    let labels = idx.iter().map(|&i| set.data.y[i]).collect();
+    (
+        Tensor::from_vec(shape, x).expect("sized to the shape"),
+        labels,
+    )
+}
+
+/// Accuracy on `set`, in minibatches of the graph's size (the last one
+/// padded; its padding rows are not counted).
+fn accuracy(g: &mut Graph, pool: &Pool, set: &ImageSet) -> f64 {
+    let shape = g.input_shape();
+    let mut right = 0;
+    let all: Vec<usize> = (0..set.data.len()).collect();
+    for idx in all.chunks(shape.n) {
+        let (x, labels) = batch(set, idx, shape);
+        let pred = g.predict(pool, &x).unwrap_or_else(|e| fail(e));
+        right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
+    }
+    right as f64 / set.data.len() as f64
+}
+
+fn main() {
+    let args = cli::parse(
+        USAGE,
+        &[cli::value(
+            "train-limit",
+            "N",
+            "train on the first N images only",
+        )],
+    );
+    args.no_model_files("ResNet run");
+    let epochs = args.epochs(4);
+    let bs = args.positive("batch", 64);
+    let seed: u64 = args.get_or("seed", 1);
+    let opt = Optimizer::adam(args.lr(2e-3));
+    let limit: usize = args.positive("train-limit", usize::MAX);
+    let dir: String = args.get_or("data", data::FASHION_MNIST_DIR.to_string());
+    let (mut tr, te) = data::fashion_mnist(std::path::Path::new(&dir)).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
+    if tr.dims != (1, 28, 28) || te.dims != (1, 28, 28) {
+        fail(format!(
+            "the small ResNet takes 1x28x28 images, got {:?} / {:?}",
+            tr.dims, te.dims
+        ));
+    }
+    if limit < tr.data.len() {
+        let idx: Vec<usize> = (0..limit).collect();
+        tr.data = tr.data.subset(&idx);
+    }
+    // Per image: about 40 activation-sized buffers of up to 16x28x28 f32.
+    cli::check_batch_memory(bs, 40 * 4 * 16 * 28 * 28);
+    let pool = cli::pool();
+    let mut g = models::small_resnet(bs, tr.data.classes, seed).unwrap_or_else(|e| fail(e));
+    println!(
+        "fashion-mnist: {} train / {} test images; small ResNet ({} layers); batch {bs}, {} thread(s)",
+        tr.data.len(),
+        te.data.len(),
+        g.layer_names().len(),
+        pool.threads()
+    );
+    let mut rng = Rng::new(seed);
+    let mut order: Vec<usize> = (0..tr.data.len()).collect();
+    let mut last = 0.0;
+    for epoch in 1..=epochs {
+        rng.shuffle(&mut order);
+        let t0 = Instant::now();
+        let (mut sum, mut steps) = (0.0f64, 0usize);
+        // Whole minibatches only: a short last one would train on padding.
+        for idx in order.chunks_exact(bs) {
+            let (x, labels) = batch(&tr, idx, g.input_shape());
+            let loss = g
+                .train_step(pool, &x, &labels, &opt)
+                .unwrap_or_else(|e| fail(e));
+            sum += f64::from(loss);
+            steps += 1;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        last = accuracy(&mut g, pool, &te);
+        println!(
+            "epoch {epoch}: loss {:.4}, test accuracy {last:.4}, {:.0} images/s",
+            sum / steps.max(1) as f64,
+            (steps * bs) as f64 / secs
+        );
+    }
+    println!("test_accuracy={last:.4}");
+}
