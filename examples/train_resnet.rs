@@ -1,9 +1,9 @@
 //! Trains a small ResNet on Fashion-MNIST with the layer graph
 //! (`brgemm_nn::models::small_resnet`: a 3x3 stem, three basic residual
 //! blocks of 16, 32 and 64 channels with batch norm and projection
-//! shortcuts, global average pooling, a linear classifier). Prints
-//! per-epoch loss, test accuracy and images/s, and ends with
-//! `test_accuracy=<fraction>`.
+//! shortcuts, global average pooling, a linear classifier) with Adam and a
+//! per-epoch cosine decay of the learning rate. Prints per-epoch loss, test
+//! accuracy and images/s, and ends with `test_accuracy=<fraction>`.
 //!
 //! ```text
 //! cargo run --release --example train_resnet [-- --data DIR --epochs N --batch B --lr LR
@@ -72,10 +72,10 @@ fn main() {
         )],
     );
     args.no_model_files("ResNet run");
-    let epochs = args.epochs(4);
+    let epochs = args.epochs(8);
     let bs = args.positive("batch", 64);
     let seed: u64 = args.get_or("seed", 1);
-    let opt = Optimizer::adam(args.lr(2e-3));
+    let lr = args.lr(2e-3);
     let limit: usize = args.positive("train-limit", usize::MAX);
     let dir: String = args.get_or("data", data::FASHION_MNIST_DIR.to_string());
     let (mut tr, te) = data::fashion_mnist(std::path::Path::new(&dir)).unwrap_or_else(|e| {
@@ -107,6 +107,9 @@ fn main() {
     let mut order: Vec<usize> = (0..tr.data.len()).collect();
     let mut last = 0.0;
     for epoch in 1..=epochs {
+        // Cosine decay of the learning rate over the epochs (per epoch).
+        let phase = std::f32::consts::PI * (epoch - 1) as f32 / epochs as f32;
+        let opt = Optimizer::adam(lr * 0.5 * (1.0 + phase.cos()));
         rng.shuffle(&mut order);
         let t0 = Instant::now();
         let (mut sum, mut steps) = (0.0f64, 0usize);
