@@ -94,6 +94,7 @@ fn main() {
             "conv" => bench_conv(&opts),
             "lstm" => bench_lstm(&opts),
             "loops" => bench_loops(),
+            "resnet50" => bench_resnet50(&opts, &args),
             "mpi" => bench_mpi(),
             #[cfg(feature = "gpu")]
             "gpu" => gpu_bench::bench_gpu(&args, opts.quick),
@@ -105,7 +106,7 @@ fn main() {
             "cuda" | "opencl" => {}
             other => {
                 eprintln!(
-                    "unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, mpi, gpu"
+                    "unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, resnet50, mpi, gpu"
                 );
                 std::process::exit(2);
             }
@@ -824,5 +825,73 @@ fn bench_brgemm_bf16(o: &Opts) {
                 r.peak_gflops
             );
         }
+    }
+}
+
+/// ResNet-50 v1.5 on the layer graph, synthetic 224x224x3 input, batch 16
+/// (`--batch B`), 1 and 2 threads: a training step (forward, softmax
+/// cross-entropy, backward, SGD with momentum) and inference. FLOPs count
+/// the convolutions' and the FC's multiply-adds x 2 for forward,
+/// backward-data and backward-weights, less the first convolution's
+/// backward-data (not needed). `--layers` prints each layer's forward FLOPs.
+fn bench_resnet50(o: &Opts, args: &[String]) {
+    use brgemm_dl::nn::{models, Mode, Tensor};
+    use brgemm_primitives::optim::Optimizer;
+    let batch: usize = args
+        .iter()
+        .skip_while(|a| *a != "--batch")
+        .nth(1)
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(16);
+    let isa = Isa::selected().expect("ISA");
+    let probe = Probes::new(isa, Duration::from_millis(10));
+    let samples = if o.quick { 2 } else { 3 };
+    let mut g = models::resnet50(batch, 224, 1000, 1).expect("resnet50");
+    let layers = g.layer_flops();
+    let fwd: f64 = layers.iter().map(|(_, f)| f).sum();
+    let train_flops = 3.0 * fwd - layers[0].1;
+    if args.iter().any(|a| a == "--layers") {
+        for (name, f) in &layers {
+            if *f > 0.0 {
+                println!(
+                    r#"{{"bench":"resnet50_layer","layer":"{name}","batch":{batch},"fwd_gflop":{:.3}}}"#,
+                    f / 1e9
+                );
+            }
+        }
+    }
+    let mut x = Tensor::zeros(g.input_shape());
+    fill(x.data_mut(), 7, 1.0);
+    let labels: Vec<usize> = (0..batch).map(|i| (i * 37) % 1000).collect();
+    let opt = Optimizer::Sgd {
+        lr: 1e-3,
+        momentum: 0.9,
+    };
+    for threads in [1usize, 2] {
+        let pool = Pool::new(threads).expect("pool");
+        let train = measure_pool(
+            || {
+                g.train_step(&pool, &x, &labels, &opt).expect("train step");
+            },
+            &pool,
+            &probe,
+            samples,
+        );
+        let infer = measure_pool(
+            || {
+                g.forward(&pool, &x, Mode::Eval).expect("inference");
+            },
+            &pool,
+            &probe,
+            samples,
+        );
+        let (tg, ig) = (train_flops / train.secs / 1e9, fwd / infer.secs / 1e9);
+        println!(
+            r#"{{"bench":"resnet50","batch":{batch},"threads":{threads},"train_images_per_s":{:.2},"infer_images_per_s":{:.2},"train_gflops":{tg:.1},"infer_gflops":{ig:.1},"infer_pct_peak":{:.1},{}}}"#,
+            batch as f64 / train.secs,
+            batch as f64 / infer.secs,
+            infer.pct_peak(ig),
+            train.json(tg)
+        );
     }
 }

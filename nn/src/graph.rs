@@ -161,6 +161,18 @@ impl Graph {
             .collect()
     }
 
+    /// Each layer's name and forward FLOPs ([`Layer::flops`]), in order of
+    /// evaluation.
+    pub fn layer_flops(&self) -> Vec<(String, f64)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Layer(l) => Some((l.name(), l.flops())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The output for `x`; in [`Mode::Train`] every layer keeps what its
     /// backward needs.
     pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {

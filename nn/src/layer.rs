@@ -53,4 +53,11 @@ pub trait Layer: Send {
     fn params(&mut self) -> Vec<Param<'_>> {
         Vec::new()
     }
+
+    /// Floating-point operations of one forward of the built layer counted
+    /// as multiply-adds x 2 (convolutions and linear layers; 0 for the
+    /// element-wise ones, which bandwidth limits).
+    fn flops(&self) -> f64 {
+        0.0
+    }
 }

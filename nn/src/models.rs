@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::graph::{Graph, GraphBuilder, NodeId};
-use crate::layers::{BatchNorm2d, Conv2d, GlobalAvgPool, Linear, Relu};
+use crate::layers::{BatchNorm2d, Conv2d, GlobalAvgPool, Linear, Pool2dLayer, Relu};
 use crate::tensor::Shape;
 use brgemm::Activation;
 
@@ -53,5 +53,74 @@ pub fn small_resnet(batch: usize, classes: usize, seed: u64) -> Result<Graph> {
     }
     let p = g.layer(h, GlobalAvgPool::new())?;
     let out = g.layer(p, Linear::new(64, classes, Activation::Identity, seed + 99))?;
+    g.build(out)
+}
+
+/// A bottleneck block of ResNet-50 v1.5: 1x1 conv to `width` -> BN -> ReLU
+/// -> 3x3 conv with `stride` -> BN -> ReLU -> 1x1 conv to `4 * width` ->
+/// BN, plus the shortcut (identity, or a 1x1 projection with `stride` and
+/// BN when the shape changes), then ReLU.
+pub fn bottleneck(
+    g: &mut GraphBuilder,
+    from: NodeId,
+    width: usize,
+    stride: usize,
+    seed: u64,
+) -> Result<NodeId> {
+    let (in_c, out_c) = (g.shape(from).c, 4 * width);
+    let conv = |i, o, k, s, p, n| Conv2d::new(i, o, (k, k), s, p, Activation::Identity, seed + n);
+    let mut h = from;
+    for (i, (ci, co, k, s, p)) in [
+        (in_c, width, 1, 1, 0),
+        (width, width, 3, stride, 1),
+        (width, out_c, 1, 1, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        h = g.layer(h, conv(ci, co, k, s, p, i as u64))?;
+        h = g.layer(h, BatchNorm2d::new(co))?;
+        if i < 2 {
+            h = g.layer(h, Relu::new())?;
+        }
+    }
+    let shortcut = if stride == 1 && in_c == out_c {
+        from
+    } else {
+        let p = g.layer(from, conv(in_c, out_c, 1, stride, 0, 3))?;
+        g.layer(p, BatchNorm2d::new(out_c))?
+    };
+    let sum = g.add(h, shortcut)?;
+    g.layer(sum, Relu::new())
+}
+
+/// ResNet-50 v1.5 (He et al. 2016; the stride on the 3x3 convolution) for
+/// `batch` RGB images of `size x size` (224 in the paper): a 7x7 stride-2
+/// stem with BN, ReLU and 3x3 stride-2 max pooling, bottleneck stages of
+/// 3, 4, 6 and 3 blocks (widths 64, 128, 256, 512), global average
+/// pooling and a linear classifier.
+pub fn resnet50(batch: usize, size: usize, classes: usize, seed: u64) -> Result<Graph> {
+    let mut g = GraphBuilder::new(Shape::new(batch, 3, size, size));
+    let x = g.input();
+    let s = g.layer(
+        x,
+        Conv2d::new(3, 64, (7, 7), 2, 3, Activation::Identity, seed),
+    )?;
+    let s = g.layer(s, BatchNorm2d::new(64))?;
+    let s = g.layer(s, Relu::new())?;
+    let mut h = g.layer(s, Pool2dLayer::max(3, 2, 1))?;
+    let mut block = 0u64;
+    for (width, blocks, stride) in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)] {
+        for b in 0..blocks {
+            block += 1;
+            let st = if b == 0 { stride } else { 1 };
+            h = bottleneck(&mut g, h, width, st, seed + 10 * block)?;
+        }
+    }
+    let p = g.layer(h, GlobalAvgPool::new())?;
+    let out = g.layer(
+        p,
+        Linear::new(2048, classes, Activation::Identity, seed + 9999),
+    )?;
     g.build(out)
 }

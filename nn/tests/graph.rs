@@ -400,3 +400,25 @@ fn a_residual_network_learns() {
     assert!(last < 0.2 * first, "loss {first} -> {last}");
     assert_eq!(g.predict(&pool, &xt).unwrap(), labels);
 }
+
+/// ResNet-50 v1.5 builds with the paper's shapes and about 4.1 G
+/// multiply-adds per 224x224 image.
+#[test]
+fn resnet50_has_the_papers_shapes_and_work() {
+    let g = brgemm_nn::models::resnet50(1, 224, 1000, 1).unwrap();
+    assert_eq!(g.output_shape(), Shape::flat(1, 1000));
+    let layers = g.layer_flops();
+    let convs = layers
+        .iter()
+        .filter(|(n, _)| n.starts_with("conv2d"))
+        .count();
+    // 1 stem + 16 blocks x 3 + 4 projections.
+    assert_eq!(convs, 53);
+    let gmacs: f64 = layers.iter().map(|(_, f)| f).sum::<f64>() / 2e9;
+    assert!((4.0..4.2).contains(&gmacs), "{gmacs} GMACs");
+    assert!(
+        layers[0].0.starts_with("conv2d 7x7 3->64 stride 2"),
+        "{}",
+        layers[0].0
+    );
+}

@@ -169,6 +169,10 @@ impl Layer for Conv2d {
         Tensor::from_vec(Shape::new(n, c, h, w), p.dx.to_nchw())
     }
 
+    fn flops(&self) -> f64 {
+        self.plan.as_ref().map_or(0.0, |p| p.conv.flops())
+    }
+
     fn params(&mut self) -> Vec<Param<'_>> {
         match &mut self.plan {
             Some(p) => weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db),

@@ -163,6 +163,10 @@ impl Layer for Linear {
         Tensor::from_vec(Shape::flat(p.fc.n(), p.fc.c()), p.dx.to_plain())
     }
 
+    fn flops(&self) -> f64 {
+        self.plan.as_ref().map_or(0.0, |p| p.fc.flops())
+    }
+
     fn params(&mut self) -> Vec<Param<'_>> {
         match &mut self.plan {
             Some(p) => weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db),
