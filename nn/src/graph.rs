@@ -136,7 +136,7 @@ impl GraphBuilder {
 /// A built network: forward, backward, and the optimizer step.
 pub struct Graph {
     nodes: Vec<Node>,
-    /// Each node's output of the last forward.
+    /// Each node's output of the last forward (not the input's).
     acts: Vec<Option<Tensor>>,
     opt: Vec<OptState>,
 }
@@ -175,17 +175,17 @@ impl Graph {
 
     /// The output for `x`; in [`Mode::Train`] every layer keeps what its
     /// backward needs.
-    pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<&Tensor> {
         x.expect("graph input", self.input_shape())?;
-        self.acts[0] = Some(x.clone());
         for i in 1..self.nodes.len() {
             let (acts, node) = (&self.acts, &mut self.nodes[i]);
-            let input = |k: usize| acts[node.inputs[k]].as_ref().expect("inputs run first");
+            // The graph's input is read in place, not copied into `acts`.
+            let input = |k: usize| match node.inputs[k] {
+                0 => x,
+                j => acts[j].as_ref().expect("inputs run first"),
+            };
             let out = match &mut node.op {
-                Op::Layer(l) => {
-                    let x = acts[node.inputs[0]].as_ref().expect("inputs run first");
-                    l.forward(pool, x, mode)?
-                }
+                Op::Layer(l) => l.forward(pool, input(0), mode)?,
                 Op::Add => {
                     let mut y = input(0).clone();
                     for (a, b) in y.data_mut().iter_mut().zip(input(1).data()) {
@@ -197,14 +197,14 @@ impl Graph {
             };
             self.acts[i] = Some(out);
         }
-        Ok(self.acts[self.nodes.len() - 1].clone().expect("ran"))
+        Ok(self.acts[self.nodes.len() - 1].as_ref().expect("ran"))
     }
 
     /// dL/d(input) for dL/d(output) `dy` of the last training forward;
     /// every layer's parameter gradients are written.
     pub fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         dy.expect("output gradient", self.output_shape())?;
-        if self.acts.iter().any(Option::is_none) {
+        if self.acts[1..].iter().any(Option::is_none) {
             return Err(Error::Graph("backward before any forward".into()));
         }
         let n = self.nodes.len();
@@ -272,7 +272,7 @@ impl Graph {
         opt: &Optimizer,
     ) -> Result<f32> {
         let logits = self.forward(pool, x, Mode::Train)?;
-        let (loss, dlogits) = softmax_cross_entropy(&logits, labels)?;
+        let (loss, dlogits) = softmax_cross_entropy(logits, labels)?;
         if !loss.is_finite() {
             return Err(Error::Graph(format!(
                 "loss is {loss}: weights left unchanged"

@@ -1,7 +1,7 @@
 //! 2-D convolution with fused bias and activation, over
 //! [`brgemm_primitives::Conv`].
 
-use super::{need_training, unbuilt, weight_and_bias};
+use super::{need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
@@ -19,8 +19,7 @@ pub struct Conv2d {
     stride: usize,
     pad: usize,
     act: Activation,
-    plain: Option<(Vec<f32>, Vec<f32>)>,
-    plan: Option<Plan>,
+    state: State<Plan>,
 }
 
 struct Plan {
@@ -59,17 +58,15 @@ impl Conv2d {
             stride,
             pad,
             act,
-            plain: Some((w, vec![0.0; out_c])),
-            plan: None,
+            state: State::Plain(w, vec![0.0; out_c]),
         }
     }
 
     /// The weights, KCRS (PyTorch's order).
     pub fn weights(&self) -> Vec<f32> {
-        match (&self.plan, &self.plain) {
-            (Some(p), _) => p.w.to_kcrs(),
-            (None, Some((w, _))) => w.clone(),
-            (None, None) => unreachable!("a layer holds its weights in one form"),
+        match &self.state {
+            State::Built(p) => p.w.to_kcrs(),
+            State::Plain(w, _) => w.clone(),
         }
     }
     /// Sets weights (KCRS, PyTorch's `weight`) and bias (`[out_c]`).
@@ -84,12 +81,12 @@ impl Conv2d {
                 self.out_c
             )));
         }
-        match &mut self.plan {
-            Some(p) => {
+        match &mut self.state {
+            State::Built(p) => {
                 p.w.set_kcrs(w)?;
                 p.bias[..b.len()].copy_from_slice(b);
             }
-            None => self.plain = Some((w.to_vec(), b.to_vec())),
+            State::Plain(..) => self.state = State::Plain(w.to_vec(), b.to_vec()),
         }
         Ok(())
     }
@@ -120,17 +117,16 @@ impl Layer for Conv2d {
             input,
             reason: e.to_string(),
         })?;
-        let (w0, b0) = match (self.plan.take(), self.plain.take()) {
-            (Some(p), _) => (p.w.to_kcrs(), p.bias[..self.out_c].to_vec()),
-            (None, Some(wb)) => wb,
-            (None, None) => unreachable!("a layer holds its weights in one form"),
+        let (w0, b0) = match self.state.take() {
+            State::Built(p) => (p.w.to_kcrs(), p.bias[..self.out_c].to_vec()),
+            State::Plain(w, b) => (w, b),
         };
         let mut w = conv.filter();
         w.set_kcrs(&w0)?;
         let mut bias = vec![0.0; conv.padded_k()];
         bias[..self.out_c].copy_from_slice(&b0);
         let out = Shape::new(input.n, self.out_c, params.p(), params.q());
-        self.plan = Some(Plan {
+        self.state = State::Built(Plan {
             wt: conv.filter_t(),
             dw: conv.filter(),
             db: vec![0.0; conv.padded_k()],
@@ -148,7 +144,7 @@ impl Layer for Conv2d {
     }
 
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
+        let p = self.state.plan("forward")?;
         p.x.set_nchw(x.data())?;
         p.conv.forward(pool, &p.x, &p.w, &p.bias, &mut p.y)?;
         p.trained = mode == Mode::Train;
@@ -157,7 +153,7 @@ impl Layer for Conv2d {
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
+        let p = self.state.plan("backward")?;
         need_training(p.trained, "conv2d")?;
         p.dy.set_nchw(dy.data())?;
         p.conv.activation_backward(pool, &p.dy, &p.y, &mut p.dz)?;
@@ -170,13 +166,15 @@ impl Layer for Conv2d {
     }
 
     fn flops(&self) -> f64 {
-        self.plan.as_ref().map_or(0.0, |p| p.conv.flops())
+        self.state.built().map_or(0.0, |p| p.conv.flops())
     }
 
     fn params(&mut self) -> Vec<Param<'_>> {
-        match &mut self.plan {
-            Some(p) => weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db),
-            None => Vec::new(),
+        match &mut self.state {
+            State::Built(p) => {
+                weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db)
+            }
+            State::Plain(..) => Vec::new(),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Fully connected: `y = act(x W^T + b)` on flattened inputs, over
 //! [`brgemm_primitives::Fc`].
 
-use super::{need_training, unbuilt, weight_and_bias};
+use super::{need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
@@ -16,9 +16,7 @@ pub struct Linear {
     inputs: usize,
     outputs: usize,
     act: Activation,
-    /// The plain weights and bias until the layer is built.
-    plain: Option<(Vec<f32>, Vec<f32>)>,
-    plan: Option<Plan>,
+    state: State<Plan>,
 }
 
 struct Plan {
@@ -51,25 +49,22 @@ impl Linear {
             inputs,
             outputs,
             act,
-            plain: Some((w, vec![0.0; outputs])),
-            plan: None,
+            state: State::Plain(w, vec![0.0; outputs]),
         }
     }
 
     /// The weights, `[outputs][inputs]` row-major (PyTorch's order).
     pub fn weights(&self) -> Vec<f32> {
-        match (&self.plan, &self.plain) {
-            (Some(p), _) => p.w.to_plain(),
-            (None, Some((w, _))) => w.clone(),
-            (None, None) => unreachable!("a layer holds its weights in one form"),
+        match &self.state {
+            State::Built(p) => p.w.to_plain(),
+            State::Plain(w, _) => w.clone(),
         }
     }
     /// The bias, `[outputs]`.
     pub fn bias(&self) -> Vec<f32> {
-        match (&self.plan, &self.plain) {
-            (Some(p), _) => p.bias[..self.outputs].to_vec(),
-            (None, Some((_, b))) => b.clone(),
-            (None, None) => unreachable!("a layer holds its weights in one form"),
+        match &self.state {
+            State::Built(p) => p.bias[..self.outputs].to_vec(),
+            State::Plain(_, b) => b.clone(),
         }
     }
     /// Sets weights (`[outputs][inputs]`, PyTorch's `weight`) and bias.
@@ -84,12 +79,12 @@ impl Linear {
         if b.len() != self.outputs {
             return Err(bad("bias", b.len(), self.outputs));
         }
-        match &mut self.plan {
-            Some(p) => {
+        match &mut self.state {
+            State::Built(p) => {
                 p.w.set_plain(w)?;
                 p.bias[..b.len()].copy_from_slice(b);
             }
-            None => self.plain = Some((w.to_vec(), b.to_vec())),
+            State::Plain(..) => self.state = State::Plain(w.to_vec(), b.to_vec()),
         }
         Ok(())
     }
@@ -115,17 +110,16 @@ impl Layer for Linear {
                 input.c, self.inputs
             )));
         }
-        let (w0, b0) = match (self.plan.take(), self.plain.take()) {
-            (Some(p), _) => (p.w.to_plain(), p.bias[..self.outputs].to_vec()),
-            (None, Some(wb)) => wb,
-            (None, None) => unreachable!("a layer holds its weights in one form"),
+        let (w0, b0) = match self.state.take() {
+            State::Built(p) => (p.w.to_plain(), p.bias[..self.outputs].to_vec()),
+            State::Plain(w, b) => (w, b),
         };
         let fc = Fc::new(input.n, self.inputs, self.outputs, self.act)?;
         let mut w = fc.w_layout();
         w.set_plain(&w0)?;
         let mut bias = vec![0.0; fc.padded_k()];
         bias[..self.outputs].copy_from_slice(&b0);
-        self.plan = Some(Plan {
+        self.state = State::Built(Plan {
             wt: fc.wt_layout(),
             dw: fc.w_layout(),
             db: vec![0.0; fc.padded_k()],
@@ -144,7 +138,7 @@ impl Layer for Linear {
     }
 
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
+        let p = self.state.plan("forward")?;
         p.x.set_plain(x.data())?;
         p.fc.forward(pool, &p.x, &p.w, &p.bias, &mut p.y, Some(&mut p.z))?;
         p.trained = mode == Mode::Train;
@@ -152,7 +146,7 @@ impl Layer for Linear {
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
+        let p = self.state.plan("backward")?;
         need_training(p.trained, "linear")?;
         p.dy.set_plain(dy.data())?;
         let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
@@ -164,13 +158,15 @@ impl Layer for Linear {
     }
 
     fn flops(&self) -> f64 {
-        self.plan.as_ref().map_or(0.0, |p| p.fc.flops())
+        self.state.built().map_or(0.0, |p| p.fc.flops())
     }
 
     fn params(&mut self) -> Vec<Param<'_>> {
-        match &mut self.plan {
-            Some(p) => weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db),
-            None => Vec::new(),
+        match &mut self.state {
+            State::Built(p) => {
+                weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db)
+            }
+            State::Plain(..) => Vec::new(),
         }
     }
 }

@@ -13,6 +13,34 @@ pub use simple::{Flatten, GlobalAvgPool, Relu};
 use crate::error::{Error, Result};
 use crate::layer::Param;
 
+/// A layer's weights and bias: plain, in PyTorch's order, until a graph
+/// builds the layer; then inside its plan, in the primitive's layout.
+pub(crate) enum State<P> {
+    Plain(Vec<f32>, Vec<f32>),
+    Built(P),
+}
+
+impl<P> State<P> {
+    /// The plan, or the error naming the call made before any build.
+    pub(crate) fn plan(&mut self, what: &str) -> Result<&mut P> {
+        match self {
+            State::Built(p) => Ok(p),
+            State::Plain(..) => Err(unbuilt(what)),
+        }
+    }
+    /// The plan when built.
+    pub(crate) fn built(&self) -> Option<&P> {
+        match self {
+            State::Built(p) => Some(p),
+            State::Plain(..) => None,
+        }
+    }
+    /// Moves the state out (to rebuild), leaving empty plain values.
+    pub(crate) fn take(&mut self) -> State<P> {
+        std::mem::replace(self, State::Plain(Vec::new(), Vec::new()))
+    }
+}
+
 /// The error of a call on a layer that no graph has built.
 pub(crate) fn unbuilt(what: &str) -> Error {
     Error::Graph(format!(

@@ -34,7 +34,9 @@ impl Layer for Relu {
             }
         }
         if mode == Mode::Train {
-            self.mask = x.data().iter().map(|&v| v > 0.0).collect();
+            // Reuses the mask's allocation from step to step.
+            self.mask.clear();
+            self.mask.extend(x.data().iter().map(|&v| v > 0.0));
         }
         Ok(y)
     }
