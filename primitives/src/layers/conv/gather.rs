@@ -171,6 +171,8 @@ impl Gather {
         let bv = bias.map(|b| View::new(b, [g.bo]));
         let (out_blocks, plane) = (g.out_blocks, g.p * g.q * g.bo);
         let yv = ViewMut::new(y, [out_blocks * plane, plane, g.q * g.bo, g.bo]);
+        // The next call is looked up only for kernels that prefetch it.
+        let pf = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
         self.nest.run(pool, |i| {
             let (ni, ob, pr, qb, c0) = (i[0], i[self.out_loop], i[3], i[4], i[self.red_loop]);
             let q0 = qb * g.bq;
@@ -190,8 +192,8 @@ impl Gather {
             let bias = bv.map_or(std::ptr::null(), |b| b.at([ob]));
             // A single-pair call brings in the output block of the call
             // after it in the nest's order.
-            let next = match cnt * rs {
-                1 => self.nest.successor(i),
+            let next = match (cnt * rs, pf) {
+                (1, true) => self.nest.successor(i),
                 _ => None,
             };
             let (ahead, len) = next.map_or((std::ptr::null(), 0), |n| {

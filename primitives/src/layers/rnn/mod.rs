@@ -450,6 +450,8 @@ impl Rnn {
         let (gv, hv, cv) = (st.gates.blocks_mut(), st.h.blocks_mut(), st.c.blocks_mut());
         let blk = bn * bk;
         let nest = &self.fwd_nest;
+        // The next call is looked up only for kernels that prefetch it.
+        let pf = self.rec_kernel.descriptor().prefetch != brgemm::Prefetch::None;
         nest.run(pool, |i| {
             let (ni, ki, t) = (i[0], i[1], i[2]);
             let row = t * nb + ni;
@@ -457,7 +459,11 @@ impl Rnn {
             // kernels (R streaming from memory) the next call's comes in
             // meanwhile: the next gate's, then the next item's first.
             let r_row = |j: usize, ki: usize| rv.at([j * kb + ki, 0]);
-            let next_item = nest.successor(i).map(|n| n[1]).filter(|&k| k != ki);
+            let next_item = pf
+                .then(|| nest.successor(i))
+                .flatten()
+                .map(|n| n[1])
+                .filter(|&k| k != ki);
             // SAFETY: all offsets are inside buffers whose shapes were
             // checked; the (step, n block, k block) blocks of gates, h,
             // h_prev[t+1] and c[t+1] are written by this item only, and
@@ -548,6 +554,7 @@ impl Rnn {
         let (dh0v, rtv) = (gr.dh0.blocks_mut(), gr.rt.blocks());
         let (gt, cs) = (st.gates.blocks(), st.c.blocks());
         let nest = &self.bwd_nest;
+        let pf = self.rec_t_kernel.descriptor().prefetch != brgemm::Prefetch::None;
         // Steps from the last; per step two ordered phases over the
         // (n block, k block) items.
         nest.run(pool, |i| {
@@ -588,8 +595,9 @@ impl Rnn {
                 // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block; the
                 // next item's R^T row comes in meanwhile (prefetching kernels
                 // only; see forward).
-                let next = nest
-                    .successor(i)
+                let next = pf
+                    .then(|| nest.successor(i))
+                    .flatten()
                     .filter(|n| n[3] == 1 && n[1] != ki)
                     .map_or(std::ptr::null(), |n| rtv.at([n[1], 0]));
                 let batch = RawBatch::Stride {
