@@ -833,7 +833,7 @@ fn bench_brgemm_bf16(o: &Opts) {
 /// cross-entropy, backward, SGD with momentum) and inference. FLOPs count
 /// the convolutions' and the FC's multiply-adds x 2 for forward,
 /// backward-data and backward-weights, less the first convolution's
-/// backward-data (not needed). `--layers` prints each layer's forward FLOPs.
+/// backward-data (not needed). `--layers` adds a per-node time table.
 fn bench_resnet50(o: &Opts, args: &[String]) {
     use brgemm_dl::nn::{models, Mode, Tensor};
     use brgemm_primitives::optim::Optimizer;
@@ -850,16 +850,7 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
     let layers = g.layer_flops();
     let fwd: f64 = layers.iter().map(|(_, f)| f).sum();
     let train_flops = 3.0 * fwd - layers[0].1;
-    if args.iter().any(|a| a == "--layers") {
-        for (name, f) in &layers {
-            if *f > 0.0 {
-                println!(
-                    r#"{{"bench":"resnet50_layer","layer":"{name}","batch":{batch},"fwd_gflop":{:.3}}}"#,
-                    f / 1e9
-                );
-            }
-        }
-    }
+    let per_layer = args.iter().any(|a| a == "--layers");
     let mut x = Tensor::zeros(g.input_shape());
     fill(x.data_mut(), 7, 1.0);
     let labels: Vec<usize> = (0..batch).map(|i| (i * 37) % 1000).collect();
@@ -892,6 +883,40 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
             batch as f64 / infer.secs,
             infer.pct_peak(ig),
             train.json(tg)
+        );
+        if per_layer {
+            resnet50_layers(&mut g, &pool, &x, &labels, &opt, threads);
+        }
+    }
+}
+
+/// One JSON line per node of two training steps: forward and backward
+/// milliseconds per step, and the layer's GFLOP/s where it has FLOPs.
+fn resnet50_layers(
+    g: &mut brgemm_dl::nn::Graph,
+    pool: &Pool,
+    x: &brgemm_dl::nn::Tensor,
+    labels: &[usize],
+    opt: &brgemm_primitives::optim::Optimizer,
+    threads: usize,
+) {
+    const STEPS: usize = 2;
+    g.reset_times();
+    for _ in 0..STEPS {
+        g.train_step(pool, x, labels, opt).expect("train step");
+    }
+    for (i, t) in g.times().iter().enumerate() {
+        let (f, b) = (t.forward_s / STEPS as f64, t.backward_s / STEPS as f64);
+        // Backward is data and weights: twice the forward's FLOPs.
+        let rate = |flops: f64, s: f64| if s > 0.0 { flops / s / 1e9 } else { 0.0 };
+        println!(
+            r#"{{"bench":"resnet50_layer","threads":{threads},"node":{i},"layer":"{}","fwd_gflop":{:.3},"fwd_ms":{:.2},"bwd_ms":{:.2},"fwd_gflops":{:.1},"bwd_gflops":{:.1}}}"#,
+            t.name,
+            t.flops / 1e9,
+            f * 1e3,
+            b * 1e3,
+            rate(t.flops, f),
+            rate(2.0 * t.flops, b)
         );
     }
 }

@@ -6,9 +6,10 @@
 
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{add, Buf, Shape, Tensor};
 use brgemm_primitives::optim::{OptState, Optimizer};
 use brgemm_primitives::Pool;
+use std::time::{Duration, Instant};
 
 /// A node of a graph under construction (or built).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +25,24 @@ struct Node {
     op: Op,
     inputs: Vec<usize>,
     shape: Shape,
+    /// The channel block its output travels in (None: plain).
+    block: Option<usize>,
+    /// The add's output; the sum of the gradients of a node feeding several.
+    out: Buf,
+    grad: Buf,
+}
+
+impl Node {
+    fn new(op: Op, inputs: Vec<usize>, shape: Shape, block: Option<usize>) -> Node {
+        Node {
+            op,
+            inputs,
+            shape,
+            block,
+            out: Buf::default(),
+            grad: Buf::default(),
+        }
+    }
 }
 
 /// Builds a [`Graph`]: every node is added after its inputs, so the order
@@ -36,11 +55,7 @@ impl GraphBuilder {
     /// A graph whose input has `shape` (minibatch included).
     pub fn new(shape: Shape) -> GraphBuilder {
         GraphBuilder {
-            nodes: vec![Node {
-                op: Op::Input,
-                inputs: vec![],
-                shape,
-            }],
+            nodes: vec![Node::new(Op::Input, vec![], shape, None)],
         }
     }
 
@@ -69,12 +84,15 @@ impl GraphBuilder {
     /// shape the layer cannot take is an error naming both.
     pub fn layer(&mut self, from: NodeId, mut layer: impl Layer + 'static) -> Result<NodeId> {
         self.check(from)?;
+        layer.input_block(self.nodes[from.0].block);
         let shape = layer.build(self.shape(from))?;
-        self.nodes.push(Node {
-            op: Op::Layer(Box::new(layer)),
-            inputs: vec![from.0],
+        let block = layer.output_block();
+        self.nodes.push(Node::new(
+            Op::Layer(Box::new(layer)),
+            vec![from.0],
             shape,
-        });
+            block,
+        ));
         Ok(NodeId(self.nodes.len() - 1))
     }
 
@@ -90,11 +108,10 @@ impl GraphBuilder {
                 right,
             });
         }
-        self.nodes.push(Node {
-            op: Op::Add,
-            inputs: vec![a.0, b.0],
-            shape: left,
-        });
+        let (ba, bb) = (self.nodes[a.0].block, self.nodes[b.0].block);
+        let block = if ba == bb { ba } else { None };
+        self.nodes
+            .push(Node::new(Op::Add, vec![a.0, b.0], left, block));
         Ok(NodeId(self.nodes.len() - 1))
     }
 
@@ -129,6 +146,7 @@ impl GraphBuilder {
             nodes,
             acts: vec![None; n],
             opt: Vec::new(),
+            times: vec![[Duration::ZERO; 2]; n],
         })
     }
 }
@@ -139,6 +157,22 @@ pub struct Graph {
     /// Each node's output of the last forward (not the input's).
     acts: Vec<Option<Tensor>>,
     opt: Vec<OptState>,
+    /// Time spent in each node's forward and backward since the last
+    /// [`Graph::reset_times`].
+    times: Vec<[Duration; 2]>,
+}
+
+/// Where a graph's time went, per node ([`Graph::times`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeTime {
+    /// The layer's name, or `add`.
+    pub name: String,
+    /// Forward FLOPs ([`Layer::flops`]).
+    pub flops: f64,
+    /// Seconds in forward (training and inference) since the last reset.
+    pub forward_s: f64,
+    /// Seconds in backward since the last reset.
+    pub backward_s: f64,
 }
 
 impl Graph {
@@ -173,28 +207,54 @@ impl Graph {
             .collect()
     }
 
+    /// The time each node took since the last [`Graph::reset_times`] (or
+    /// the build), in order of evaluation: a per-layer profile at the cost
+    /// of two clock reads per node and pass.
+    pub fn times(&self) -> Vec<NodeTime> {
+        self.nodes[1..]
+            .iter()
+            .zip(&self.times[1..])
+            .map(|(n, t)| {
+                let (name, flops) = match &n.op {
+                    Op::Layer(l) => (l.name(), l.flops()),
+                    _ => ("add".into(), 0.0),
+                };
+                NodeTime {
+                    name,
+                    flops,
+                    forward_s: t[0].as_secs_f64(),
+                    backward_s: t[1].as_secs_f64(),
+                }
+            })
+            .collect()
+    }
+
+    /// Starts [`Graph::times`] again from zero.
+    pub fn reset_times(&mut self) {
+        self.times.fill([Duration::ZERO; 2]);
+    }
+
     /// The output for `x`; in [`Mode::Train`] every layer keeps what its
     /// backward needs.
     pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<&Tensor> {
         x.expect("graph input", self.input_shape())?;
         for i in 1..self.nodes.len() {
+            // The last step's output goes first, so that the layer can
+            // write its buffer again in place.
+            self.acts[i] = None;
             let (acts, node) = (&self.acts, &mut self.nodes[i]);
             // The graph's input is read in place, not copied into `acts`.
             let input = |k: usize| match node.inputs[k] {
                 0 => x,
                 j => acts[j].as_ref().expect("inputs run first"),
             };
+            let start = Instant::now();
             let out = match &mut node.op {
                 Op::Layer(l) => l.forward(pool, input(0), mode)?,
-                Op::Add => {
-                    let mut y = input(0).clone();
-                    for (a, b) in y.data_mut().iter_mut().zip(input(1).data()) {
-                        *a += b;
-                    }
-                    y
-                }
+                Op::Add => add(pool, input(0), input(1), &mut node.out)?,
                 Op::Input => unreachable!("only node 0 is the input"),
             };
+            self.times[i][0] += start.elapsed();
             self.acts[i] = Some(out);
         }
         Ok(self.acts[self.nodes.len() - 1].as_ref().expect("ran"))
@@ -212,21 +272,19 @@ impl Graph {
         grads[n - 1] = Some(dy.clone());
         for i in (1..n).rev() {
             let g = grads[i].take().expect("every node reaches the output");
+            let start = Instant::now();
             let node = &mut self.nodes[i];
             let outs: Vec<(usize, Tensor)> = match &mut node.op {
                 Op::Layer(l) => vec![(node.inputs[0], l.backward(pool, &g)?)],
                 Op::Add => vec![(node.inputs[0], g.clone()), (node.inputs[1], g)],
                 Op::Input => unreachable!("only node 0 is the input"),
             };
+            self.times[i][1] += start.elapsed();
             for (j, d) in outs {
-                match &mut grads[j] {
-                    Some(acc) => {
-                        for (a, b) in acc.data_mut().iter_mut().zip(d.data()) {
-                            *a += b;
-                        }
-                    }
-                    slot => *slot = Some(d),
-                }
+                grads[j] = Some(match grads[j].take() {
+                    Some(acc) => add(pool, &acc, &d, &mut self.nodes[j].grad)?,
+                    None => d,
+                });
             }
         }
         Ok(grads[0].take().expect("the input reaches the output"))

@@ -54,6 +54,20 @@ pub trait Layer: Send {
         Vec::new()
     }
 
+    /// The channel block of the blocked layout the output travels in once
+    /// built, or None for plain NCHW. The graph tells the next layer
+    /// ([`Layer::input_block`]) so that the two agree and no conversion
+    /// runs between them. None by default.
+    fn output_block(&self) -> Option<usize> {
+        None
+    }
+
+    /// Told before [`Layer::build`] which block the input will arrive in
+    /// (the producer's [`Layer::output_block`]). Layers without a layout
+    /// of their own (batch norm, ReLU, pooling) adopt it; any other input
+    /// is still accepted, converted. Ignored by default.
+    fn input_block(&mut self, _block: Option<usize>) {}
+
     /// Floating-point operations of one forward of the built layer counted
     /// as multiply-adds x 2 (convolutions and linear layers; 0 for the
     /// element-wise ones, which bandwidth limits).

@@ -1,9 +1,15 @@
-//! Plain tensors: what layers take and return at the graph's edges.
-//! Activations are NCHW, row-major, f32; a flattened feature vector is
-//! `(n, features, 1, 1)`.
+//! Tensors at the graph's edges. To the user a [`Tensor`] is plain NCHW,
+//! row-major f32 (a flattened feature vector is `(n, features, 1, 1)`).
+//! Between layers it may travel in the primitives' blocked layout
+//! `[N][C/bc][H][W][bc]` instead, shared (not copied) by the layer that
+//! wrote it and the layer that reads it; the plain values are made from it
+//! only when someone asks for them. Layers reuse their output buffers from
+//! step to step once no one else holds them.
 
 use crate::error::{Error, Result};
+use brgemm_primitives::{Pool, Tensor4};
 use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The shape of an activation: minibatch, channels, height, width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,25 +60,48 @@ impl fmt::Display for Shape {
     }
 }
 
-/// A plain NCHW tensor. The data length always matches the shape.
-#[derive(Debug, Clone, PartialEq)]
+/// An NCHW tensor. The data length always matches the shape.
+#[derive(Clone)]
 pub struct Tensor {
     shape: Shape,
-    data: Vec<f32>,
+    /// The plain values: set from the start, or made from `blocked` on the
+    /// first [`Tensor::data`].
+    plain: OnceLock<Vec<f32>>,
+    /// The same values in a layer's blocked layout, when a layer wrote them.
+    blocked: Option<Arc<Tensor4>>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape)
+            .field("block", &self.block())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        self.shape == other.shape && self.data() == other.data()
+    }
 }
 
 impl Tensor {
     /// Zeros of `shape`.
     pub fn zeros(shape: Shape) -> Tensor {
+        Tensor::plain(shape, vec![0.0; shape.len()])
+    }
+    fn plain(shape: Shape, data: Vec<f32>) -> Tensor {
         Tensor {
             shape,
-            data: vec![0.0; shape.len()],
+            plain: OnceLock::from(data),
+            blocked: None,
         }
     }
     /// `data` (NCHW) as a tensor of `shape`; an error names both lengths.
     pub fn from_vec(shape: Shape, data: Vec<f32>) -> Result<Tensor> {
         match shape.checked_len() {
-            Some(n) if n == data.len() => Ok(Tensor { shape, data }),
+            Some(n) if n == data.len() => Ok(Tensor::plain(shape, data)),
             _ => Err(Error::Graph(format!(
                 "{} values do not fill a tensor of shape {shape}",
                 data.len()
@@ -83,25 +112,35 @@ impl Tensor {
     pub fn shape(&self) -> Shape {
         self.shape
     }
-    /// The values, NCHW.
+    /// The values, NCHW (made from the blocked layout on first use).
     pub fn data(&self) -> &[f32] {
-        &self.data
+        self.plain.get_or_init(|| {
+            self.blocked
+                .as_ref()
+                .expect("a tensor holds plain or blocked values")
+                .to_nchw()
+        })
     }
     /// The values, NCHW, to write in place (the length is fixed).
     pub fn data_mut(&mut self) -> &mut [f32] {
-        &mut self.data
+        self.data();
+        self.blocked = None;
+        self.plain.get_mut().expect("made by data()")
     }
     /// The values.
-    pub fn into_vec(self) -> Vec<f32> {
-        self.data
+    pub fn into_vec(mut self) -> Vec<f32> {
+        self.data();
+        self.plain.take().expect("made by data()")
+    }
+    /// The channel block of the blocked layout the values travel in, if
+    /// any (a detail of the layers' planning, shown for diagnostics).
+    pub fn block(&self) -> Option<usize> {
+        self.blocked.as_ref().map(|t| t.dims().4)
     }
     /// The same values under another shape of equal size (a flatten).
     pub(crate) fn reshaped(self, shape: Shape) -> Tensor {
-        debug_assert_eq!(shape.len(), self.data.len());
-        Tensor {
-            shape,
-            data: self.data,
-        }
+        debug_assert_eq!(shape.len(), self.shape.len());
+        Tensor::plain(shape, self.into_vec())
     }
     /// An error unless the shape is `want`.
     pub(crate) fn expect(&self, what: &str, want: Shape) -> Result<()> {
@@ -114,5 +153,206 @@ impl Tensor {
                 got: self.shape,
             })
         }
+    }
+    /// A tensor over a layer's blocked buffer (shared, not copied).
+    pub(crate) fn from_blocked(t: Arc<Tensor4>) -> Tensor {
+        let (n, c, h, w, _) = t.dims();
+        Tensor {
+            shape: Shape::new(n, c, h, w),
+            plain: OnceLock::new(),
+            blocked: Some(t),
+        }
+    }
+    /// The blocked values when they have channel block `bc`.
+    pub(crate) fn blocked_as(&self, bc: usize) -> Option<&Arc<Tensor4>> {
+        self.blocked.as_ref().filter(|t| t.dims().4 == bc)
+    }
+    /// Puts the values, in the blocked layout with channel block `bc`, in
+    /// `buf`: the tensor's own buffer when it has that layout, else a
+    /// conversion into `buf`'s (reused when no one else holds it).
+    pub(crate) fn blocked_into(&self, pool: &Pool, bc: usize, buf: &mut Buf) -> Result<()> {
+        if let Some(t) = self.blocked_as(bc) {
+            buf.0 = Some(Arc::clone(t));
+            return Ok(());
+        }
+        let dst = buf.get_mut(self.shape, bc)?;
+        match &self.blocked {
+            Some(src) => reblock(pool, src, dst),
+            None => from_nchw(pool, self.data(), dst),
+        }
+        Ok(())
+    }
+}
+
+/// A layer's blocked buffer: shared with the tensors it hands out, written
+/// again in place once they are gone.
+#[derive(Default)]
+pub(crate) struct Buf(Option<Arc<Tensor4>>);
+
+impl Buf {
+    /// The buffer, to write, with dims `(s, bc)`: the old one when no one
+    /// else holds it and its dims match, else a new zero one.
+    pub(crate) fn get_mut(&mut self, s: Shape, bc: usize) -> Result<&mut Tensor4> {
+        let want = (s.n, s.c, s.h, s.w, bc);
+        let reuse = self
+            .0
+            .as_mut()
+            .and_then(Arc::get_mut)
+            .is_some_and(|t| t.dims() == want);
+        if !reuse {
+            self.0 = Some(Arc::new(Tensor4::zeros(s.n, s.c, s.h, s.w, bc)?));
+        }
+        Ok(Arc::get_mut(self.0.as_mut().expect("set above")).expect("held only here"))
+    }
+    /// The buffer as written last (a layer reads it only after writing it).
+    pub(crate) fn get(&self) -> &Tensor4 {
+        self.0.as_ref().expect("written before it is read")
+    }
+    /// Lets go of a buffer another layer wrote (an input kept for
+    /// backward), so its writer can reuse it; a buffer of this layer's own
+    /// stays for the next step.
+    pub(crate) fn release(&mut self) {
+        if self.0.as_ref().is_some_and(|t| Arc::strong_count(t) > 1) {
+            self.0 = None;
+        }
+    }
+    /// A tensor sharing the buffer.
+    pub(crate) fn tensor(&self) -> Tensor {
+        Tensor::from_blocked(Arc::clone(self.0.as_ref().expect("written")))
+    }
+}
+
+/// Runs `f(image, values)` for every image of `data` (`len` values each),
+/// images split over the pool's threads.
+pub(crate) fn par_images(
+    pool: &Pool,
+    data: &mut [f32],
+    len: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    // One uncontended lock per image hands each thread its own images
+    // without unsafe code.
+    let images: Vec<Mutex<&mut [f32]>> = data.chunks_exact_mut(len).map(Mutex::new).collect();
+    pool.for_each(images.len(), |i| {
+        f(i, &mut images[i].lock().expect("no panics while held"))
+    });
+}
+
+/// Plain NCHW into a blocked tensor of the same logical shape.
+fn from_nchw(pool: &Pool, src: &[f32], dst: &mut Tensor4) {
+    let (_, c, h, w, bc) = dst.dims();
+    let (hw, len) = (h * w, dst.image_len());
+    par_images(pool, dst.data_mut(), len, |i, image| {
+        let plain = &src[i * c * hw..][..c * hw];
+        for ci in 0..c {
+            let (blk, lane) = (ci / bc, ci % bc);
+            for (p, v) in plain[ci * hw..][..hw].iter().enumerate() {
+                image[(blk * hw + p) * bc + lane] = *v;
+            }
+        }
+    });
+}
+
+/// One blocked layout into another of the same logical shape.
+fn reblock(pool: &Pool, src: &Tensor4, dst: &mut Tensor4) {
+    let (_, c, h, w, bc) = src.dims();
+    let bd = dst.dims().4;
+    let (hw, si, len) = (h * w, src.image_len(), dst.image_len());
+    let s = src.data();
+    par_images(pool, dst.data_mut(), len, |i, image| {
+        let from = &s[i * si..][..si];
+        for ci in 0..c {
+            for p in 0..hw {
+                image[((ci / bd) * hw + p) * bd + ci % bd] =
+                    from[((ci / bc) * hw + p) * bc + ci % bc];
+            }
+        }
+    });
+}
+
+/// `a + b` into `buf` (blocked when both travel in one blocked layout,
+/// else plain): the residual join, and the sum of the gradients of a
+/// node that feeds several.
+pub(crate) fn add(pool: &Pool, a: &Tensor, b: &Tensor, buf: &mut Buf) -> Result<Tensor> {
+    debug_assert_eq!(a.shape, b.shape);
+    if let Some(bc) = a.block() {
+        if let (Some(x), Some(y)) = (a.blocked_as(bc), b.blocked_as(bc)) {
+            let (x, y) = (x.data(), y.data());
+            let out = buf.get_mut(a.shape, bc)?;
+            pool.for_slices(out.data_mut(), |lo, o| {
+                for ((o, u), v) in o.iter_mut().zip(&x[lo..]).zip(&y[lo..]) {
+                    *o = u + v;
+                }
+            });
+            return Ok(buf.tensor());
+        }
+    }
+    let mut out = a.data().to_vec();
+    for (o, v) in out.iter_mut().zip(b.data()) {
+        *o += v;
+    }
+    Tensor::from_vec(a.shape, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_layouts_round_trip_and_keep_padding_zero() {
+        let s = Shape::new(2, 5, 3, 2);
+        let plain: Vec<f32> = (0..s.len()).map(|i| i as f32 - 7.5).collect();
+        let t = Tensor::from_vec(s, plain.clone()).unwrap();
+        let pool = Pool::new(2).unwrap().always_parallel();
+        let (mut a, mut b) = (Buf::default(), Buf::default());
+        t.blocked_into(&pool, 3, &mut a).unwrap();
+        assert_eq!(a.get().to_nchw(), plain);
+        // 5 channels in blocks of 3: one padding lane per pixel, zero.
+        let zeros = a.get().data().iter().filter(|v| **v == 0.0).count();
+        assert_eq!(zeros, 2 * 3 * 2);
+        let shared = a.tensor();
+        assert_eq!(shared.block(), Some(3));
+        shared.blocked_into(&pool, 4, &mut b).unwrap();
+        assert_eq!(b.get().to_nchw(), plain);
+        assert_eq!(b.tensor().data(), &plain[..]);
+        // The same block again is shared, not copied.
+        let mut c = Buf::default();
+        shared.blocked_into(&pool, 3, &mut c).unwrap();
+        assert!(Arc::ptr_eq(c.0.as_ref().unwrap(), a.0.as_ref().unwrap()));
+        // Writing a plain copy drops the blocked values.
+        let mut m = b.tensor();
+        m.data_mut()[0] = 100.0;
+        assert_eq!(m.block(), None);
+        assert_eq!(m.data()[0], 100.0);
+    }
+
+    #[test]
+    fn a_buffer_is_reused_only_when_no_one_else_holds_it() {
+        let s = Shape::new(1, 4, 2, 2);
+        let mut buf = Buf::default();
+        let first = buf.get_mut(s, 4).unwrap() as *const Tensor4;
+        let held = buf.tensor();
+        let second = buf.get_mut(s, 4).unwrap() as *const Tensor4;
+        assert_ne!(first, second, "a held buffer must not be written");
+        drop(held);
+        let third = buf.get_mut(s, 4).unwrap() as *const Tensor4;
+        assert_eq!(second, third);
+    }
+
+    #[test]
+    fn add_sums_in_the_shared_layout_and_in_plain() {
+        let s = Shape::new(2, 3, 2, 2);
+        let pool = Pool::new(1).unwrap();
+        let x = Tensor::from_vec(s, (0..24).map(|i| i as f32).collect()).unwrap();
+        let y = Tensor::from_vec(s, (0..24).map(|i| 2.0 * i as f32).collect()).unwrap();
+        let want: Vec<f32> = (0..24).map(|i| 3.0 * i as f32).collect();
+        let mut out = Buf::default();
+        assert_eq!(add(&pool, &x, &y, &mut out).unwrap().data(), &want[..]);
+        let (mut bx, mut by) = (Buf::default(), Buf::default());
+        x.blocked_into(&pool, 2, &mut bx).unwrap();
+        y.blocked_into(&pool, 2, &mut by).unwrap();
+        let sum = add(&pool, &bx.tensor(), &by.tensor(), &mut out).unwrap();
+        assert_eq!(sum.block(), Some(2));
+        assert_eq!(sum.data(), &want[..]);
     }
 }

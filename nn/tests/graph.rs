@@ -422,3 +422,36 @@ fn resnet50_has_the_papers_shapes_and_work() {
         layers[0].0
     );
 }
+
+#[test]
+fn outputs_held_by_the_caller_survive_the_next_forward() {
+    // Layers hand out their blocked buffers and write them again in place
+    // on the next step, but only once no one else holds them.
+    let s = Shape::new(2, 5, 6, 6);
+    let mut b = GraphBuilder::new(s);
+    let x = b.input();
+    let c = b
+        .layer(x, Conv2d::new(5, 8, (3, 3), 1, 1, Activation::Identity, 41))
+        .unwrap();
+    let n = b.layer(c, BatchNorm2d::new(8)).unwrap();
+    let r = b.layer(n, Relu::new()).unwrap();
+    let out = b.add(r, n).unwrap();
+    let mut g = b.build(out).unwrap();
+    let pool = Pool::new(2).unwrap();
+    let mut rng = Lcg(5);
+    let (x1, x2) = (rng.tensor(s), rng.tensor(s));
+    let held = g.forward(&pool, &x1, Mode::Eval).unwrap().clone();
+    let before = held.data().to_vec();
+    let other = g.forward(&pool, &x2, Mode::Eval).unwrap().data().to_vec();
+    assert_ne!(before, other);
+    let again = g.forward(&pool, &x1, Mode::Eval).unwrap().data().to_vec();
+    assert_eq!(held.data(), &before[..], "a held output was overwritten");
+    assert_eq!(again, before, "the same input gives the same output");
+    // A training step in between does not disturb inference on x1 (no
+    // optimizer step, so the weights are unchanged; batch norm in eval
+    // mode reads the running statistics, which training moves).
+    g.forward(&pool, &x2, Mode::Train).unwrap();
+    let dy = Tensor::zeros(g.output_shape());
+    g.backward(&pool, &dy).unwrap();
+    assert_eq!(held.data(), &before[..]);
+}

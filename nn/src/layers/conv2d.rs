@@ -4,10 +4,10 @@
 use super::{need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{Buf, Shape, Tensor};
 use brgemm::Activation;
 use brgemm_primitives::init::{weights, Init, Rng};
-use brgemm_primitives::{Conv, ConvParams, Filter, Pool, Tensor4};
+use brgemm_primitives::{Conv, ConvParams, Filter, Pool};
 
 /// A convolution `in_c -> out_c` with an `r x s` filter, one stride and
 /// padding for both axes, and a fused activation. Weights are PyTorch's
@@ -29,11 +29,16 @@ struct Plan {
     bias: Vec<f32>,
     dw: Filter,
     db: Vec<f32>,
-    x: Tensor4,
-    y: Tensor4,
-    dy: Tensor4,
-    dz: Tensor4,
-    dx: Tensor4,
+    /// The input of the last forward (shared with its producer when it
+    /// came in this layer's layout).
+    x: Buf,
+    y: Buf,
+    dy: Buf,
+    /// dL/d(pre-activation); unused without an activation (dZ = dY).
+    dz: Buf,
+    dx: Buf,
+    input: Shape,
+    output: Shape,
     trained: bool,
 }
 
@@ -130,11 +135,13 @@ impl Layer for Conv2d {
             wt: conv.filter_t(),
             dw: conv.filter(),
             db: vec![0.0; conv.padded_k()],
-            x: conv.x_tensor(),
-            y: conv.y_tensor(),
-            dy: conv.y_tensor(),
-            dz: conv.y_tensor(),
-            dx: conv.x_tensor(),
+            x: Buf::default(),
+            y: Buf::default(),
+            dy: Buf::default(),
+            dz: Buf::default(),
+            dx: Buf::default(),
+            input,
+            output: out,
             w,
             bias,
             conv,
@@ -145,24 +152,44 @@ impl Layer for Conv2d {
 
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let p = self.state.plan("forward")?;
-        p.x.set_nchw(x.data())?;
-        p.conv.forward(pool, &p.x, &p.w, &p.bias, &mut p.y)?;
+        let (bc, bk) = (p.conv.tuning().bc, p.conv.tuning().bk);
+        x.blocked_into(pool, bc, &mut p.x)?;
+        let y = p.y.get_mut(p.output, bk)?;
+        p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?;
         p.trained = mode == Mode::Train;
-        let (n, c, h, w, _) = p.y.dims();
-        Tensor::from_vec(Shape::new(n, c, h, w), p.y.to_nchw())
+        if !p.trained {
+            p.x.release();
+        }
+        Ok(p.y.tensor())
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.state.plan("backward")?;
         need_training(p.trained, "conv2d")?;
-        p.dy.set_nchw(dy.data())?;
-        p.conv.activation_backward(pool, &p.dy, &p.y, &mut p.dz)?;
+        let (bc, bk) = (p.conv.tuning().bc, p.conv.tuning().bk);
+        dy.blocked_into(pool, bk, &mut p.dy)?;
+        let dz = if self.act == Activation::Identity {
+            &p.dy
+        } else {
+            let dz = p.dz.get_mut(p.output, bk)?;
+            p.conv
+                .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
+            &p.dz
+        };
         p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
-        p.conv.backward_data(pool, &p.dz, &p.wt, &mut p.dx)?;
+        let dx = p.dx.get_mut(p.input, bc)?;
+        p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
         p.conv
-            .backward_weights(pool, &p.dz, &p.x, &mut p.dw, &mut p.db)?;
-        let (n, c, h, w, _) = p.dx.dims();
-        Tensor::from_vec(Shape::new(n, c, h, w), p.dx.to_nchw())
+            .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?;
+        // The input was kept for this backward only.
+        p.x.release();
+        p.dy.release();
+        p.trained = false;
+        Ok(p.dx.tensor())
+    }
+
+    fn output_block(&self) -> Option<usize> {
+        self.state.built().map(|p| p.conv.tuning().bk)
     }
 
     fn flops(&self) -> f64 {

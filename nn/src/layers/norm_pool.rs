@@ -4,36 +4,31 @@
 use super::{need_training, unbuilt};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{Buf, Shape, Tensor};
 use brgemm_primitives::{BatchNorm, Pool, Pool2d, PoolKind, Tensor4};
 
-/// The channel block of the blocked copies these layers work on.
+/// The channel block when no producer names one (the graph's input).
 fn channel_block(c: usize) -> usize {
     c.min(64)
-}
-
-fn blocked(s: Shape) -> Result<Tensor4> {
-    Ok(Tensor4::zeros(s.n, s.c, s.h, s.w, channel_block(s.c))?)
-}
-
-fn plain(t: &Tensor4) -> Result<Tensor> {
-    let (n, c, h, w, _) = t.dims();
-    Tensor::from_vec(Shape::new(n, c, h, w), t.to_nchw())
 }
 
 /// Batch normalisation over (N, H, W) per channel: learned scale and shift,
 /// batch statistics in training, running statistics in inference.
 pub struct BatchNorm2d {
     c: usize,
+    /// The block its input arrives in (adopted for the output).
+    block: Option<usize>,
     plan: Option<BnPlan>,
 }
 
 struct BnPlan {
     bn: BatchNorm,
-    x: Tensor4,
-    y: Tensor4,
-    dy: Tensor4,
-    dx: Tensor4,
+    shape: Shape,
+    bc: usize,
+    x: Buf,
+    y: Buf,
+    dy: Buf,
+    dx: Buf,
     dgamma: Vec<f32>,
     dbeta: Vec<f32>,
     trained: bool,
@@ -42,7 +37,11 @@ struct BnPlan {
 impl BatchNorm2d {
     /// `c` channels: scale 1, shift 0, running mean 0 and variance 1.
     pub fn new(c: usize) -> BatchNorm2d {
-        BatchNorm2d { c, plan: None }
+        BatchNorm2d {
+            c,
+            block: None,
+            plan: None,
+        }
     }
 }
 
@@ -58,17 +57,24 @@ impl Layer for BatchNorm2d {
                 reason: format!("has {} channels, expected {}", input.c, self.c),
             });
         }
+        let bc = self.block.unwrap_or(channel_block(self.c));
+        let mut bn = BatchNorm::new(self.c, bc)?;
         // Rebuilt for another shape: the learned values and statistics stay.
-        let bn = match self.plan.take() {
-            Some(p) => p.bn,
-            None => BatchNorm::new(self.c, channel_block(self.c))?,
-        };
+        if let Some(old) = self.plan.take() {
+            let (c, o) = (self.c, &old.bn);
+            bn.gamma_mut()[..c].copy_from_slice(&o.gamma()[..c]);
+            bn.beta_mut()[..c].copy_from_slice(&o.beta()[..c]);
+            bn.running_mean_mut()[..c].copy_from_slice(&o.running_mean()[..c]);
+            bn.running_var_mut()[..c].copy_from_slice(&o.running_var()[..c]);
+        }
         let len = bn.gamma().len();
         self.plan = Some(BnPlan {
-            x: blocked(input)?,
-            y: blocked(input)?,
-            dy: blocked(input)?,
-            dx: blocked(input)?,
+            shape: input,
+            bc,
+            x: Buf::default(),
+            y: Buf::default(),
+            dy: Buf::default(),
+            dx: Buf::default(),
             dgamma: vec![0.0; len],
             dbeta: vec![0.0; len],
             bn,
@@ -78,20 +84,35 @@ impl Layer for BatchNorm2d {
     }
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
-        p.x.set_nchw(x.data())?;
+        x.blocked_into(pool, p.bc, &mut p.x)?;
+        let y = p.y.get_mut(p.shape, p.bc)?;
         match mode {
-            Mode::Train => p.bn.forward_train(pool, &p.x, &mut p.y)?,
-            Mode::Eval => p.bn.forward_infer(pool, &p.x, &mut p.y)?,
+            Mode::Train => p.bn.forward_train(pool, p.x.get(), y)?,
+            Mode::Eval => p.bn.forward_infer(pool, p.x.get(), y)?,
         }
         p.trained = mode == Mode::Train;
-        plain(&p.y)
+        if !p.trained {
+            p.x.release();
+        }
+        Ok(p.y.tensor())
     }
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
         need_training(p.trained, "batchnorm2d")?;
-        p.dy.set_nchw(dy.data())?;
-        p.bn.backward(pool, &p.x, &p.dy, &mut p.dx, &mut p.dgamma, &mut p.dbeta)?;
-        plain(&p.dx)
+        dy.blocked_into(pool, p.bc, &mut p.dy)?;
+        let dx = p.dx.get_mut(p.shape, p.bc)?;
+        p.bn.backward(pool, p.x.get(), p.dy.get(), dx, &mut p.dgamma, &mut p.dbeta)?;
+        // The input was kept for this backward only.
+        p.x.release();
+        p.dy.release();
+        p.trained = false;
+        Ok(p.dx.tensor())
+    }
+    fn input_block(&mut self, block: Option<usize>) {
+        self.block = block;
+    }
+    fn output_block(&self) -> Option<usize> {
+        self.plan.as_ref().map(|p| p.bc)
     }
     fn params(&mut self) -> Vec<Param<'_>> {
         let Some(p) = &mut self.plan else {
@@ -119,15 +140,20 @@ pub struct Pool2dLayer {
     window: usize,
     stride: usize,
     pad: usize,
+    /// The block its input arrives in (adopted for the output).
+    block: Option<usize>,
     plan: Option<PoolPlan>,
 }
 
 struct PoolPlan {
     pool: Pool2d,
-    x: Tensor4,
-    y: Tensor4,
-    dy: Tensor4,
-    dx: Tensor4,
+    input: Shape,
+    output: Shape,
+    bc: usize,
+    x: Buf,
+    y: Buf,
+    dy: Buf,
+    dx: Buf,
     argmax: Vec<u32>,
     trained: bool,
 }
@@ -140,6 +166,7 @@ impl Pool2dLayer {
             window,
             stride,
             pad,
+            block: None,
             plan: None,
         }
     }
@@ -168,7 +195,8 @@ impl Layer for Pool2dLayer {
         )
     }
     fn build(&mut self, input: Shape) -> Result<Shape> {
-        let x = blocked(input)?;
+        let bc = self.block.unwrap_or(channel_block(input.c));
+        let x = Tensor4::zeros(input.n, input.c, input.h, input.w, bc)?;
         let pool = Pool2d::new(self.kind, &x, self.window, self.stride, self.pad).map_err(|e| {
             Error::Shape {
                 layer: self.name(),
@@ -176,34 +204,48 @@ impl Layer for Pool2dLayer {
                 reason: e.to_string(),
             }
         })?;
-        let y = pool.output();
         let (p, q) = pool.out_hw();
+        let output = Shape::new(input.n, input.c, p, q);
         self.plan = Some(PoolPlan {
-            argmax: vec![0; y.data().len()],
-            dy: pool.output(),
-            dx: blocked(input)?,
-            x,
-            y,
+            argmax: vec![0; pool.output().data().len()],
+            input,
+            output,
+            bc,
+            x: Buf::default(),
+            y: Buf::default(),
+            dy: Buf::default(),
+            dx: Buf::default(),
             pool,
             trained: false,
         });
-        Ok(Shape::new(input.n, input.c, p, q))
+        Ok(output)
     }
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
-        p.x.set_nchw(x.data())?;
+        x.blocked_into(pool, p.bc, &mut p.x)?;
         let keep = mode == Mode::Train && self.kind == PoolKind::Max;
         let argmax = keep.then_some(&mut p.argmax[..]);
-        p.pool.forward(pool, &p.x, &mut p.y, argmax)?;
+        let y = p.y.get_mut(p.output, p.bc)?;
+        p.pool.forward(pool, p.x.get(), y, argmax)?;
+        // Backward needs the window maxima only, not the input.
+        p.x.release();
         p.trained = mode == Mode::Train;
-        plain(&p.y)
+        Ok(p.y.tensor())
     }
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
         need_training(p.trained, "pool")?;
-        p.dy.set_nchw(dy.data())?;
+        dy.blocked_into(pool, p.bc, &mut p.dy)?;
         let argmax = (self.kind == PoolKind::Max).then_some(&p.argmax[..]);
-        p.pool.backward(pool, &p.dy, argmax, &mut p.dx)?;
-        plain(&p.dx)
+        let dx = p.dx.get_mut(p.input, p.bc)?;
+        p.pool.backward(pool, p.dy.get(), argmax, dx)?;
+        p.dy.release();
+        Ok(p.dx.tensor())
+    }
+    fn input_block(&mut self, block: Option<usize>) {
+        self.block = block;
+    }
+    fn output_block(&self) -> Option<usize> {
+        self.plan.as_ref().map(|p| p.bc)
     }
 }

@@ -2,14 +2,23 @@
 
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode};
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{par_images, Buf, Shape, Tensor};
+use brgemm_primitives::eltwise::{relu_backward, relu_forward};
 use brgemm_primitives::Pool;
 
 /// `max(x, 0)`, element-wise; a NaN input stays NaN (it is not clamped to 0).
-#[derive(Debug, Default)]
+/// Works in whatever layout its input arrives in.
+#[derive(Default)]
 pub struct Relu {
-    /// Where x > 0, from the last training forward.
+    /// Where x > 0, from the last training forward on a plain input.
     mask: Vec<bool>,
+    /// The output of the last forward on a blocked input (backward reads
+    /// it), and its channel block.
+    y: Buf,
+    block: Option<usize>,
+    dy: Buf,
+    dx: Buf,
+    trained: bool,
 }
 
 impl Relu {
@@ -26,25 +35,41 @@ impl Layer for Relu {
     fn build(&mut self, input: Shape) -> Result<Shape> {
         Ok(input)
     }
-    fn forward(&mut self, _pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+    fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.trained = mode == Mode::Train;
+        self.block = x.block();
+        if let Some(bc) = self.block {
+            let src = x.blocked_as(bc).expect("has this block");
+            let y = self.y.get_mut(x.shape(), bc)?;
+            relu_forward(pool, src.data(), y.data_mut())?;
+            return Ok(self.y.tensor());
+        }
         let mut y = x.clone();
         for v in y.data_mut() {
             if *v <= 0.0 {
                 *v = 0.0;
             }
         }
-        if mode == Mode::Train {
+        if self.trained {
             // Reuses the mask's allocation from step to step.
             self.mask.clear();
             self.mask.extend(x.data().iter().map(|&v| v > 0.0));
         }
         Ok(y)
     }
-    fn backward(&mut self, _pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        if self.mask.len() != dy.shape().len() {
-            return Err(Error::Graph(
-                "relu: backward without a training forward".into(),
-            ));
+    fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        super::need_training(self.trained, "relu")?;
+        if let Some(bc) = self.block {
+            dy.blocked_into(pool, bc, &mut self.dy)?;
+            let dx = self.dx.get_mut(dy.shape(), bc)?;
+            relu_backward(
+                pool,
+                self.dy.get().data(),
+                self.y.get().data(),
+                dx.data_mut(),
+            )?;
+            self.dy.release();
+            return Ok(self.dx.tensor());
         }
         let mut dx = dy.clone();
         for (g, &m) in dx.data_mut().iter_mut().zip(&self.mask) {
@@ -54,12 +79,21 @@ impl Layer for Relu {
         }
         Ok(dx)
     }
+    fn output_block(&self) -> Option<usize> {
+        self.block
+    }
+    fn input_block(&mut self, block: Option<usize>) {
+        self.block = block;
+    }
 }
 
 /// The mean over each channel's pixels: `(n, c, h, w) -> (n, c, 1, 1)`.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct GlobalAvgPool {
     input: Option<Shape>,
+    /// The channel block of the last input, when it came blocked.
+    block: Option<usize>,
+    dx: Buf,
 }
 
 impl GlobalAvgPool {
@@ -80,20 +114,51 @@ impl Layer for GlobalAvgPool {
     fn forward(&mut self, _pool: &Pool, x: &Tensor, _mode: Mode) -> Result<Tensor> {
         let s = x.shape();
         let hw = s.h * s.w;
-        let out = x
-            .data()
-            .chunks_exact(hw)
-            .map(|plane| plane.iter().sum::<f32>() / hw as f32)
-            .collect();
+        self.block = x.block();
+        let out = match self.block {
+            Some(bc) => {
+                let t = x.blocked_as(bc).expect("has this block");
+                let image = t.image_len();
+                let mut out = vec![0.0; s.n * s.c];
+                for (n, img) in t.data().chunks_exact(image).enumerate() {
+                    for (c, o) in out[n * s.c..][..s.c].iter_mut().enumerate() {
+                        let plane = (c / bc) * hw * bc + c % bc;
+                        let sum: f32 = (0..hw).map(|p| img[plane + p * bc]).sum();
+                        *o = sum / hw as f32;
+                    }
+                }
+                out
+            }
+            None => x
+                .data()
+                .chunks_exact(hw)
+                .map(|plane| plane.iter().sum::<f32>() / hw as f32)
+                .collect(),
+        };
         Tensor::from_vec(Shape::flat(s.n, s.c), out)
     }
-    fn backward(&mut self, _pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+    fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let s = self
             .input
             .ok_or_else(|| Error::Graph("global average pool: never built".into()))?;
         let hw = s.h * s.w;
+        let g = dy.data();
+        if let Some(bc) = self.block {
+            let dx = self.dx.get_mut(s, bc)?;
+            let image = dx.image_len();
+            par_images(pool, dx.data_mut(), image, |n, img| {
+                for c in 0..s.c {
+                    let plane = (c / bc) * hw * bc + c % bc;
+                    let v = g[n * s.c + c] / hw as f32;
+                    for p in 0..hw {
+                        img[plane + p * bc] = v;
+                    }
+                }
+            });
+            return Ok(self.dx.tensor());
+        }
         let mut dx = Tensor::zeros(s);
-        for (plane, &g) in dx.data_mut().chunks_exact_mut(hw).zip(dy.data()) {
+        for (plane, &g) in dx.data_mut().chunks_exact_mut(hw).zip(g) {
             plane.fill(g / hw as f32);
         }
         Ok(dx)
