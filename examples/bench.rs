@@ -46,7 +46,7 @@ use brgemm::{peak, BatchForm, Isa, Kernel, KernelOptions, RegisterTile};
 use brgemm_primitives::Pool;
 use fill::{fill, LstmData};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use workload::{measure, measure_pool, BrgemmWorkload, Measured, Probes};
 
 const BRGEMM_SHAPES: [(usize, usize, usize, usize); 5] = [
@@ -573,7 +573,7 @@ fn bench_loops() {
         };
         let mut secs = vec![];
         for _ in 0..7 {
-            let t = std::time::Instant::now();
+            let t = Instant::now();
             nest.run(&pool, body);
             secs.push(t.elapsed().as_secs_f64());
         }
@@ -706,7 +706,7 @@ fn mpi_line<R: brgemm_distributed::Replica>(
     let steps = 20;
     let timed = |f: &mut dyn FnMut()| {
         dp_barrier(universe);
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         for _ in 0..steps {
             f();
         }
@@ -833,7 +833,9 @@ fn bench_brgemm_bf16(o: &Opts) {
 /// cross-entropy, backward, SGD with momentum) and inference. FLOPs count
 /// the convolutions' and the FC's multiply-adds x 2 for forward,
 /// backward-data and backward-weights, less the first convolution's
-/// backward-data (not needed). `--layers` adds a per-node time table.
+/// backward-data (not needed). `--layers` adds a per-node time table,
+/// `--fusion` the step with and without the graph's fusions; `--unfused`
+/// measures the graph built without them.
 fn bench_resnet50(o: &Opts, args: &[String]) {
     use brgemm_dl::nn::{models, Mode, Tensor};
     use brgemm_primitives::optim::Optimizer;
@@ -846,7 +848,9 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
     let isa = Isa::selected().expect("ISA");
     let probe = Probes::new(isa, Duration::from_millis(10));
     let samples = if o.quick { 2 } else { 3 };
-    let mut g = models::resnet50(batch, 224, 1000, 1).expect("resnet50");
+    let (b, out) = models::resnet50_layers(batch, 224, 1000, 1).expect("resnet50");
+    let fuse = !args.iter().any(|a| a == "--unfused");
+    let mut g = b.fuse(fuse).build(out).expect("build");
     let layers = g.layer_flops();
     let fwd: f64 = layers.iter().map(|(_, f)| f).sum();
     let train_flops = 3.0 * fwd - layers[0].1;
@@ -887,6 +891,50 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
         if per_layer {
             resnet50_layers(&mut g, &pool, &x, &labels, &opt, threads);
         }
+    }
+    if args.iter().any(|a| a == "--fusion") {
+        drop(g);
+        resnet50_fusion(batch, &x, &labels, &opt, samples);
+    }
+}
+
+/// The training step with and without the graph's fusions (batch norm +
+/// ReLU in one pass), alternating fused and unfused graphs in this process
+/// (one graph alive at a time), medians of `2 * samples` steps each.
+fn resnet50_fusion(
+    batch: usize,
+    x: &brgemm_dl::nn::Tensor,
+    labels: &[usize],
+    opt: &brgemm_primitives::optim::Optimizer,
+    samples: usize,
+) {
+    use brgemm_dl::nn::models;
+    for threads in [1usize, 2] {
+        let pool = Pool::new(threads).expect("pool");
+        let mut secs = [Vec::new(), Vec::new()];
+        for _round in 0..2 {
+            for (k, fuse) in [true, false].into_iter().enumerate() {
+                let (b, out) = models::resnet50_layers(batch, 224, 1000, 1).expect("resnet50");
+                let mut g = b.fuse(fuse).build(out).expect("build");
+                g.train_step(&pool, x, labels, opt).expect("warm-up step");
+                for _ in 0..samples {
+                    let t = Instant::now();
+                    g.train_step(&pool, x, labels, opt).expect("train step");
+                    secs[k].push(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (f, u) = (med(&mut secs[0]), med(&mut secs[1]));
+        println!(
+            r#"{{"bench":"resnet50_fusion","batch":{batch},"threads":{threads},"fused_train_images_per_s":{:.2},"unfused_train_images_per_s":{:.2},"speedup":{:.3}}}"#,
+            batch as f64 / f,
+            batch as f64 / u,
+            u / f
+        );
     }
 }
 

@@ -27,6 +27,8 @@ struct Node {
     shape: Shape,
     /// The channel block its output travels in (None: plain).
     block: Option<usize>,
+    /// A ReLU its input layer applies: forward and backward pass through.
+    fused: bool,
     /// The add's output; the sum of the gradients of a node feeding several.
     out: Buf,
     grad: Buf,
@@ -39,6 +41,7 @@ impl Node {
             inputs,
             shape,
             block,
+            fused: false,
             out: Buf::default(),
             grad: Buf::default(),
         }
@@ -49,6 +52,7 @@ impl Node {
 /// of addition is an order of evaluation.
 pub struct GraphBuilder {
     nodes: Vec<Node>,
+    fuse: bool,
 }
 
 impl GraphBuilder {
@@ -56,7 +60,17 @@ impl GraphBuilder {
     pub fn new(shape: Shape) -> GraphBuilder {
         GraphBuilder {
             nodes: vec![Node::new(Op::Input, vec![], shape, None)],
+            fuse: true,
         }
+    }
+
+    /// Whether [`GraphBuilder::build`] fuses layers where the data allow
+    /// it (on by default): a ReLU that alone reads a batch norm's output
+    /// runs inside the batch norm's pass ([`Layer::fuse_relu`]). Off
+    /// gives the same results from separate passes, to measure the gain.
+    pub fn fuse(mut self, on: bool) -> GraphBuilder {
+        self.fuse = on;
+        self
     }
 
     /// The input node.
@@ -142,12 +156,36 @@ impl GraphBuilder {
         let n = output.0 + 1;
         let mut nodes = self.nodes;
         nodes.truncate(n);
+        if self.fuse {
+            fuse_relus(&mut nodes);
+        }
         Ok(Graph {
             nodes,
             acts: vec![None; n],
             opt: Vec::new(),
             times: vec![[Duration::ZERO; 2]; n],
         })
+    }
+}
+
+/// Lets a layer apply the ReLU that alone reads its output (batch norm
+/// then ReLU: one pass over the tensor instead of two, each way).
+fn fuse_relus(nodes: &mut [Node]) {
+    let mut readers = vec![0usize; nodes.len()];
+    for n in nodes.iter() {
+        n.inputs.iter().for_each(|&j| readers[j] += 1);
+    }
+    for i in 1..nodes.len() {
+        let j = nodes[i].inputs[0];
+        let relu = matches!(&nodes[i].op, Op::Layer(l) if l.is_relu());
+        if !relu || readers[j] != 1 || nodes[j].fused {
+            continue;
+        }
+        if let Op::Layer(producer) = &mut nodes[j].op {
+            if producer.fuse_relu() {
+                nodes[i].fused = true;
+            }
+        }
     }
 }
 
@@ -216,6 +254,7 @@ impl Graph {
             .zip(&self.times[1..])
             .map(|(n, t)| {
                 let (name, flops) = match &n.op {
+                    Op::Layer(l) if n.fused => (format!("{} (fused)", l.name()), 0.0),
                     Op::Layer(l) => (l.name(), l.flops()),
                     _ => ("add".into(), 0.0),
                 };
@@ -238,10 +277,11 @@ impl Graph {
     /// backward needs.
     pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<&Tensor> {
         x.expect("graph input", self.input_shape())?;
+        // The last step's outputs go first, so that the layers can write
+        // their buffers again in place (a fused node's output is its
+        // producer's buffer).
+        self.acts.fill(None);
         for i in 1..self.nodes.len() {
-            // The last step's output goes first, so that the layer can
-            // write its buffer again in place.
-            self.acts[i] = None;
             let (acts, node) = (&self.acts, &mut self.nodes[i]);
             // The graph's input is read in place, not copied into `acts`.
             let input = |k: usize| match node.inputs[k] {
@@ -250,6 +290,7 @@ impl Graph {
             };
             let start = Instant::now();
             let out = match &mut node.op {
+                _ if node.fused => input(0).clone(),
                 Op::Layer(l) => l.forward(pool, input(0), mode)?,
                 Op::Add => add(pool, input(0), input(1), &mut node.out)?,
                 Op::Input => unreachable!("only node 0 is the input"),
@@ -263,6 +304,13 @@ impl Graph {
     /// dL/d(input) for dL/d(output) `dy` of the last training forward;
     /// every layer's parameter gradients are written.
     pub fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        self.backward_from(pool, dy, true)
+            .map(|dx| dx.expect("asked for"))
+    }
+
+    /// Backward; dL/d(input) only when `input` (a training step skips the
+    /// backward-data passes of the layers that read the graph's input).
+    fn backward_from(&mut self, pool: &Pool, dy: &Tensor, input: bool) -> Result<Option<Tensor>> {
         dy.expect("output gradient", self.output_shape())?;
         if self.acts[1..].iter().any(Option::is_none) {
             return Err(Error::Graph("backward before any forward".into()));
@@ -275,19 +323,27 @@ impl Graph {
             let start = Instant::now();
             let node = &mut self.nodes[i];
             let outs: Vec<(usize, Tensor)> = match &mut node.op {
+                _ if node.fused => vec![(node.inputs[0], g)],
+                Op::Layer(l) if node.inputs[0] == 0 && !input => {
+                    l.backward_params(pool, &g)?;
+                    vec![]
+                }
                 Op::Layer(l) => vec![(node.inputs[0], l.backward(pool, &g)?)],
                 Op::Add => vec![(node.inputs[0], g.clone()), (node.inputs[1], g)],
                 Op::Input => unreachable!("only node 0 is the input"),
             };
             self.times[i][1] += start.elapsed();
             for (j, d) in outs {
+                if j == 0 && !input {
+                    continue;
+                }
                 grads[j] = Some(match grads[j].take() {
                     Some(acc) => add(pool, &acc, &d, &mut self.nodes[j].grad)?,
                     None => d,
                 });
             }
         }
-        Ok(grads[0].take().expect("the input reaches the output"))
+        Ok(grads[0].take())
     }
 
     /// Every parameter with its gradient, in the order backward completes
@@ -336,7 +392,7 @@ impl Graph {
                 "loss is {loss}: weights left unchanged"
             )));
         }
-        self.backward(pool, &dlogits)?;
+        self.backward_from(pool, &dlogits, false)?;
         self.step(opt)?;
         Ok(loss)
     }

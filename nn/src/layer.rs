@@ -48,6 +48,14 @@ pub trait Layer: Send {
     /// gradients (overwriting the previous step's).
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor>;
 
+    /// Backward when dL/dx is not wanted (the layer reads the graph's
+    /// input in a training step): the parameter gradients only. Layers
+    /// that can skip their backward-data pass override it; by default it
+    /// is [`Layer::backward`] with the result dropped.
+    fn backward_params(&mut self, pool: &Pool, dy: &Tensor) -> Result<()> {
+        self.backward(pool, dy).map(drop)
+    }
+
     /// The parameters and their gradients, in the order backward completes
     /// them (weights, then bias). None by default.
     fn params(&mut self) -> Vec<Param<'_>> {
@@ -67,6 +75,21 @@ pub trait Layer: Send {
     /// of their own (batch norm, ReLU, pooling) adopt it; any other input
     /// is still accepted, converted. Ignored by default.
     fn input_block(&mut self, _block: Option<usize>) {}
+
+    /// Whether the layer is exactly `max(x, 0)` element-wise, so that the
+    /// layer before it may apply it in its own output pass
+    /// ([`Layer::fuse_relu`]). False by default.
+    fn is_relu(&self) -> bool {
+        false
+    }
+
+    /// Asks the layer to apply a ReLU to its output in the same pass (and
+    /// its mask in backward); true when it does, and the graph then skips
+    /// the ReLU layer that followed. Offered only when this layer's output
+    /// feeds that ReLU alone. False by default.
+    fn fuse_relu(&mut self) -> bool {
+        false
+    }
 
     /// Floating-point operations of one forward of the built layer counted
     /// as multiply-adds x 2 (convolutions and linear layers; 0 for the

@@ -100,6 +100,18 @@ pub fn bottleneck(
 /// 3, 4, 6 and 3 blocks (widths 64, 128, 256, 512), global average
 /// pooling and a linear classifier.
 pub fn resnet50(batch: usize, size: usize, classes: usize, seed: u64) -> Result<Graph> {
+    let (g, out) = resnet50_layers(batch, size, classes, seed)?;
+    g.build(out)
+}
+
+/// [`resnet50`] before [`GraphBuilder::build`]: the builder and the output
+/// node, to build with other options (e.g. [`GraphBuilder::fuse`]).
+pub fn resnet50_layers(
+    batch: usize,
+    size: usize,
+    classes: usize,
+    seed: u64,
+) -> Result<(GraphBuilder, NodeId)> {
     let mut g = GraphBuilder::new(Shape::new(batch, 3, size, size));
     let x = g.input();
     let s = g.layer(
@@ -122,5 +134,5 @@ pub fn resnet50(batch: usize, size: usize, classes: usize, seed: u64) -> Result<
         p,
         Linear::new(2048, classes, Activation::Identity, seed + 9999),
     )?;
-    g.build(out)
+    Ok((g, out))
 }

@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 use brgemm_primitives::{Pool, Tensor4};
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// The shape of an activation: minibatch, channels, height, width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -230,12 +230,7 @@ pub(crate) fn par_images(
     len: usize,
     f: impl Fn(usize, &mut [f32]) + Sync,
 ) {
-    // One uncontended lock per image hands each thread its own images
-    // without unsafe code.
-    let images: Vec<Mutex<&mut [f32]>> = data.chunks_exact_mut(len).map(Mutex::new).collect();
-    pool.for_each(images.len(), |i| {
-        f(i, &mut images[i].lock().expect("no panics while held"))
-    });
+    pool.for_slices_of(data, len, f);
 }
 
 /// Plain NCHW into a blocked tensor of the same logical shape.

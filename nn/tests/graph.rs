@@ -455,3 +455,81 @@ fn outputs_held_by_the_caller_survive_the_next_forward() {
     g.backward(&pool, &dy).unwrap();
     assert_eq!(held.data(), &before[..]);
 }
+
+/// Conv, batch norm, ReLU (fusable), a residual join, and a second batch
+/// norm whose output two nodes read (not fusable), as `fuse` says.
+fn fusable_net(fuse: bool) -> Graph {
+    let mut b = GraphBuilder::new(Shape::new(3, 5, 7, 7));
+    let x = b.input();
+    let c = b
+        .layer(x, Conv2d::new(5, 8, (3, 3), 1, 1, Activation::Identity, 51))
+        .unwrap();
+    let n = b.layer(c, BatchNorm2d::new(8)).unwrap();
+    let r = b.layer(n, Relu::new()).unwrap();
+    let c2 = b
+        .layer(r, Conv2d::new(8, 8, (3, 3), 1, 1, Activation::Identity, 52))
+        .unwrap();
+    let n2 = b.layer(c2, BatchNorm2d::new(8)).unwrap();
+    let r2 = b.layer(n2, Relu::new()).unwrap();
+    let s = b.add(r2, n2).unwrap();
+    let p = b.layer(s, GlobalAvgPool::new()).unwrap();
+    let out = b
+        .layer(p, Linear::new(8, 3, Activation::Identity, 53))
+        .unwrap();
+    b.fuse(fuse).build(out).unwrap()
+}
+
+#[test]
+fn fused_batch_norm_and_relu_match_the_separate_passes() {
+    let (mut fused, mut plain) = (fusable_net(true), fusable_net(false));
+    let names: Vec<String> = fused.times().into_iter().map(|t| t.name).collect();
+    assert_eq!(names[1], "batchnorm2d 8 + relu", "{names:?}");
+    assert_eq!(names[2], "relu (fused)", "{names:?}");
+    // The second batch norm's output is also read by the add: not fused.
+    assert_eq!(names[4], "batchnorm2d 8", "{names:?}");
+    assert!(plain.times().iter().all(|t| !t.name.contains("fused")));
+    let pool = Pool::new(2).unwrap();
+    let mut rng = Lcg(9);
+    let x = rng.tensor(fused.input_shape());
+    let r = rng.tensor(fused.output_shape());
+    let run = |g: &mut Graph| {
+        let y = g.forward(&pool, &x, Mode::Train).unwrap().data().to_vec();
+        let dx = g.backward(&pool, &r).unwrap().into_vec();
+        let grads: Vec<f32> = g.params().iter().flat_map(|p| p.grad.to_vec()).collect();
+        let eval = g.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+        [y, dx, grads, eval]
+    };
+    let (a, b) = (run(&mut fused), run(&mut plain));
+    for (what, (u, v)) in ["y", "dx", "grads", "eval"].iter().zip(a.iter().zip(&b)) {
+        assert_eq!(u.len(), v.len());
+        for (p, q) in u.iter().zip(v) {
+            assert!(
+                (p - q).abs() <= 1e-5 * (1.0 + p.abs()),
+                "{what}: {p} vs {q}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_training_step_skipping_the_input_gradient_updates_as_backward_does() {
+    // train_step does not compute dL/d(input) (the first convolution's
+    // backward-data is skipped); the update must be the same.
+    let (mut a, mut b) = (fusable_net(true), fusable_net(true));
+    let pool = Pool::new(2).unwrap();
+    let x = Lcg(3).tensor(a.input_shape());
+    let labels = [0, 2, 1];
+    let opt = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+    };
+    a.train_step(&pool, &x, &labels, &opt).unwrap();
+    let logits = b.forward(&pool, &x, Mode::Train).unwrap().clone();
+    let (_, dlogits) = brgemm_nn::softmax_cross_entropy(&logits, &labels).unwrap();
+    b.backward(&pool, &dlogits).unwrap();
+    b.step(&opt).unwrap();
+    for (p, q) in a.params().iter().zip(b.params().iter()) {
+        assert_eq!(p.name, q.name);
+        assert_eq!(p.value, q.value, "{}", p.name);
+    }
+}

@@ -163,6 +163,24 @@ fn bn_loss(
     dot(gs, &y.to_nchw())
 }
 
+/// Mean and (biased) variance of channel `ch` over images and pixels, in f64.
+fn channel_stats(y: &Tensor4, ch: usize) -> (f64, f64) {
+    let (n, c, h, w, _) = y.dims();
+    let yc = y.to_nchw();
+    let v: Vec<f64> = (0..n)
+        .flat_map(|i| {
+            yc[(i * c + ch) * h * w..][..h * w]
+                .iter()
+                .map(|v| *v as f64)
+        })
+        .collect();
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    (
+        m,
+        v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / v.len() as f64,
+    )
+}
+
 #[test]
 fn batch_norm_statistics_and_gradients() {
     let pool = Pool::new(2).unwrap().always_parallel();
@@ -183,17 +201,9 @@ fn batch_norm_statistics_and_gradients() {
     let mut y = x.clone();
     bn.forward_train(&pool, &x, &mut y).unwrap();
     // Per channel, the output has mean beta and standard deviation gamma.
-    let yc = y.to_nchw();
     for ch in 0..c {
-        let v: Vec<f64> = (0..n)
-            .flat_map(|i| {
-                yc[(i * c + ch) * h * w..][..h * w]
-                    .iter()
-                    .map(|v| *v as f64)
-            })
-            .collect();
-        let m = v.iter().sum::<f64>() / v.len() as f64;
-        let sd = (v.iter().map(|a| (a - m) * (a - m)).sum::<f64>() / v.len() as f64).sqrt();
+        let (m, var) = channel_stats(&y, ch);
+        let sd = var.sqrt();
         assert!((m - bn.beta()[ch] as f64).abs() < 1e-4, "mean {m}");
         assert!((sd - bn.gamma()[ch] as f64).abs() < 1e-3, "sd {sd}");
     }
@@ -413,4 +423,70 @@ fn cnn_learns_a_toy_problem() {
     }
     assert!(last < 0.2 * first, "loss {first} -> {last}");
     assert_eq!(cnn.predict(&pool, &x, 4).unwrap().len(), 4);
+}
+
+#[test]
+fn batch_norm_with_fused_relu_matches_batch_norm_then_relu() {
+    // Large planes (more than one 64-pixel run) with a large mean: the
+    // shifted one-pass variance must keep its precision.
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let (n, c, h, w, bc) = (3, 6, 11, 13, 4);
+    let xs: Vec<f32> = data(n * c * h * w, 31)
+        .iter()
+        .map(|v| 3.0 * v + 50.0)
+        .collect();
+    let x = Tensor4::from_nchw(&xs, n, c, h, w, bc).unwrap();
+    let g = Tensor4::from_nchw(&data(n * c * h * w, 32), n, c, h, w, bc).unwrap();
+    let (mut plain, mut fused) = (
+        BatchNorm::new(c, bc).unwrap(),
+        BatchNorm::new(c, bc).unwrap(),
+    );
+    fused.relu = true;
+    for bn in [&mut plain, &mut fused] {
+        for (i, v) in bn.beta_mut().iter_mut().take(c).enumerate() {
+            *v = 0.2 * i as f32 - 0.5;
+        }
+    }
+    let (mut y, mut yf) = (x.clone(), x.clone());
+    plain.forward_train(&pool, &x, &mut y).unwrap();
+    fused.forward_train(&pool, &x, &mut yf).unwrap();
+    // The plain output has unit variance per channel around beta.
+    for ch in 0..c {
+        let (_, var) = channel_stats(&y, ch);
+        assert!((var - 1.0).abs() < 1e-3, "channel {ch}: variance {var}");
+    }
+    let relu: Vec<f32> = y.data().iter().map(|v| v.max(0.0)).collect();
+    assert_eq!(yf.data(), &relu[..]);
+    // Backward through the ReLU = plain backward of the masked gradient.
+    let masked: Vec<f32> = g
+        .data()
+        .iter()
+        .zip(y.data())
+        .map(|(g, y)| if *y > 0.0 { *g } else { 0.0 })
+        .collect();
+    let mut gm = g.clone();
+    gm.data_mut().copy_from_slice(&masked);
+    let pc = plain.gamma().len();
+    let (mut dx, mut dxf) = (x.clone(), x.clone());
+    let (mut dg, mut db, mut dgf, mut dbf) =
+        (vec![0.0; pc], vec![0.0; pc], vec![0.0; pc], vec![0.0; pc]);
+    plain
+        .backward(&pool, &x, &gm, &mut dx, &mut dg, &mut db)
+        .unwrap();
+    let e = fused
+        .backward(&pool, &x, &g, &mut dxf, &mut dgf, &mut dbf)
+        .unwrap_err();
+    assert!(e.to_string().contains("backward_relu"), "{e}");
+    fused
+        .backward_relu(&pool, &x, &yf, &g, &mut dxf, &mut dgf, &mut dbf)
+        .unwrap();
+    for (a, b) in dx
+        .data()
+        .iter()
+        .zip(dxf.data())
+        .chain(dg.iter().zip(&dgf))
+        .chain(db.iter().zip(&dbf))
+    {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
+    }
 }

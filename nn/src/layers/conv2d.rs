@@ -97,6 +97,37 @@ impl Conv2d {
     }
 }
 
+impl Conv2d {
+    /// Backward: dW and db, and dX when `data` (the weight transpose and
+    /// backward-data pass are skipped without it).
+    fn backward_pass(&mut self, pool: &Pool, dy: &Tensor, data: bool) -> Result<()> {
+        let p = self.state.plan("backward")?;
+        need_training(p.trained, "conv2d")?;
+        let (bc, bk) = (p.conv.tuning().bc, p.conv.tuning().bk);
+        dy.blocked_into(pool, bk, &mut p.dy)?;
+        let dz = if self.act == Activation::Identity {
+            &p.dy
+        } else {
+            let dz = p.dz.get_mut(p.output, bk)?;
+            p.conv
+                .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
+            &p.dz
+        };
+        if data {
+            p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
+            let dx = p.dx.get_mut(p.input, bc)?;
+            p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
+        }
+        p.conv
+            .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?;
+        // The input was kept for this backward only.
+        p.x.release();
+        p.dy.release();
+        p.trained = false;
+        Ok(())
+    }
+}
+
 impl Layer for Conv2d {
     fn name(&self) -> String {
         format!(
@@ -164,28 +195,12 @@ impl Layer for Conv2d {
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        let p = self.state.plan("backward")?;
-        need_training(p.trained, "conv2d")?;
-        let (bc, bk) = (p.conv.tuning().bc, p.conv.tuning().bk);
-        dy.blocked_into(pool, bk, &mut p.dy)?;
-        let dz = if self.act == Activation::Identity {
-            &p.dy
-        } else {
-            let dz = p.dz.get_mut(p.output, bk)?;
-            p.conv
-                .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
-            &p.dz
-        };
-        p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
-        let dx = p.dx.get_mut(p.input, bc)?;
-        p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
-        p.conv
-            .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?;
-        // The input was kept for this backward only.
-        p.x.release();
-        p.dy.release();
-        p.trained = false;
-        Ok(p.dx.tensor())
+        self.backward_pass(pool, dy, true)?;
+        Ok(self.state.plan("backward")?.dx.tensor())
+    }
+
+    fn backward_params(&mut self, pool: &Pool, dy: &Tensor) -> Result<()> {
+        self.backward_pass(pool, dy, false)
     }
 
     fn output_block(&self) -> Option<usize> {

@@ -18,6 +18,8 @@ pub struct BatchNorm2d {
     c: usize,
     /// The block its input arrives in (adopted for the output).
     block: Option<usize>,
+    /// A ReLU on the output, fused by the graph.
+    relu: bool,
     plan: Option<BnPlan>,
 }
 
@@ -40,6 +42,7 @@ impl BatchNorm2d {
         BatchNorm2d {
             c,
             block: None,
+            relu: false,
             plan: None,
         }
     }
@@ -47,7 +50,15 @@ impl BatchNorm2d {
 
 impl Layer for BatchNorm2d {
     fn name(&self) -> String {
-        format!("batchnorm2d {}", self.c)
+        let relu = if self.relu { " + relu" } else { "" };
+        format!("batchnorm2d {}{relu}", self.c)
+    }
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = true;
+        if let Some(p) = &mut self.plan {
+            p.bn.relu = true;
+        }
+        true
     }
     fn build(&mut self, input: Shape) -> Result<Shape> {
         if input.c != self.c {
@@ -59,6 +70,7 @@ impl Layer for BatchNorm2d {
         }
         let bc = self.block.unwrap_or(channel_block(self.c));
         let mut bn = BatchNorm::new(self.c, bc)?;
+        bn.relu = self.relu;
         // Rebuilt for another shape: the learned values and statistics stay.
         if let Some(old) = self.plan.take() {
             let (c, o) = (self.c, &old.bn);
@@ -101,7 +113,12 @@ impl Layer for BatchNorm2d {
         need_training(p.trained, "batchnorm2d")?;
         dy.blocked_into(pool, p.bc, &mut p.dy)?;
         let dx = p.dx.get_mut(p.shape, p.bc)?;
-        p.bn.backward(pool, p.x.get(), p.dy.get(), dx, &mut p.dgamma, &mut p.dbeta)?;
+        let (x, dy, g) = (p.x.get(), p.dy.get(), (&mut p.dgamma, &mut p.dbeta));
+        if p.bn.relu {
+            p.bn.backward_relu(pool, x, p.y.get(), dy, dx, g.0, g.1)?;
+        } else {
+            p.bn.backward(pool, x, dy, dx, g.0, g.1)?;
+        }
         // The input was kept for this backward only.
         p.x.release();
         p.dy.release();

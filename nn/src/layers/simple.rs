@@ -85,6 +85,9 @@ impl Layer for Relu {
     fn input_block(&mut self, block: Option<usize>) {
         self.block = block;
     }
+    fn is_relu(&self) -> bool {
+        true
+    }
 }
 
 /// The mean over each channel's pixels: `(n, c, h, w) -> (n, c, 1, 1)`.

@@ -257,6 +257,30 @@ impl Pool {
         })
     }
 
+    /// Runs `f(i, part)` for every `len`-element part `i` of `out` (a
+    /// tail shorter than `len` is left out), parts split over the threads
+    /// in contiguous shares: the planes of a blocked tensor, one per item.
+    pub fn for_slices_of<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        out: &mut [T],
+        len: usize,
+        f: F,
+    ) {
+        if len == 0 {
+            return;
+        }
+        let (base, n) = (out.as_mut_ptr() as usize, out.len() / len);
+        self.for_ranges(n, |r| {
+            for i in r {
+                // SAFETY: part i is elements i*len..(i+1)*len of `out`, in
+                // bounds, and each i belongs to one thread's share.
+                let part =
+                    unsafe { std::slice::from_raw_parts_mut((base as *mut T).add(i * len), len) };
+                f(i, part)
+            }
+        })
+    }
+
     /// Runs `f(i)` for every `i` in `0..n`, each thread its contiguous share.
     pub fn for_each<F: Fn(usize) + Sync>(&self, n: usize, f: F) {
         self.for_ranges(n, |r| r.for_each(&f))

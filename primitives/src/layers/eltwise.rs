@@ -25,10 +25,17 @@ pub fn relu_backward(pool: &Pool, dy: &[f32], y: &[f32], dx: &mut [f32]) -> Resu
     check_buf("relu y", y.len(), dx.len())?;
     pool.for_slices(dx, |lo, out| {
         for ((o, g), v) in out.iter_mut().zip(&dy[lo..]).zip(&y[lo..]) {
-            *o = if *v > 0.0 { *g } else { 0.0 };
+            *o = pass(*g, *v);
         }
     });
     Ok(())
+}
+
+/// `g` where `y > 0`, else 0, selected by a bit mask: written as a branch,
+/// the loops around it did not vectorise (3x slower batch-norm backward).
+#[inline(always)]
+pub(crate) fn pass(g: f32, y: f32) -> f32 {
+    f32::from_bits(g.to_bits() & 0u32.wrapping_sub(u32::from(y > 0.0)))
 }
 
 /// Inverted dropout: keeps each element with probability `1 - p`, scaled

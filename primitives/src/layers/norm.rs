@@ -3,12 +3,16 @@
 //! running statistics updated with momentum), inference mode (running
 //! statistics) and backward.
 //!
-//! Work is split over channel blocks: one thread owns a channel's sums over
-//! the whole minibatch, so no reduction across threads is needed. Sums are
-//! accumulated in f64 per lane.
+//! Each pass reads the tensor plane by plane, one (image, channel block)
+//! plane per work item split over the threads, so a layer with one channel
+//! block still uses every core: per-plane sums (f32 over runs of 64 pixels,
+//! f64 across runs) are combined per channel between the passes. The
+//! variance sums are taken around a per-channel shift (the first pixel) so
+//! that one pass suffices without cancellation. An optional ReLU is fused
+//! into the output write ([`BatchNorm::relu`]), and its mask into backward.
 
+use crate::eltwise::pass;
 use crate::error::{check_buf, shape, Result};
-use crate::layout::SyncPtr;
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
 
@@ -24,6 +28,9 @@ pub struct BatchNorm {
     pub eps: f32,
     /// Weight of the new minibatch in the running statistics.
     pub momentum: f32,
+    /// Applies ReLU to the output in the same pass (NaN stays NaN);
+    /// backward then needs the output ([`BatchNorm::backward_relu`]).
+    pub relu: bool,
     /// Scale.
     pub(crate) gamma: Vec<f32>,
     /// Shift.
@@ -117,6 +124,7 @@ impl BatchNorm {
             bc,
             eps: 1e-5,
             momentum: 0.1,
+            relu: false,
             gamma: ones(1.0),
             beta: vec![0.0; pc],
             running_mean: vec![0.0; pc],
@@ -142,82 +150,46 @@ impl BatchNorm {
     pub fn forward_train(&mut self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
         self.check("x", x)?;
         same_dims("y", y, x)?;
-        let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);
-        let count = (n * hw) as f64;
-        let (mp, ip) = (
-            SyncPtr(self.saved_mean.as_mut_ptr()),
-            SyncPtr(self.saved_invstd.as_mut_ptr()),
-        );
-        let (rmp, rvp) = (
-            SyncPtr(self.running_mean.as_mut_ptr()),
-            SyncPtr(self.running_var.as_mut_ptr()),
-        );
-        let yp = SyncPtr(y.data.as_mut_ptr());
-        let (eps, mom) = (self.eps, self.momentum);
-        let (gamma, beta) = (&self.gamma, &self.beta);
-        pool.for_each(cb, |b| {
-            let planes = |ni: usize| (ni * cb + b) * hw * bc;
-            let mut sum = vec![0f64; bc];
-            for ni in 0..n {
-                for px in x.data[planes(ni)..][..hw * bc].chunks_exact(bc) {
-                    sum.iter_mut().zip(px).for_each(|(s, v)| *s += *v as f64);
-                }
-            }
-            let mean: Vec<f64> = sum.iter().map(|s| s / count).collect();
-            let mut sq = vec![0f64; bc];
-            for ni in 0..n {
-                for px in x.data[planes(ni)..][..hw * bc].chunks_exact(bc) {
-                    for ((s, v), m) in sq.iter_mut().zip(px).zip(&mean) {
-                        let d = *v as f64 - m;
-                        *s += d * d;
-                    }
-                }
-            }
-            let (mut scale, mut shift) = (vec![0f32; bc], vec![0f32; bc]);
-            for j in 0..bc {
-                let ch = b * bc + j;
-                let var = sq[j] / count;
-                let inv = 1.0 / (var + eps as f64).sqrt();
-                // SAFETY: channel `ch` belongs to this thread's block.
-                unsafe {
-                    *mp.get().add(ch) = mean[j] as f32;
-                    *ip.get().add(ch) = inv as f32;
-                    let unbiased = if count > 1.0 {
-                        var * count / (count - 1.0)
-                    } else {
-                        var
-                    };
-                    *rmp.get().add(ch) = (1.0 - mom) * *rmp.get().add(ch) + mom * mean[j] as f32;
-                    *rvp.get().add(ch) = (1.0 - mom) * *rvp.get().add(ch) + mom * unbiased as f32;
-                }
-                scale[j] = (gamma[ch] as f64 * inv) as f32;
-                shift[j] = beta[ch] - (mean[j] * gamma[ch] as f64 * inv) as f32;
-            }
-            if b * bc + bc > self.c {
-                // Padding channels: keep the running statistics at their
-                // neutral values and the output at zero.
-                for j in (self.c - b * bc)..bc {
-                    scale[j] = 0.0;
-                    shift[j] = 0.0;
-                    // SAFETY: as above.
-                    unsafe {
-                        *rmp.get().add(b * bc + j) = 0.0;
-                        *rvp.get().add(b * bc + j) = 0.0;
-                    }
-                }
-            }
-            for ni in 0..n {
-                let src = &x.data[planes(ni)..][..hw * bc];
-                // SAFETY: the planes of channel block b belong to this thread.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(yp.get().add(planes(ni)), hw * bc) };
-                for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
-                    for j in 0..bc {
-                        d[j] = s[j] * scale[j] + shift[j];
-                    }
-                }
-            }
+        let (bc, pc) = (x.bc, x.padded_c());
+        let count = (x.n * x.h * x.w) as f64;
+        // The first image's first pixel per channel: the shift that keeps
+        // the one-pass variance free of cancellation.
+        let shift: Vec<f32> = (0..pc)
+            .map(|ch| x.data[plane(x, 0, ch / bc) + ch % bc])
+            .collect();
+        let sums = plane_sums(pool, x, |i, out| {
+            let k = &shift[(i % x.c_blocks()) * bc..][..bc];
+            runs(
+                bc,
+                &x.data[plane(x, i / x.c_blocks(), i % x.c_blocks())..][..plane_len(x)],
+                out,
+                |j, v| {
+                    let d = v - k[j];
+                    (d, d * d)
+                },
+            );
         });
+        let (mut scale, mut offset) = (vec![0f32; pc], vec![0f32; pc]);
+        for ch in 0..self.c {
+            let (s, q) = channel_sum(x, &sums, ch);
+            let mean = s / count;
+            let var = (q / count - mean * mean).max(0.0);
+            let inv = 1.0 / (var + f64::from(self.eps)).sqrt();
+            let mean = mean + f64::from(shift[ch]);
+            self.saved_mean[ch] = mean as f32;
+            self.saved_invstd[ch] = inv as f32;
+            let unbiased = if count > 1.0 {
+                var * count / (count - 1.0)
+            } else {
+                var
+            };
+            let m = self.momentum;
+            self.running_mean[ch] = (1.0 - m) * self.running_mean[ch] + m * mean as f32;
+            self.running_var[ch] = (1.0 - m) * self.running_var[ch] + m * unbiased as f32;
+            scale[ch] = (f64::from(self.gamma[ch]) * inv) as f32;
+            offset[ch] = self.beta[ch] - (mean * f64::from(self.gamma[ch]) * inv) as f32;
+        }
+        self.apply(pool, x, y, &scale, &offset);
         Ok(())
     }
 
@@ -225,41 +197,82 @@ impl BatchNorm {
     pub fn forward_infer(&self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
         self.check("x", x)?;
         same_dims("y", y, x)?;
-        let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);
-        let yp = SyncPtr(y.data.as_mut_ptr());
-        pool.for_each(cb, |b| {
-            let (mut scale, mut shift) = (vec![0f32; bc], vec![0f32; bc]);
-            for j in 0..bc {
-                let ch = b * bc + j;
-                if ch < self.c {
-                    let inv = 1.0 / (self.running_var[ch] + self.eps).sqrt();
-                    scale[j] = self.gamma[ch] * inv;
-                    shift[j] = self.beta[ch] - self.running_mean[ch] * scale[j];
-                }
-            }
-            for ni in 0..n {
-                let off = (ni * cb + b) * hw * bc;
-                // SAFETY: the planes of channel block b belong to this thread.
-                let dst = unsafe { std::slice::from_raw_parts_mut(yp.get().add(off), hw * bc) };
-                for (d, s) in dst
-                    .chunks_exact_mut(bc)
-                    .zip(x.data[off..][..hw * bc].chunks_exact(bc))
-                {
-                    for j in 0..bc {
-                        d[j] = s[j] * scale[j] + shift[j];
-                    }
-                }
-            }
-        });
+        let pc = x.padded_c();
+        let (mut scale, mut offset) = (vec![0f32; pc], vec![0f32; pc]);
+        for ch in 0..self.c {
+            let inv = 1.0 / (self.running_var[ch] + self.eps).sqrt();
+            scale[ch] = self.gamma[ch] * inv;
+            offset[ch] = self.beta[ch] - self.running_mean[ch] * scale[ch];
+        }
+        self.apply(pool, x, y, &scale, &offset);
         Ok(())
     }
 
-    /// Backward of the last [`BatchNorm::forward_train`] on `x`: writes dx
-    /// and the parameter gradients (`dgamma`, `dbeta`, length `padded_c`).
+    /// y = x * scale + offset per channel (then ReLU when fused); the
+    /// padding channels have scale and offset 0, so they stay zero.
+    fn apply(&self, pool: &Pool, x: &Tensor4, y: &mut Tensor4, scale: &[f32], offset: &[f32]) {
+        let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
+        let relu = self.relu;
+        pool.for_slices_of(&mut y.data, len, |i, dst| {
+            let (k, o) = (
+                &scale[(i % cb) * bc..][..bc],
+                &offset[(i % cb) * bc..][..bc],
+            );
+            let src = &x.data[i * len..][..len];
+            for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
+                for j in 0..bc {
+                    let v = s[j] * k[j] + o[j];
+                    d[j] = if relu && v < 0.0 { 0.0 } else { v };
+                }
+            }
+        });
+    }
+
+    /// Backward of the last [`BatchNorm::forward_train`] on `x` without the
+    /// fused ReLU: writes dx and the parameter gradients (`dgamma`,
+    /// `dbeta`, length `padded_c`).
     pub fn backward(
         &self,
         pool: &Pool,
         x: &Tensor4,
+        dy: &Tensor4,
+        dx: &mut Tensor4,
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+    ) -> Result<()> {
+        if self.relu {
+            return Err(shape(
+                "batch norm backward",
+                "without y",
+                "the fused ReLU needs the output: call backward_relu",
+            ));
+        }
+        self.backward_with(pool, x, None, dy, dx, dgamma, dbeta)
+    }
+
+    /// [`BatchNorm::backward`] through the fused ReLU: dy counts where the
+    /// forward's output `y` is positive.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_relu(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        y: &Tensor4,
+        dy: &Tensor4,
+        dx: &mut Tensor4,
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+    ) -> Result<()> {
+        same_dims("y", y, x)?;
+        self.backward_with(pool, x, Some(y), dy, dx, dgamma, dbeta)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_with(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        y: Option<&Tensor4>,
         dy: &Tensor4,
         dx: &mut Tensor4,
         dgamma: &mut [f32],
@@ -270,55 +283,167 @@ impl BatchNorm {
         same_dims("dx", dx, x)?;
         check_buf("dgamma", dgamma.len(), self.gamma.len())?;
         check_buf("dbeta", dbeta.len(), self.beta.len())?;
-        let (cb, bc, hw, n) = (x.c_blocks(), x.bc, x.h * x.w, x.n);
-        let count = (n * hw) as f64;
-        let (dxp, dgp, dbp) = (
-            SyncPtr(dx.data.as_mut_ptr()),
-            SyncPtr(dgamma.as_mut_ptr()),
-            SyncPtr(dbeta.as_mut_ptr()),
-        );
-        pool.for_each(cb, |b| {
-            let mean = &self.saved_mean[b * bc..][..bc];
-            let inv = &self.saved_invstd[b * bc..][..bc];
-            let (mut sdy, mut sdyx) = (vec![0f64; bc], vec![0f64; bc]);
-            for ni in 0..n {
-                let off = (ni * cb + b) * hw * bc;
-                for (g, v) in dy.data[off..][..hw * bc]
-                    .chunks_exact(bc)
-                    .zip(x.data[off..][..hw * bc].chunks_exact(bc))
-                {
-                    for j in 0..bc {
-                        sdy[j] += g[j] as f64;
-                        sdyx[j] += g[j] as f64 * ((v[j] - mean[j]) * inv[j]) as f64;
-                    }
-                }
-            }
-            let mut k1 = vec![0f32; bc];
-            for j in 0..bc {
-                // SAFETY: channel b*bc+j belongs to this thread.
-                unsafe {
-                    *dbp.get().add(b * bc + j) = sdy[j] as f32;
-                    *dgp.get().add(b * bc + j) = sdyx[j] as f32;
-                }
-                k1[j] = self.gamma[b * bc + j] * inv[j];
-            }
-            for ni in 0..n {
-                let off = (ni * cb + b) * hw * bc;
-                // SAFETY: the planes of channel block b belong to this thread.
-                let d = unsafe { std::slice::from_raw_parts_mut(dxp.get().add(off), hw * bc) };
-                for ((o, g), v) in d
-                    .chunks_exact_mut(bc)
-                    .zip(dy.data[off..][..hw * bc].chunks_exact(bc))
-                    .zip(x.data[off..][..hw * bc].chunks_exact(bc))
-                {
-                    for j in 0..bc {
-                        let xhat = (v[j] - mean[j]) * inv[j];
-                        o[j] = k1[j]
-                            * (g[j] - (sdy[j] / count) as f32 - xhat * (sdyx[j] / count) as f32);
-                    }
-                }
+        let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
+        let count = (x.n * x.h * x.w) as f32;
+        let y = y.map_or(&[][..], |y| &y.data[..]);
+        let stats = |i: usize| {
+            let r = (i % cb) * bc..(i % cb + 1) * bc;
+            (&self.saved_mean[r.clone()], &self.saved_invstd[r])
+        };
+        let sums = plane_sums(pool, x, |i, out| {
+            let (mean, inv) = stats(i);
+            let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
+            let y = if y.is_empty() {
+                y
+            } else {
+                &y[i * len..][..len]
+            };
+            grad_sums(bc, planes, y, mean, inv, out);
+        });
+        dgamma.fill(0.0);
+        dbeta.fill(0.0);
+        let pc = cb * bc;
+        let (mut k1, mut k2, mut k3) = (vec![0f32; pc], vec![0f32; pc], vec![0f32; pc]);
+        for ch in 0..self.c {
+            let (sdy, sdyx) = channel_sum(x, &sums, ch);
+            dbeta[ch] = sdy as f32;
+            dgamma[ch] = sdyx as f32;
+            // dx = gamma*inv * (g - mean(g) - xhat * mean(g*xhat)).
+            k1[ch] = self.gamma[ch] * self.saved_invstd[ch];
+            k2[ch] = sdy as f32 / count;
+            k3[ch] = sdyx as f32 / count;
+        }
+        pool.for_slices_of(&mut dx.data, len, |i, d| {
+            let (mean, inv) = stats(i);
+            let r = (i % cb) * bc..(i % cb + 1) * bc;
+            let k = [&k1[r.clone()], &k2[r.clone()], &k3[r], mean, inv];
+            let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
+            if y.is_empty() {
+                grad_apply::<false>(bc, planes, y, k, d);
+            } else {
+                grad_apply::<true>(bc, planes, &y[i * len..][..len], k, d);
             }
         });
         Ok(())
     }
+}
+
+/// The sums of g and g * xhat over a plane, per lane, where g is dy, or dy
+/// where the fused ReLU's output `y` is positive when `y` is not empty.
+fn grad_sums(
+    bc: usize,
+    (x, dy): (&[f32], &[f32]),
+    y: &[f32],
+    mean: &[f32],
+    inv: &[f32],
+    out: &mut [f64],
+) {
+    if y.is_empty() {
+        grad_sums_of::<false>(bc, x, dy, y, mean, inv, out)
+    } else {
+        grad_sums_of::<true>(bc, x, dy, y, mean, inv, out)
+    }
+}
+
+/// [`grad_sums`] for the mask known at compile time (so the loop
+/// vectorises either way).
+fn grad_sums_of<const RELU: bool>(
+    bc: usize,
+    x: &[f32],
+    dy: &[f32],
+    y: &[f32],
+    mean: &[f32],
+    inv: &[f32],
+    out: &mut [f64],
+) {
+    let (mut a, mut b) = (vec![0f32; bc], vec![0f32; bc]);
+    let run = 64 * bc;
+    for start in (0..x.len()).step_by(run) {
+        let end = (start + run).min(x.len());
+        for p in (start..end).step_by(bc) {
+            let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
+            let ys = if RELU { &y[p..p + bc] } else { gs };
+            for j in 0..bc {
+                let g = if RELU { pass(gs[j], ys[j]) } else { gs[j] };
+                a[j] += g;
+                b[j] += g * (xs[j] - mean[j]) * inv[j];
+            }
+        }
+        for j in 0..bc {
+            out[j] += f64::from(a[j]);
+            out[bc + j] += f64::from(b[j]);
+        }
+        a.fill(0.0);
+        b.fill(0.0);
+    }
+}
+
+/// dx of one plane; `k` is (gamma*inv, mean(g), mean(g*xhat), mean, inv)
+/// of the plane's lanes.
+fn grad_apply<const RELU: bool>(
+    bc: usize,
+    (x, dy): (&[f32], &[f32]),
+    y: &[f32],
+    k: [&[f32]; 5],
+    d: &mut [f32],
+) {
+    let [k1, k2, k3, mean, inv] = k;
+    for (p, o) in (0..d.len()).step_by(bc).zip(d.chunks_exact_mut(bc)) {
+        let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
+        let ys = if RELU { &y[p..p + bc] } else { gs };
+        for j in 0..bc {
+            let g = if RELU { pass(gs[j], ys[j]) } else { gs[j] };
+            let xhat = (xs[j] - mean[j]) * inv[j];
+            o[j] = k1[j] * (g - k2[j] - xhat * k3[j]);
+        }
+    }
+}
+
+/// Offset of the plane of image `n`, channel block `b`.
+fn plane(x: &Tensor4, n: usize, b: usize) -> usize {
+    (n * x.c_blocks() + b) * plane_len(x)
+}
+
+/// Values in one (image, channel block) plane.
+fn plane_len(x: &Tensor4) -> usize {
+    x.h * x.w * x.bc
+}
+
+/// For every plane `i` (image `i / c_blocks`, block `i % c_blocks`),
+/// `f(i, sums)` fills `2 * bc` sums; returns them all, planes in order.
+fn plane_sums(pool: &Pool, x: &Tensor4, f: impl Fn(usize, &mut [f64]) + Sync) -> Vec<f64> {
+    let mut out = vec![0f64; x.n * x.c_blocks() * 2 * x.bc];
+    pool.for_slices_of(&mut out, 2 * x.bc, f);
+    out
+}
+
+/// Sums `f(lane, value) = (a, b)` over the pixels of a plane, lane by lane,
+/// into `out[..bc]` (a) and `out[bc..]` (b): in f32 over runs of 64 pixels,
+/// in f64 across runs.
+fn runs(bc: usize, plane: &[f32], out: &mut [f64], mut f: impl FnMut(usize, f32) -> (f32, f32)) {
+    let (mut a, mut b) = (vec![0f32; bc], vec![0f32; bc]);
+    for run in plane.chunks(64 * bc) {
+        for px in run.chunks_exact(bc) {
+            for j in 0..bc {
+                let (u, v) = f(j, px[j]);
+                a[j] += u;
+                b[j] += v;
+            }
+        }
+        for j in 0..bc {
+            out[j] += f64::from(a[j]);
+            out[bc + j] += f64::from(b[j]);
+        }
+        a.fill(0.0);
+        b.fill(0.0);
+    }
+}
+
+/// The two sums of channel `ch` over every image.
+fn channel_sum(x: &Tensor4, sums: &[f64], ch: usize) -> (f64, f64) {
+    let (cb, bc) = (x.c_blocks(), x.bc);
+    (0..x.n).fold((0.0, 0.0), |(s, q), n| {
+        let at = (n * cb + ch / bc) * 2 * bc + ch % bc;
+        (s + sums[at], q + sums[at + bc])
+    })
 }
