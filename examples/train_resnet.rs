@@ -7,8 +7,12 @@
 //!
 //! ```text
 //! cargo run --release --example train_resnet [-- --data DIR --epochs N --batch B --lr LR
-//!     --train-limit N --seed S]
+//!     --train-limit N --seed S --save FILE --load FILE]
 //! ```
+//!
+//! `--save` writes the trained graph's values (`Graph::save`: versioned,
+//! PyTorch layouts); `--load` starts from them, and with `--epochs 0` only
+//! evaluates. The file fits any batch size: it holds no minibatch.
 //!
 //! Data: the IDX files of Fashion-MNIST (Xiao, Rasul and Vollgraf 2017, MIT
 //! licence) as the Debian package `dataset-fashion-mnist` installs them in
@@ -25,7 +29,8 @@ use std::time::Instant;
 mod cli;
 
 const USAGE: &str = "train_resnet: a small ResNet on Fashion-MNIST (layer graph)\n\
-    usage: train_resnet [--data DIR --epochs N --batch B --lr LR --train-limit N --seed S]";
+    usage: train_resnet [--data DIR --epochs N --batch B --lr LR --train-limit N --seed S\n\
+    --save FILE --load FILE]";
 
 /// Ends the process with status 1 and the error.
 fn fail(e: impl std::fmt::Display) -> ! {
@@ -71,7 +76,6 @@ fn main() {
             "train on the first N images only",
         )],
     );
-    args.no_model_files("ResNet run");
     let epochs = args.epochs(8);
     let bs = args.positive("batch", 64);
     let seed: u64 = args.get_or("seed", 1);
@@ -95,7 +99,11 @@ fn main() {
     // Per image: about 40 activation-sized buffers of up to 16x28x28 f32.
     cli::check_batch_memory(bs, 40 * 4 * 16 * 28 * 28);
     let pool = cli::pool();
+    let save = args.save_path();
     let mut g = models::small_resnet(bs, tr.data.classes, seed).unwrap_or_else(|e| fail(e));
+    if let Some(path) = args.get::<String>("load") {
+        g.load(&path).unwrap_or_else(|e| fail(e));
+    }
     println!(
         "fashion-mnist: {} train / {} test images; small ResNet ({} layers); batch {bs}, {} thread(s)",
         tr.data.len(),
@@ -105,7 +113,11 @@ fn main() {
     );
     let mut rng = Rng::new(seed);
     let mut order: Vec<usize> = (0..tr.data.len()).collect();
-    let mut last = 0.0;
+    let mut last = if epochs == 0 {
+        accuracy(&mut g, pool, &te)
+    } else {
+        0.0
+    };
     for epoch in 1..=epochs {
         // Cosine decay of the learning rate over the epochs (per epoch).
         let phase = std::f32::consts::PI * (epoch - 1) as f32 / epochs as f32;
@@ -129,6 +141,10 @@ fn main() {
             sum / steps.max(1) as f64,
             (steps * bs) as f64 / secs
         );
+    }
+    if let Some(path) = save {
+        g.save(&path).unwrap_or_else(|e| fail(e));
+        println!("saved {}", path.display());
     }
     println!("test_accuracy={last:.4}");
 }

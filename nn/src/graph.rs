@@ -222,6 +222,24 @@ impl Graph {
     pub fn output_shape(&self) -> Shape {
         self.nodes[self.nodes.len() - 1].shape
     }
+    /// The layers, in order of evaluation.
+    pub(crate) fn layers(&self) -> impl Iterator<Item = &dyn Layer> {
+        self.nodes.iter().filter_map(|n| match &n.op {
+            Op::Layer(l) => Some(&**l),
+            _ => None,
+        })
+    }
+
+    /// The layers, to change, in order of evaluation; the optimizer state
+    /// starts again (the values it followed are replaced).
+    pub(crate) fn layers_mut(&mut self) -> impl Iterator<Item = &mut Box<dyn Layer>> {
+        self.opt.clear();
+        self.nodes.iter_mut().filter_map(|n| match &mut n.op {
+            Op::Layer(l) => Some(l),
+            _ => None,
+        })
+    }
+
     /// The layers' names, in order of evaluation.
     pub fn layer_names(&self) -> Vec<String> {
         self.nodes
@@ -249,12 +267,19 @@ impl Graph {
     /// the build), in order of evaluation: a per-layer profile at the cost
     /// of two clock reads per node and pass.
     pub fn times(&self) -> Vec<NodeTime> {
+        // A layer that runs the ReLU after it says so.
+        let mut fused_into = vec![false; self.nodes.len()];
+        for n in self.nodes.iter().filter(|n| n.fused) {
+            fused_into[n.inputs[0]] = true;
+        }
         self.nodes[1..]
             .iter()
             .zip(&self.times[1..])
-            .map(|(n, t)| {
+            .zip(&fused_into[1..])
+            .map(|((n, t), &more)| {
                 let (name, flops) = match &n.op {
                     Op::Layer(l) if n.fused => (format!("{} (fused)", l.name()), 0.0),
+                    Op::Layer(l) if more => (format!("{} + relu", l.name()), l.flops()),
                     Op::Layer(l) => (l.name(), l.flops()),
                     _ => ("add".into(), 0.0),
                 };

@@ -76,6 +76,25 @@ pub trait Layer: Send {
     /// is still accepted, converted. Ignored by default.
     fn input_block(&mut self, _block: Option<usize>) {}
 
+    /// The layer's learned values and statistics in plain layouts
+    /// (PyTorch's order), by name: what a saved graph holds
+    /// ([`crate::Graph::save`]). None by default.
+    fn export(&self) -> Vec<(&'static str, Vec<f32>)> {
+        Vec::new()
+    }
+
+    /// Sets what [`Layer::export`] gives, all of it, in its order; a
+    /// missing or unknown name or a wrong length is an error naming it.
+    fn import(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
+        match values.first() {
+            None => Ok(()),
+            Some((name, _)) => Err(crate::Error::Graph(format!(
+                "{}: holds no values, got {name:?}",
+                self.name()
+            ))),
+        }
+    }
+
     /// Whether the layer is exactly `max(x, 0)` element-wise, so that the
     /// layer before it may apply it in its own output pass
     /// ([`Layer::fuse_relu`]). False by default.

@@ -26,12 +26,18 @@
 //! # Ok::<(), brgemm_nn::Error>(())
 //! ```
 //!
-//! This first version converts between plain and blocked layouts at every
-//! layer; the graph keeping blocked tensors between layers, batch norm,
-//! pooling, dropout, LSTM layers and the model builders come next.
+//! Between layers a tensor travels in the producing layer's blocked
+//! layout, shared rather than copied, and the builder tells each layer the
+//! block its input will arrive in, so batch norm, ReLU, pooling and
+//! dropout work on the convolution's layout with no conversion; plain
+//! values are made only when someone reads them ([`Tensor::data`]).
+//! [`GraphBuilder::build`] fuses a ReLU into the batch norm before it
+//! ([`GraphBuilder::fuse`]). [`Graph::save`] and [`Graph::load`] keep the
+//! values in PyTorch's layouts in a versioned, checked file.
 #![deny(missing_docs)]
 
 mod error;
+mod file;
 mod graph;
 mod layer;
 mod layers;
@@ -39,7 +45,8 @@ pub mod models;
 mod tensor;
 
 pub use error::{Error, Result};
+pub use file::FILE_VERSION;
 pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
 pub use layer::{Layer, Mode, Param};
-pub use layers::{BatchNorm2d, Conv2d, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Relu};
+pub use layers::{BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Relu};
 pub use tensor::{Shape, Tensor};

@@ -533,3 +533,109 @@ fn a_training_step_skipping_the_input_gradient_updates_as_backward_does() {
         assert_eq!(p.value, q.value, "{}", p.name);
     }
 }
+
+#[test]
+fn dropout_scales_what_it_keeps_and_passes_through_in_inference() {
+    use brgemm_nn::Dropout;
+    let s = Shape::new(4, 16, 5, 5);
+    let p = 0.25f32;
+    for blocked in [false, true] {
+        let mut b = GraphBuilder::new(s);
+        let mut h = b.input();
+        if blocked {
+            // A convolution in front: the dropout works on its blocked output.
+            h = b
+                .layer(
+                    h,
+                    Conv2d::new(16, 16, (1, 1), 1, 0, Activation::Identity, 61),
+                )
+                .unwrap();
+        }
+        let d = b.layer(h, Dropout::new(p, 7)).unwrap();
+        let mut g = b.build(d).unwrap();
+        let pool = Pool::new(2).unwrap();
+        let x = Lcg(11).tensor(s);
+        let before = g.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+        let y = g.forward(&pool, &x, Mode::Train).unwrap().data().to_vec();
+        let dy = Lcg(12).tensor(s);
+        let dx = g.backward(&pool, &dy).unwrap();
+        let dx = if blocked {
+            None
+        } else {
+            Some(dx.data().to_vec())
+        };
+        let (mut kept, scale) = (0usize, 1.0 / (1.0 - p));
+        for (i, (&yi, &bi)) in y.iter().zip(&before).enumerate() {
+            if yi != 0.0 {
+                kept += 1;
+                assert!(
+                    (yi - bi * scale).abs() <= 1e-5 * bi.abs().max(1.0),
+                    "{yi} vs {bi}"
+                );
+            }
+            if let Some(dx) = &dx {
+                let want = if yi != 0.0 { dy.data()[i] * scale } else { 0.0 };
+                assert_eq!(dx[i], want);
+            }
+        }
+        let frac = kept as f64 / y.len() as f64;
+        assert!((frac - 0.75).abs() < 0.05, "kept {frac}");
+        // Inference is the identity.
+        let after = g.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+        assert_eq!(after, before);
+    }
+    let mut b = GraphBuilder::new(s);
+    let x = b.input();
+    let e = b.layer(x, Dropout::new(1.0, 1)).unwrap_err().to_string();
+    assert!(e.contains("dropout 1") && e.contains("[0, 1)"), "{e}");
+}
+
+#[test]
+fn a_saved_graph_loads_back_and_bad_files_are_named_errors() {
+    let pool = Pool::new(2).unwrap();
+    let (mut a, mut b) = (fusable_net(true), fusable_net(false));
+    let x = Lcg(21).tensor(a.input_shape());
+    let opt = Optimizer::Sgd {
+        lr: 0.1,
+        momentum: 0.9,
+    };
+    // Training moves the weights and the batch-norm statistics.
+    for _ in 0..3 {
+        a.train_step(&pool, &x, &[0, 1, 2], &opt).unwrap();
+    }
+    let want = a.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+    assert_ne!(b.forward(&pool, &x, Mode::Eval).unwrap().data(), &want[..]);
+    let dir = std::env::temp_dir().join(format!("brgemm-nn-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("net.bin");
+    a.save(&path).unwrap();
+    // Loaded into the same layers built without fusion: the same output.
+    b.load(&path).unwrap();
+    assert_eq!(b.forward(&pool, &x, Mode::Eval).unwrap().data(), &want[..]);
+
+    let bytes = std::fs::read(&path).unwrap();
+    let err = |bytes: &[u8]| fusable_net(true).from_bytes(bytes).unwrap_err().to_string();
+    let e = err(&bytes[..bytes.len() - 3]);
+    assert!(e.contains("truncated"), "{e}");
+    let mut newer = bytes.clone();
+    newer[10] = 2;
+    let e = err(&newer);
+    assert!(e.contains("version 2") && e.contains("version 1"), "{e}");
+    let e = err(b"PNG");
+    assert!(e.contains("not a brgemm-nn file"), "{e}");
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(err(&longer).contains("1 bytes after"));
+    // Another architecture: the first differing layer is named.
+    let mut other = GraphBuilder::new(a.input_shape());
+    let i = other.input();
+    let c = other
+        .layer(i, Conv2d::new(5, 4, (3, 3), 1, 1, Activation::Identity, 1))
+        .unwrap();
+    let mut other = other.build(c).unwrap();
+    let e = other.from_bytes(&bytes).unwrap_err().to_string();
+    assert!(e.contains("layers"), "{e}");
+    let e = b.load(dir.join("missing.bin")).unwrap_err().to_string();
+    assert!(e.contains("missing.bin"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,7 +1,7 @@
 //! 2-D convolution with fused bias and activation, over
 //! [`brgemm_primitives::Conv`].
 
-use super::{need_training, weight_and_bias, State};
+use super::{expect_values, need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Buf, Shape, Tensor};
@@ -72,6 +72,13 @@ impl Conv2d {
         match &self.state {
             State::Built(p) => p.w.to_kcrs(),
             State::Plain(w, _) => w.clone(),
+        }
+    }
+    /// The bias, `[out_c]`.
+    pub fn bias(&self) -> Vec<f32> {
+        match &self.state {
+            State::Built(p) => p.bias[..self.out_c].to_vec(),
+            State::Plain(_, b) => b.clone(),
         }
     }
     /// Sets weights (KCRS, PyTorch's `weight`) and bias (`[out_c]`).
@@ -205,6 +212,16 @@ impl Layer for Conv2d {
 
     fn output_block(&self) -> Option<usize> {
         self.state.built().map(|p| p.conv.tuning().bk)
+    }
+
+    fn export(&self) -> Vec<(&'static str, Vec<f32>)> {
+        vec![("weight", self.weights()), ("bias", self.bias())]
+    }
+
+    fn import(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
+        let w = self.out_c * self.in_c * self.rs.0 * self.rs.1;
+        let v = expect_values(&self.name(), values, &[("weight", w), ("bias", self.out_c)])?;
+        self.set_weights(v[0], v[1])
     }
 
     fn flops(&self) -> f64 {

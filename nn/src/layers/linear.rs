@@ -1,7 +1,7 @@
 //! Fully connected: `y = act(x W^T + b)` on flattened inputs, over
 //! [`brgemm_primitives::Fc`].
 
-use super::{need_training, weight_and_bias, State};
+use super::{expect_values, need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
@@ -93,6 +93,19 @@ impl Linear {
 impl Layer for Linear {
     fn name(&self) -> String {
         format!("linear {}->{}", self.inputs, self.outputs)
+    }
+
+    fn export(&self) -> Vec<(&'static str, Vec<f32>)> {
+        vec![("weight", self.weights()), ("bias", self.bias())]
+    }
+
+    fn import(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
+        let want = [
+            ("weight", self.outputs * self.inputs),
+            ("bias", self.outputs),
+        ];
+        let v = expect_values(&self.name(), values, &want)?;
+        self.set_weights(v[0], v[1])
     }
 
     fn build(&mut self, input: Shape) -> Result<Shape> {

@@ -8,7 +8,7 @@ mod simple;
 pub use conv2d::Conv2d;
 pub use linear::Linear;
 pub use norm_pool::{BatchNorm2d, Pool2dLayer};
-pub use simple::{Flatten, GlobalAvgPool, Relu};
+pub use simple::{Dropout, Flatten, GlobalAvgPool, Relu};
 
 use crate::error::{Error, Result};
 use crate::layer::Param;
@@ -79,4 +79,34 @@ pub(crate) fn weight_and_bias<'a>(
             grad: db,
         },
     ]
+}
+
+/// The values of an import, checked against the names `want` in order,
+/// each with its length: an error names the layer and the first mismatch.
+pub(crate) fn expect_values<'a>(
+    layer: &str,
+    values: &'a [(String, Vec<f32>)],
+    want: &[(&str, usize)],
+) -> Result<Vec<&'a [f32]>> {
+    let names: Vec<&str> = values.iter().map(|(n, _)| n.as_str()).collect();
+    let wanted: Vec<&str> = want.iter().map(|(n, _)| *n).collect();
+    if names != wanted {
+        return Err(Error::Graph(format!(
+            "{layer}: values {names:?}, expected {wanted:?}"
+        )));
+    }
+    values
+        .iter()
+        .zip(want)
+        .map(|((name, v), (_, len))| {
+            if v.len() == *len {
+                Ok(&v[..])
+            } else {
+                Err(Error::Graph(format!(
+                    "{layer}: {name} has {} values, expected {len}",
+                    v.len()
+                )))
+            }
+        })
+        .collect()
 }

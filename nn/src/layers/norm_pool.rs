@@ -1,7 +1,7 @@
 //! Batch normalisation and max/average pooling, over the primitives'
 //! `BatchNorm` and `Pool2d`.
 
-use super::{need_training, unbuilt};
+use super::{expect_values, need_training, unbuilt};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Buf, Shape, Tensor};
@@ -50,8 +50,35 @@ impl BatchNorm2d {
 
 impl Layer for BatchNorm2d {
     fn name(&self) -> String {
-        let relu = if self.relu { " + relu" } else { "" };
-        format!("batchnorm2d {}{relu}", self.c)
+        format!("batchnorm2d {}", self.c)
+    }
+    fn export(&self) -> Vec<(&'static str, Vec<f32>)> {
+        let Some(p) = &self.plan else {
+            return Vec::new();
+        };
+        let c = self.c;
+        vec![
+            ("gamma", p.bn.gamma()[..c].to_vec()),
+            ("beta", p.bn.beta()[..c].to_vec()),
+            ("running_mean", p.bn.running_mean()[..c].to_vec()),
+            ("running_var", p.bn.running_var()[..c].to_vec()),
+        ]
+    }
+    fn import(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
+        let c = self.c;
+        let names = [
+            ("gamma", c),
+            ("beta", c),
+            ("running_mean", c),
+            ("running_var", c),
+        ];
+        let v = expect_values(&self.name(), values, &names)?;
+        let p = self.plan.as_mut().ok_or_else(|| unbuilt("import"))?;
+        p.bn.gamma_mut()[..c].copy_from_slice(v[0]);
+        p.bn.beta_mut()[..c].copy_from_slice(v[1]);
+        p.bn.running_mean_mut()[..c].copy_from_slice(v[2]);
+        p.bn.running_var_mut()[..c].copy_from_slice(v[3]);
+        Ok(())
     }
     fn fuse_relu(&mut self) -> bool {
         self.relu = true;

@@ -200,3 +200,99 @@ impl Layer for Flatten {
         Ok(dy.clone().reshaped(s))
     }
 }
+
+/// Inverted dropout: in training each element is kept with probability
+/// `1 - p` and scaled by `1 / (1 - p)`; in inference the layer passes its
+/// input through. Works in whatever layout its input arrives in (the
+/// mask is drawn over that layout; the padding stays zero).
+pub struct Dropout {
+    p: f32,
+    seed: u64,
+    drop: Option<brgemm_primitives::eltwise::Dropout>,
+    /// The channel block of the last training input (None: plain).
+    block: Option<usize>,
+    y: Buf,
+    dy: Buf,
+    dx: Buf,
+    trained: bool,
+}
+
+impl Dropout {
+    /// Drop probability `p` (in [0, 1), checked when built), masks drawn
+    /// from `seed`.
+    pub fn new(p: f32, seed: u64) -> Dropout {
+        Dropout {
+            p,
+            seed,
+            drop: None,
+            block: None,
+            y: Buf::default(),
+            dy: Buf::default(),
+            dx: Buf::default(),
+            trained: false,
+        }
+    }
+}
+
+impl Layer for Dropout {
+    fn name(&self) -> String {
+        format!("dropout {}", self.p)
+    }
+    fn build(&mut self, input: Shape) -> Result<Shape> {
+        let d = brgemm_primitives::eltwise::Dropout::new(self.p, self.seed).map_err(|e| {
+            Error::Shape {
+                layer: self.name(),
+                input,
+                reason: e.to_string(),
+            }
+        })?;
+        // Rebuilt for another shape: the mask stream goes on.
+        if self.drop.is_none() {
+            self.drop = Some(d);
+        }
+        Ok(input)
+    }
+    fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let d = self
+            .drop
+            .as_mut()
+            .ok_or_else(|| super::unbuilt("forward"))?;
+        self.trained = mode == Mode::Train;
+        if !self.trained {
+            return Ok(x.clone());
+        }
+        self.block = x.block();
+        if let Some(bc) = self.block {
+            let src = x.blocked_as(bc).expect("has this block");
+            let y = self.y.get_mut(x.shape(), bc)?;
+            d.forward_train(pool, src.data(), y.data_mut())?;
+            return Ok(self.y.tensor());
+        }
+        let mut y = vec![0.0; x.shape().len()];
+        d.forward_train(pool, x.data(), &mut y)?;
+        Tensor::from_vec(x.shape(), y)
+    }
+    fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        super::need_training(self.trained, "dropout")?;
+        let d = self
+            .drop
+            .as_ref()
+            .ok_or_else(|| super::unbuilt("backward"))?;
+        if let Some(bc) = self.block {
+            dy.blocked_into(pool, bc, &mut self.dy)?;
+            let dx = self.dx.get_mut(dy.shape(), bc)?;
+            d.backward(pool, self.dy.get().data(), dx.data_mut())?;
+            self.dy.release();
+            return Ok(self.dx.tensor());
+        }
+        let mut dx = vec![0.0; dy.shape().len()];
+        d.backward(pool, dy.data(), &mut dx)?;
+        Tensor::from_vec(dy.shape(), dx)
+    }
+    fn output_block(&self) -> Option<usize> {
+        self.block
+    }
+    fn input_block(&mut self, block: Option<usize>) {
+        self.block = block;
+    }
+}

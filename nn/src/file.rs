@@ -1,0 +1,190 @@
+//! Saving and loading a graph's values: every layer's [`Layer::export`]
+//! (weights in PyTorch's layouts, batch-norm statistics), so a file does
+//! not depend on the blocking this CPU chose.
+//!
+//! The format, little-endian: the magic `BRGEMM-NN\n`, a `u32` version
+//! ([`FILE_VERSION`]), the input's channels, height and width (3 `u64`;
+//! not the minibatch, so a file fits a graph of any batch size), the layer
+//! count (`u32`), then per layer its name and tensor count (`u32`), per
+//! tensor its name and length (`u64`) and the `f32` values. Strings are a
+//! `u32` length and UTF-8 bytes. A load checks all of it against the graph and names
+//! the first difference; a short file is an error naming the byte where
+//! it ends.
+
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::layer::Layer;
+use std::path::Path;
+
+const MAGIC: &[u8] = b"BRGEMM-NN\n";
+/// The version of the file format this library writes and reads.
+pub const FILE_VERSION: u32 = 1;
+
+fn file_error(path: &Path, reason: impl std::fmt::Display) -> Error {
+    Error::Graph(format!("{}: {reason}", path.display()))
+}
+
+impl Graph {
+    /// The graph's values as a file image (see the module docs).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend(FILE_VERSION.to_le_bytes());
+        let s = self.input_shape();
+        for d in [s.c, s.h, s.w] {
+            out.extend((d as u64).to_le_bytes());
+        }
+        let layers: Vec<&dyn Layer> = self.layers().collect();
+        out.extend((layers.len() as u32).to_le_bytes());
+        let text = |out: &mut Vec<u8>, s: &str| {
+            out.extend((s.len() as u32).to_le_bytes());
+            out.extend(s.as_bytes());
+        };
+        for l in layers {
+            text(&mut out, &l.name());
+            let values = l.export();
+            out.extend((values.len() as u32).to_le_bytes());
+            for (name, v) in values {
+                text(&mut out, name);
+                out.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+            }
+        }
+        out
+    }
+
+    /// Sets the values from a file image of [`Graph::to_bytes`] made by a
+    /// graph of the same layers and input shape; anything else is an error
+    /// naming what differs, and leaves the values as they were. The
+    /// optimizer state starts again.
+    pub fn from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        let mut r = Reader { bytes, at: 0 };
+        if !bytes.starts_with(MAGIC) && !MAGIC.starts_with(bytes) {
+            return Err(Error::Graph("not a brgemm-nn file (no magic)".into()));
+        }
+        r.take(MAGIC.len())?;
+        let version = r.u32()?;
+        if version != FILE_VERSION {
+            return Err(Error::Graph(format!(
+                "file version {version}; this library reads version {FILE_VERSION}"
+            )));
+        }
+        let s = self.input_shape();
+        let chw = [r.u64()?, r.u64()?, r.u64()?];
+        if chw != [s.c, s.h, s.w].map(|d| d as u64) {
+            return Err(Error::Graph(format!(
+                "the file is for inputs of (c, h, w) = {chw:?}, this graph takes {s}"
+            )));
+        }
+        let names: Vec<String> = self.layers().map(|l| l.name()).collect();
+        let count = r.u32()? as usize;
+        if count != names.len() {
+            return Err(Error::Graph(format!(
+                "the file has {count} layers, this graph {}",
+                names.len()
+            )));
+        }
+        // Read and check everything before changing a value.
+        let mut all = Vec::with_capacity(count);
+        for (i, want) in names.iter().enumerate() {
+            let name = r.text()?;
+            if &name != want {
+                return Err(Error::Graph(format!(
+                    "layer {i} is `{name}` in the file, `{want}` in this graph"
+                )));
+            }
+            let tensors = r.u32()? as usize;
+            let mut values = Vec::with_capacity(tensors.min(16));
+            for _ in 0..tensors {
+                let what = r.text()?;
+                let len = r.u64()? as usize;
+                let raw = r.take(len.checked_mul(4).ok_or_else(|| r.short())?)?;
+                let v = raw
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                    .collect();
+                values.push((what, v));
+            }
+            all.push(values);
+        }
+        if r.at != bytes.len() {
+            return Err(Error::Graph(format!(
+                "{} bytes after the last layer",
+                bytes.len() - r.at
+            )));
+        }
+        let backup: Vec<Vec<(String, Vec<f32>)>> = self
+            .layers()
+            .map(|l| {
+                l.export()
+                    .into_iter()
+                    .map(|(n, v)| (n.to_string(), v))
+                    .collect()
+            })
+            .collect();
+        let result = self
+            .layers_mut()
+            .zip(&all)
+            .try_for_each(|(l, v)| l.import(v));
+        if result.is_err() {
+            // A layer refused its values: put back those already set.
+            for (l, v) in self.layers_mut().zip(&backup) {
+                l.import(v)?;
+            }
+        }
+        result
+    }
+
+    /// Writes [`Graph::to_bytes`] to `path` atomically: a temporary file
+    /// next to it, then a rename, so a crash never leaves half a file.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        std::fs::write(&tmp, self.to_bytes()).map_err(|e| file_error(path, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
+    }
+
+    /// Reads a file of [`Graph::save`] into this graph
+    /// ([`Graph::from_bytes`]); errors name the file.
+    pub fn load(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|e| file_error(path, e))?;
+        self.from_bytes(&bytes).map_err(|e| file_error(path, e))
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn short(&self) -> Error {
+        Error::Graph(format!(
+            "the file is truncated at byte {}",
+            self.bytes.len()
+        ))
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let end = end.ok_or_else(|| self.short())?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn text(&mut self) -> Result<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec())
+            .map_err(|_| Error::Graph(format!("a name before byte {} is not UTF-8", self.at)))
+    }
+}
