@@ -604,7 +604,8 @@ fn bench_mpi() {
 #[cfg(feature = "mpi")]
 fn bench_mpi() {
     use brgemm_distributed::{install_abort_on_panic, mpi};
-    use brgemm_primitives::{Activation, LayerSpec, Mlp};
+    use brgemm_nn::models::{LayerSpec, Mlp};
+    use brgemm_primitives::Activation;
     use mpi::traits::*;
     let universe = mpi::initialize().expect("MPI");
     install_abort_on_panic();
@@ -641,11 +642,11 @@ fn bench_mpi() {
     // The CNN of train_cnn (conv 1->32, pool, conv 32->64, pool, FC 128, FC 10)
     // on 28x28 images.
     let cnn_rank = 32usize;
-    let spec = brgemm_primitives::CnnSpec {
+    let spec = brgemm_nn::models::CnnSpec {
         input: (1, 28, 28),
         stages: [32, 64]
             .iter()
-            .map(|&channels| brgemm_primitives::StageSpec {
+            .map(|&channels| brgemm_nn::models::StageSpec {
                 channels,
                 kernel: 3,
                 batchnorm: false,
@@ -656,7 +657,7 @@ fn bench_mpi() {
         classes,
         dropout: 0.0,
     };
-    let mut cnn = brgemm_primitives::Cnn::new(&spec, cnn_rank, 1).expect("cnn");
+    let mut cnn = brgemm_nn::models::Cnn::new(&spec, cnn_rank, 1).expect("cnn");
     let mut xi = cnn.input_tensor();
     xi.data_mut()
         .iter_mut()

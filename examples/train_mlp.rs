@@ -15,8 +15,8 @@
 //! Data: E. Alpaydin and C. Kaynak (1998), UCI Machine Learning Repository, CC BY 4.0.
 
 use brgemm_dl::{data, train};
+use brgemm_nn::models::Mlp;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::Mlp;
 
 #[path = "support/cli.rs"]
 mod cli;

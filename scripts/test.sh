@@ -167,6 +167,7 @@ if [ "$(uname -m)" = x86_64 ] && grep -m1 '^flags' /proc/cpuinfo | grep -qw avx5
 fi
 for isa in $bf16_isas; do
   BRGEMM_BF16_ISA=$isa run_tests primitives fc_bf16
+  BRGEMM_BF16_ISA=$isa run_tests nn templates
 done
 
 say "BRGEMM_ISA override, one run per ISA"
@@ -176,9 +177,10 @@ done
 
 # The primitives on every kernel ISA of this CPU; their element-wise loops
 # (widest!) follow BRGEMM_ISA too, so this also runs each compiled version.
-say "primitives per ISA: ${req//,/ }"
+say "primitives and the layer graph per ISA: ${req//,/ }"
 for isa in ${req//,/ }; do
   BRGEMM_ISA=$isa run_tests primitives
+  BRGEMM_ISA=$isa run_tests nn
 done
 
 # ---- Miri ---------------------------------------------------------------------

@@ -6,10 +6,13 @@
 //! - [`kernel`] (crate `brgemm`): the kernel, planned once and called many
 //!   times, with AVX-512, AVX2, NEON, portable and reference microkernels.
 //! - [`primitives`] (crate `brgemm-primitives`): loop nests, blocked layouts,
-//!   the FC layer, losses, optimizers and the [`primitives::Mlp`] model.
+//!   the FC, convolution, LSTM/RNN, pooling and normalisation passes,
+//!   losses and optimizers.
 //! - [`nn`] (crate `brgemm-nn`): networks as graphs of layers (a `Layer`
 //!   trait over the primitives, residual joins, shape checks when a graph
-//!   is built).
+//!   is built, ResNet-50), and the fixed templates [`nn::models::Mlp`],
+//!   [`nn::models::Cnn`] and [`nn::models::SeqClassifier`] with their model
+//!   files.
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
 //! - [`train`], [`train_cnn`], [`train_lstm`]: the MLP, CNN and sequence

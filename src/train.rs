@@ -1,9 +1,10 @@
 //! The MLP training loop shared by `examples/train_mlp` and the tests.
 
 use crate::data::Dataset;
+use brgemm_nn::models::{LayerSpec, Mlp, Trainable};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{FcTuning, LayerSpec, Mlp, Pool, Result, Trainable};
+use brgemm_primitives::{FcTuning, Pool, Result};
 use std::time::Instant;
 
 /// What to train, and how.
@@ -205,7 +206,7 @@ pub fn train(
     train_model(cfg, pool, model, train, test, report)
 }
 
-/// [`train`] from a given model (e.g. one [`ModelFile::load`](brgemm_primitives::ModelFile::load) read, to resume):
+/// [`train`] from a given model (e.g. one [`ModelFile::load`](brgemm_nn::ModelFile::load) read, to resume):
 /// its input and output widths must match the data.
 pub fn train_model(
     cfg: &TrainConfig,

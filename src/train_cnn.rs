@@ -2,9 +2,9 @@
 
 use crate::data::ImageSet;
 use crate::train::EpochReport;
+use brgemm_nn::models::{Cnn, CnnSpec, StageSpec, Trainable};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::Trainable;
-use brgemm_primitives::{Cnn, CnnSpec, Pool, Result, StageSpec, Tensor4};
+use brgemm_primitives::{Pool, Result, Tensor4};
 
 /// What to train, and how.
 #[derive(Debug, Clone)]

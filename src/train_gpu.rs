@@ -5,7 +5,7 @@
 use crate::data::Dataset;
 use crate::train::{accuracy_in_batches, run_epochs, EpochPlan, EpochReport, TrainConfig};
 use brgemm_gpu::{Backend, Device, GpuDtype, GpuMlp, Result};
-use brgemm_primitives::LayerSpec;
+use brgemm_nn::models::LayerSpec;
 
 /// Rows `idx` of `data`, row-major, and their labels.
 fn gather(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<usize>) {

@@ -3,9 +3,9 @@
 
 use crate::data::Dataset;
 use crate::train::EpochReport;
+use brgemm_nn::models::{SeqClassifier, SeqSpec, Trainable};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::Trainable;
-use brgemm_primitives::{Blocked, CellKind, Pool, Result, SeqClassifier, SeqSpec};
+use brgemm_primitives::{Blocked, CellKind, Pool, Result};
 
 /// What to train, and how.
 #[derive(Debug, Clone)]

@@ -29,8 +29,9 @@
 /// The rsmpi crate this one is built on (initialise with `mpi::initialize()`).
 pub use mpi;
 
+use brgemm_nn::models::{Cnn, Mlp};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Blocked, Cnn, Error, Mlp, Pool, Result, Tensor4};
+use brgemm_primitives::{Blocked, Error, Pool, Result, Tensor4};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;

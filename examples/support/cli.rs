@@ -9,7 +9,7 @@
 #![allow(dead_code)] // each example uses its own subset
 
 use brgemm_dl::train::EpochReport;
-use brgemm_primitives::ModelFile;
+use brgemm_nn::ModelFile;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
@@ -187,7 +187,7 @@ impl Args {
     /// `--save FILE`, checked writable now (not after training).
     pub fn save_path(&self) -> Option<std::path::PathBuf> {
         let p = std::path::PathBuf::from(self.values.get("save")?);
-        if let Err(e) = brgemm_primitives::modelfile::check_writable(&p) {
+        if let Err(e) = brgemm_nn::modelfile::check_writable(&p) {
             usage_error(format!("--save: {e}"));
         }
         Some(p)

@@ -3,7 +3,8 @@
 //! bytes.
 #![no_main]
 
-use brgemm_primitives::{Cnn, Mlp, ModelFile, SeqClassifier};
+use brgemm_nn::models::{Cnn, Mlp, SeqClassifier};
+use brgemm_nn::ModelFile;
 use libfuzzer_sys::fuzz_target;
 
 fn round_trip<M: ModelFile>(data: &[u8]) {

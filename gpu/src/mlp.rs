@@ -7,8 +7,8 @@ use crate::desc::GpuDtype;
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
 use crate::fc::GpuFc;
+use brgemm_nn::models::{LayerSpec, Mlp};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{LayerSpec, Mlp};
 
 struct Layer {
     fc: GpuFc,

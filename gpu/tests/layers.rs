@@ -4,9 +4,9 @@
 mod common;
 use brgemm::Activation;
 use brgemm_gpu::{Device, GpuDtype, GpuFc, GpuMlp};
+use brgemm_nn::models::{LayerSpec, Mlp, Trainable};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::Trainable;
-use brgemm_primitives::{LayerSpec, Mlp, Pool};
+use brgemm_primitives::Pool;
 use common::*;
 
 fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {

@@ -41,6 +41,7 @@ mod file;
 mod graph;
 mod layer;
 mod layers;
+pub mod modelfile;
 pub mod models;
 mod tensor;
 
@@ -49,4 +50,6 @@ pub use file::FILE_VERSION;
 pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
 pub use layer::{Layer, Mode, Param};
 pub use layers::{BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Relu};
+pub use modelfile::ModelFile;
+pub use models::Trainable;
 pub use tensor::{Shape, Tensor};

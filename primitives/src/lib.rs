@@ -20,10 +20,11 @@
 //!   [`pool2d`], [`norm`], [`eltwise`]: pooling, batch normalisation, ReLU,
 //!   dropout and flattening into the FC layout.
 //! - [`train`]: [`loss`], [`optim`] (SGD with momentum, Adam), [`init`],
-//!   the non-finite [`guard`], the checked [`modelfile`] format
-//!   ([`ModelFile`]) and the [`tuning`] files of `examples/tune`.
-//! - [`models`]: the fixed templates: [`Mlp`] ([`model`]), [`Cnn`] ([`cnn`])
-//!   and [`SeqClassifier`] ([`seqnet`]).
+//!   the non-finite [`guard`] and the [`tuning`] files of `examples/tune`.
+//!
+//! Networks built from these (the layer graph, ResNets, and the fixed
+//! MLP, CNN and sequence-classifier templates with their model files) live
+//! one crate up, in `brgemm-nn`.
 //!
 //! Every CPU-dependent plan-time choice comes from one table,
 //! [`brgemm::policy()`]; settings from the environment are read in one
@@ -34,7 +35,6 @@
 pub mod engine;
 pub mod error;
 pub mod layers;
-pub mod models;
 pub mod train;
 
 // The modules under their flat names too (the paths the API has always had).
@@ -43,8 +43,7 @@ pub use engine::{layout, loops, tensor, threads};
 pub(crate) use engine::{math, pass};
 pub(crate) use layers::act;
 pub use layers::{conv, eltwise, fc, fc_bf16, norm, pool2d, rnn};
-pub use models::{cnn, model, seqnet};
-pub use train::{guard, init, loss, modelfile, optim, tuning};
+pub use train::{guard, init, loss, optim, tuning};
 
 pub use brgemm::Activation;
 
@@ -59,20 +58,15 @@ pub(crate) fn policy() -> &'static brgemm::Policy {
 pub(crate) fn check_policy() -> Result<()> {
     brgemm::policy().map(|_| ()).map_err(Error::from)
 }
-pub use cnn::{Cnn, CnnSpec, StageSpec};
 pub use conv::{Conv, ConvParams, ConvTuning};
 pub use error::{Error, Result};
 pub use fc::{Fc, FcTuning};
 pub use layout::{Blocked, Inner};
 pub use loops::{LoopDef, LoopNest, Schedule};
-pub use model::{LayerSpec, Mlp};
-pub use modelfile::ModelFile;
-pub use models::Trainable;
 pub use norm::BatchNorm;
 pub use optim::Optimizer;
 pub use pass::PassConfig;
 pub use pool2d::{Pool2d, PoolKind};
 pub use rnn::{CellKind, Rnn, RnnGrads, RnnState, RnnTuning};
-pub use seqnet::{SeqClassifier, SeqSpec};
 pub use tensor::{Filter, Tensor4};
 pub use threads::Pool;

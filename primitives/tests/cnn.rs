@@ -1,46 +1,17 @@
-//! Pooling, batch norm, element-wise steps and the CNN model: references in
+//! Pooling, batch norm and element-wise steps: references in
 //! plain NCHW and finite-difference gradient checks.
 
 use brgemm_primitives::eltwise::{self, Dropout};
 use brgemm_primitives::{
-    Activation, BatchNorm, Blocked, Cnn, CnnSpec, Conv, ConvParams, Inner, Optimizer, Pool, Pool2d,
-    PoolKind, StageSpec, Tensor4,
+    Activation, BatchNorm, Blocked, Conv, ConvParams, Inner, Pool, Pool2d, PoolKind, Tensor4,
 };
 
 mod common;
-use brgemm_primitives::Trainable;
-use common::data;
+use common::{data, fd_check};
 
 /// sum(g * y) in f64.
 fn dot(g: &[f32], y: &[f32]) -> f64 {
     g.iter().zip(y).map(|(a, b)| *a as f64 * *b as f64).sum()
-}
-
-/// Central differences of `loss` at a sample of coordinates of `x`
-/// against `grad`.
-fn fd_check(
-    what: &str,
-    x: &mut [f32],
-    grad: &[f32],
-    eps: f32,
-    tol: f64,
-    mut loss: impl FnMut(&[f32]) -> f64,
-) {
-    let step = (x.len() / 40).max(1);
-    for i in (0..x.len()).step_by(step) {
-        let keep = x[i];
-        x[i] = keep + eps;
-        let up = loss(x);
-        x[i] = keep - eps;
-        let down = loss(x);
-        x[i] = keep;
-        let fd = (up - down) / (2.0 * eps as f64);
-        let g = grad[i] as f64;
-        assert!(
-            (fd - g).abs() <= tol * (1.0 + g.abs().max(fd.abs())),
-            "{what}[{i}]: finite difference {fd}, backward {g}"
-        );
-    }
 }
 
 fn naive_pool(
@@ -356,73 +327,6 @@ fn flatten_round_trips_in_nchw_order() {
     back.data_mut().fill(9.0);
     eltwise::unflatten(&pool, &f, &mut back).unwrap();
     assert_eq!(back, x);
-}
-
-fn tiny_cnn(batchnorm: bool) -> (Cnn, Tensor4, Vec<usize>) {
-    let spec = CnnSpec {
-        input: (2, 6, 6),
-        stages: vec![
-            StageSpec {
-                channels: 4,
-                kernel: 3,
-                batchnorm,
-                pool: 2,
-            },
-            StageSpec {
-                channels: 5,
-                kernel: 3,
-                batchnorm,
-                pool: 1,
-            },
-        ],
-        hidden: vec![6],
-        classes: 3,
-        dropout: 0.0,
-    };
-    let cnn = Cnn::new(&spec, 4, 3).unwrap();
-    let x = Tensor4::from_nchw(&data(4 * 2 * 36, 8), 4, 2, 6, 6, 2).unwrap();
-    (cnn, x, vec![0, 2, 1, 2])
-}
-
-#[test]
-fn cnn_weight_gradients_match_finite_differences() {
-    let pool = Pool::new(2).unwrap().always_parallel();
-    for bn in [false, true] {
-        let (mut cnn, x, labels) = tiny_cnn(bn);
-        cnn.compute_gradients(&pool, &x, &labels).unwrap();
-        for stage in 0..cnn.depth() {
-            let grad = cnn.conv_gradients(stage).0.data().to_vec();
-            let mut w = cnn.conv_parameters_mut(stage).0.data().to_vec();
-            fd_check(
-                &format!("cnn stage {stage} (bn {bn}) dW"),
-                &mut w,
-                &grad,
-                2e-3,
-                3e-2,
-                |v| {
-                    cnn.conv_parameters_mut(stage)
-                        .0
-                        .data_mut()
-                        .copy_from_slice(v);
-                    cnn.compute_gradients(&pool, &x, &labels).unwrap() as f64
-                },
-            );
-        }
-    }
-}
-
-#[test]
-fn cnn_learns_a_toy_problem() {
-    let pool = Pool::new(2).unwrap().always_parallel();
-    let (mut cnn, x, labels) = tiny_cnn(true);
-    let opt = Optimizer::adam(0.01);
-    let first = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
-    let mut last = first;
-    for _ in 0..60 {
-        last = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
-    }
-    assert!(last < 0.2 * first, "loss {first} -> {last}");
-    assert_eq!(cnn.predict(&pool, &x, 4).unwrap().len(), 4);
 }
 
 #[test]

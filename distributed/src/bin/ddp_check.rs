@@ -8,9 +8,10 @@
 //! ```
 
 use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
+use brgemm_nn::models::{Cnn, CnnSpec, LayerSpec, Mlp, StageSpec};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Activation, Cnn, CnnSpec, LayerSpec, Mlp, Pool, StageSpec, Tensor4};
+use brgemm_primitives::{Activation, Pool, Tensor4};
 use mpi::traits::*;
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {

@@ -21,3 +21,30 @@ pub fn data(len: usize, seed: u64) -> Vec<f32> {
         .map(|v| v as f32)
         .collect()
 }
+
+/// Central differences of `loss` at a sample of coordinates of `x`
+/// against `grad`.
+pub fn fd_check(
+    what: &str,
+    x: &mut [f32],
+    grad: &[f32],
+    eps: f32,
+    tol: f64,
+    mut loss: impl FnMut(&[f32]) -> f64,
+) {
+    let step = (x.len() / 40).max(1);
+    for i in (0..x.len()).step_by(step) {
+        let keep = x[i];
+        x[i] = keep + eps;
+        let up = loss(x);
+        x[i] = keep - eps;
+        let down = loss(x);
+        x[i] = keep;
+        let fd = (up - down) / (2.0 * eps as f64);
+        let g = grad[i] as f64;
+        assert!(
+            (fd - g).abs() <= tol * (1.0 + g.abs().max(fd.abs())),
+            "{what}[{i}]: finite difference {fd}, backward {g}"
+        );
+    }
+}

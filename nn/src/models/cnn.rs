@@ -7,22 +7,23 @@
 //! chain in reverse: pooling, ReLU, batch norm, then the convolution's
 //! backward-weights and (except for the first stage) backward-data.
 
-use crate::conv::{Conv, ConvParams, ConvTuning};
-use crate::eltwise::{self, Dropout};
-use crate::error::{shape, Error, Result};
-use crate::init::{self, Init, Rng};
-use crate::layout::Blocked;
-use crate::loss;
-use crate::model::{LayerSpec, Mlp};
+use super::mlp::{LayerSpec, Mlp};
+use super::shape;
 use crate::modelfile::{
     check_counts, get_flag, get_head, get_size, put_head, put_u64, Bytes, ModelFile, Values,
 };
-use crate::norm::BatchNorm;
-use crate::optim::{OptState, Optimizer};
-use crate::pool2d::{Pool2d, PoolKind};
-use crate::tensor::{Filter, Tensor4};
-use crate::threads::Pool;
 use brgemm::Activation;
+use brgemm_primitives::conv::{Conv, ConvParams, ConvTuning};
+use brgemm_primitives::eltwise::{self, Dropout};
+use brgemm_primitives::error::{Error, Result};
+use brgemm_primitives::init::{self, Init, Rng};
+use brgemm_primitives::layout::Blocked;
+use brgemm_primitives::loss;
+use brgemm_primitives::norm::BatchNorm;
+use brgemm_primitives::optim::{OptState, Optimizer};
+use brgemm_primitives::pool2d::{Pool2d, PoolKind};
+use brgemm_primitives::tensor::{Filter, Tensor4};
+use brgemm_primitives::threads::Pool;
 
 /// One convolution stage.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,7 +152,7 @@ impl Cnn {
             let y = conv.y_tensor();
             let bn = if st.batchnorm {
                 Some(BnPart {
-                    bn: BatchNorm::new(y.c, y.bc)?,
+                    bn: BatchNorm::new(y.c(), y.bc())?,
                     z: y.clone(),
                     a: y.clone(),
                     dz: y.clone(),
@@ -168,7 +169,7 @@ impl Cnn {
                     .map_err(|e| shape(format!("stage {i} pool"), st.pool, e.to_string()))?;
                 let out = p.output();
                 Some(PoolPart {
-                    argmax: vec![0; out.data.len()],
+                    argmax: vec![0; out.data().len()],
                     pool: p,
                     out,
                 })
@@ -176,8 +177,8 @@ impl Cnn {
                 None
             };
             let out_t = pool.as_ref().map_or(y.clone(), |p| p.out.clone());
-            (c, h, w) = (out_t.c, out_t.h, out_t.w);
-            prev_block = Some(out_t.bc);
+            (c, h, w) = (out_t.c(), out_t.h(), out_t.w());
+            prev_block = Some(out_t.bc());
             stages.push(Stage {
                 wt: conv.filter_t(),
                 b: vec![0.0; conv.padded_k()],
@@ -245,7 +246,7 @@ impl Cnn {
                 } else {
                     b.bn.forward_infer(pool, &s.y, &mut b.z)?;
                 }
-                eltwise::relu_forward(pool, &b.z.data, &mut b.a.data)?;
+                eltwise::relu_forward(pool, b.z.data(), b.a.data_mut())?;
             }
             if let Some(p) = &mut s.pool {
                 let act = s.bn.as_ref().map_or(&s.y, |b| &b.a);
@@ -287,27 +288,28 @@ impl Cnn {
         let ns = self.stages.len();
         if g < ns {
             let s = &mut self.stages[g];
-            let mut v: Vec<&mut [f32]> = vec![&mut s.w.data[..], &mut s.b[..]];
+            let mut v: Vec<&mut [f32]> = vec![s.w.data_mut(), &mut s.b[..]];
             if let Some(b) = &mut s.bn {
-                v.push(&mut b.bn.gamma[..]);
-                v.push(&mut b.bn.beta[..]);
+                let (gamma, beta) = b.bn.gamma_beta_mut();
+                v.push(gamma);
+                v.push(beta);
             }
             v
         } else {
             let (w, b) = self.mlp.parameters_mut(g - ns);
-            vec![&mut w.data[..], b]
+            vec![w.data_mut(), b]
         }
     }
 
     /// The L2 norm of every gradient of the last backward, for
-    /// [`crate::guard::check_step`].
+    /// [`brgemm_primitives::guard::check_step`].
     pub fn gradient_norm(&self) -> f64 {
         let convs = self.stages.iter().flat_map(|s| {
             let bn = s.bn.iter().flat_map(|b| [&b.dgamma[..], &b.dbeta[..]]);
-            [&s.dw.data[..], &s.db[..]].into_iter().chain(bn)
+            [s.dw.data(), &s.db[..]].into_iter().chain(bn)
         });
         let head = self.mlp.gradient_norm();
-        (crate::guard::norm(convs).powi(2) + head * head).sqrt()
+        (brgemm_primitives::guard::norm(convs).powi(2) + head * head).sqrt()
     }
 
     /// The gradient buffers of group `g`, matching
@@ -316,7 +318,7 @@ impl Cnn {
         let ns = self.stages.len();
         if g < ns {
             let s = &mut self.stages[g];
-            let mut v: Vec<&mut [f32]> = vec![&mut s.dw.data[..], &mut s.db[..]];
+            let mut v: Vec<&mut [f32]> = vec![s.dw.data_mut(), &mut s.db[..]];
             if let Some(b) = &mut s.bn {
                 v.push(&mut b.dgamma[..]);
                 v.push(&mut b.dbeta[..]);
@@ -324,7 +326,7 @@ impl Cnn {
             v
         } else {
             let (w, b) = self.mlp.gradients_mut(g - ns);
-            vec![&mut w.data[..], b]
+            vec![w.data_mut(), b]
         }
     }
 
@@ -343,7 +345,7 @@ impl Cnn {
         self.forward_stages(pool, x, true)?;
         let head_in = match &mut self.dropout {
             Some(d) => {
-                d.forward_train(pool, &self.flat.data, &mut self.dropped.data)?;
+                d.forward_train(pool, self.flat.data(), self.dropped.data_mut())?;
                 &self.dropped
             }
             None => &self.flat,
@@ -352,11 +354,15 @@ impl Cnn {
         let loss = self
             .mlp
             .compute_gradients_with(pool, head_in, labels, |i, dw, db| {
-                ready(ns + i, &mut [&mut dw.data[..], db])
+                ready(ns + i, &mut [dw.data_mut(), db])
             })?;
         let dflat = match &self.dropout {
             Some(d) => {
-                d.backward(pool, &self.mlp.input_gradient().data, &mut self.dflat.data)?;
+                d.backward(
+                    pool,
+                    self.mlp.input_gradient().data(),
+                    self.dflat.data_mut(),
+                )?;
                 &self.dflat
             }
             None => self.mlp.input_gradient(),
@@ -377,7 +383,7 @@ impl Cnn {
             };
             match &mut s.bn {
                 Some(b) => {
-                    eltwise::relu_backward(pool, &dact.data, &b.a.data, &mut b.dz.data)?;
+                    eltwise::relu_backward(pool, dact.data(), b.a.data(), b.dz.data_mut())?;
                     b.bn.backward(pool, &s.y, &b.dz, &mut s.dy, &mut b.dgamma, &mut b.dbeta)?;
                 }
                 None => s.conv.activation_backward(pool, dact, &s.y, &mut s.dy)?,
@@ -388,13 +394,13 @@ impl Cnn {
                 Some(b) => ready(
                     i,
                     &mut [
-                        &mut s.dw.data[..],
+                        s.dw.data_mut(),
                         &mut s.db[..],
                         &mut b.dgamma[..],
                         &mut b.dbeta[..],
                     ],
                 ),
-                None => ready(i, &mut [&mut s.dw.data[..], &mut s.db[..]]),
+                None => ready(i, &mut [s.dw.data_mut(), &mut s.db[..]]),
             }
             if i > 0 {
                 s.conv.transpose_filter(pool, &s.w, &mut s.wt)?;
@@ -408,11 +414,11 @@ impl Cnn {
     /// Applies the optimizer to every parameter.
     pub fn apply_gradients(&mut self, opt: &Optimizer) {
         for s in &mut self.stages {
-            s.ow.step(opt, &mut s.w.data, &s.dw.data);
+            s.ow.step(opt, s.w.data_mut(), s.dw.data());
             s.ob.step(opt, &mut s.b, &s.db);
             if let Some(b) = &mut s.bn {
-                b.og.step(opt, &mut b.bn.gamma, &b.dgamma);
-                b.ob.step(opt, &mut b.bn.beta, &b.dbeta);
+                b.og.step(opt, b.bn.gamma_mut(), &b.dgamma);
+                b.ob.step(opt, b.bn.beta_mut(), &b.dbeta);
             }
         }
         self.mlp.apply_gradients(opt);
@@ -475,7 +481,7 @@ impl CnnSpec {
             }
         }
         let feats = c.checked_mul(h)?.checked_mul(w)?;
-        n.checked_add(crate::model::head_parameter_count(
+        n.checked_add(super::mlp::head_parameter_count(
             feats,
             &self.hidden,
             self.classes,
@@ -511,10 +517,10 @@ impl ModelFile for Cnn {
             v.extend_from_slice(&s.b[..k]);
             if let Some(b) = &s.bn {
                 for x in [
-                    &b.bn.gamma,
-                    &b.bn.beta,
-                    &b.bn.running_mean,
-                    &b.bn.running_var,
+                    b.bn.gamma(),
+                    b.bn.beta(),
+                    b.bn.running_mean(),
+                    b.bn.running_var(),
                 ] {
                     v.extend_from_slice(&x[..k]);
                 }
@@ -570,14 +576,11 @@ impl ModelFile for Cnn {
             s.b[..k].copy_from_slice(v.take(k, &format!("stage {i} bias"))?);
             if let Some(b) = &mut s.bn {
                 let bn = &mut b.bn;
-                for x in [
-                    &mut bn.gamma,
-                    &mut bn.beta,
-                    &mut bn.running_mean,
-                    &mut bn.running_var,
-                ] {
-                    x[..k].copy_from_slice(v.take(k, &format!("stage {i} batch norm"))?);
-                }
+                let what = format!("stage {i} batch norm");
+                bn.gamma_mut()[..k].copy_from_slice(v.take(k, &what)?);
+                bn.beta_mut()[..k].copy_from_slice(v.take(k, &what)?);
+                bn.running_mean_mut()[..k].copy_from_slice(v.take(k, &what)?);
+                bn.running_var_mut()[..k].copy_from_slice(v.take(k, &what)?);
             }
         }
         m.mlp.read_values(&mut v)?;

@@ -17,7 +17,7 @@
 //! temporary name in the same directory, synced, and renamed over the
 //! target, so a crash never leaves a half-written model under the real name.
 
-use crate::error::{Error, Result};
+use brgemm_primitives::error::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 

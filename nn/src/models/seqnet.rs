@@ -6,17 +6,18 @@
 //! for the same time t). The head reads the final state of each direction of
 //! the top layer (forward: after step T-1; backward: after reading step 0).
 
-use crate::error::{shape, Error, Result};
-use crate::init::Rng;
-use crate::layout::Blocked;
-use crate::loss;
-use crate::model::{LayerSpec, Mlp};
+use super::mlp::{LayerSpec, Mlp};
+use super::shape;
 use crate::modelfile::{
     check_counts, get_flag, get_head, get_size, put_head, put_u64, Bytes, ModelFile, Values,
 };
-use crate::optim::{OptState, Optimizer};
-use crate::rnn::{CellKind, Rnn, RnnGrads, RnnState};
-use crate::threads::Pool;
+use brgemm_primitives::error::{Error, Result};
+use brgemm_primitives::init::Rng;
+use brgemm_primitives::layout::Blocked;
+use brgemm_primitives::loss;
+use brgemm_primitives::optim::{OptState, Optimizer};
+use brgemm_primitives::rnn::{CellKind, Rnn, RnnGrads, RnnState};
+use brgemm_primitives::threads::Pool;
 
 /// What a sequence classifier looks like.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,9 +80,9 @@ fn copy_region(
 ) {
     for i in 0..rows {
         for c in 0..cols {
-            let v = src.data[src.index(src_row + i, src_col + c)];
+            let v = src.data()[src.index(src_row + i, src_col + c)];
             let j = dst.index(dst_row + i, dst_col + c);
-            dst.data[j] = v;
+            dst.data_mut()[j] = v;
         }
     }
 }
@@ -184,13 +185,13 @@ impl SeqClassifier {
             let src_of = |s: usize| if d == 0 { s } else { t - 1 - s };
             if l == 0 {
                 if d == 0 {
-                    dir.x.data.copy_from_slice(&x.data);
+                    dir.x.data_mut().copy_from_slice(x.data());
                 } else {
                     // Row blocks of one step are contiguous: copy them reversed.
-                    let step = dir.x.data.len() / t;
+                    let step = dir.x.data().len() / t;
                     for s in 0..t {
-                        dir.x.data[s * step..][..step]
-                            .copy_from_slice(&x.data[src_of(s) * step..][..step]);
+                        dir.x.data_mut()[s * step..][..step]
+                            .copy_from_slice(&x.data()[src_of(s) * step..][..step]);
                     }
                 }
             } else {
@@ -201,7 +202,7 @@ impl SeqClassifier {
                     for (pd, prev) in done[l - 1].iter().enumerate() {
                         let ps = if pd == 0 { time } else { t - 1 - time };
                         copy_region(
-                            &prev.st.h,
+                            prev.st.h(),
                             (ps * np, 0),
                             &mut dir.x,
                             (s * np, pd * k),
@@ -234,7 +235,7 @@ impl SeqClassifier {
             let np = dir.rnn.padded_n();
             let last = (t - 1) * np;
             copy_region(
-                &dir.st.h,
+                dir.st.h(),
                 (last, 0),
                 &mut self.feat,
                 (0, d * k),
@@ -262,7 +263,7 @@ impl SeqClassifier {
         // Top layer: only the final state of each direction is read.
         let dfeat = self.mlp.input_gradient();
         for (d, dir) in self.dirs[nl - 1].iter_mut().enumerate() {
-            dir.dh.data.fill(0.0);
+            dir.dh.data_mut().fill(0.0);
             let np = dir.rnn.padded_n();
             copy_region(
                 dfeat,
@@ -282,7 +283,7 @@ impl SeqClassifier {
                 // of the matching columns of their dX, un-reversed.
                 let (below, here) = self.dirs.split_at_mut(l);
                 for prev in below[l - 1].iter_mut() {
-                    prev.dh.data.fill(0.0);
+                    prev.dh.data_mut().fill(0.0);
                 }
                 for (d, dir) in here[0].iter().enumerate() {
                     let np = dir.rnn.padded_n();
@@ -292,9 +293,10 @@ impl SeqClassifier {
                             let ps = if pd == 0 { time } else { t - 1 - time };
                             for n in 0..np {
                                 for c in 0..k {
-                                    let v = dir.gr.dx.data[dir.gr.dx.index(s * np + n, pd * k + c)];
+                                    let v = dir.gr.dx().data()
+                                        [dir.gr.dx().index(s * np + n, pd * k + c)];
                                     let j = prev.dh.index(ps * np + n, c);
-                                    prev.dh.data[j] += v;
+                                    prev.dh.data_mut()[j] += v;
                                 }
                             }
                         }
@@ -308,9 +310,9 @@ impl SeqClassifier {
     /// Applies the optimizer to every parameter.
     pub fn apply_gradients(&mut self, opt: &Optimizer) {
         for dir in self.dirs.iter_mut().flatten() {
-            dir.ow.step(opt, &mut dir.w.data, &dir.gr.dw.data);
-            dir.or.step(opt, &mut dir.r.data, &dir.gr.dr.data);
-            dir.ob.step(opt, &mut dir.b, &dir.gr.db);
+            dir.ow.step(opt, dir.w.data_mut(), dir.gr.dw().data());
+            dir.or.step(opt, dir.r.data_mut(), dir.gr.dr().data());
+            dir.ob.step(opt, &mut dir.b, dir.gr.db());
         }
         self.mlp.apply_gradients(opt);
     }
@@ -329,19 +331,19 @@ impl SeqClassifier {
     /// dW, dR and db of layer `l`, direction `d`, from the last backward.
     pub fn gradients(&self, l: usize, d: usize) -> (&Blocked, &Blocked, &[f32]) {
         let g = &self.dirs[l][d].gr;
-        (&g.dw, &g.dr, &g.db)
+        (g.dw(), g.dr(), g.db())
     }
 
     /// The L2 norm of every gradient of the last backward, for
-    /// [`crate::guard::check_step`].
+    /// [`brgemm_primitives::guard::check_step`].
     pub fn gradient_norm(&self) -> f64 {
         let rnn = self
             .dirs
             .iter()
             .flatten()
-            .flat_map(|d| [&d.gr.dw.data[..], &d.gr.dr.data[..], &d.gr.db[..]]);
+            .flat_map(|d| [d.gr.dw().data(), d.gr.dr().data(), d.gr.db()]);
         let head = self.mlp.gradient_norm();
-        (crate::guard::norm(rnn).powi(2) + head * head).sqrt()
+        (brgemm_primitives::guard::norm(rnn).powi(2) + head * head).sqrt()
     }
 }
 
@@ -360,7 +362,7 @@ impl SeqSpec {
             n = n.checked_add(dir.checked_mul(nd)?)?;
             inputs = nd * k;
         }
-        n.checked_add(crate::model::head_parameter_count(
+        n.checked_add(super::mlp::head_parameter_count(
             nd * k,
             &self.head,
             self.classes,
@@ -431,7 +433,7 @@ impl ModelFile for SeqClassifier {
             let kp = d.rnn.padded_k();
             for g in 0..kind.gates() {
                 let what = format!("direction {i} gate {g}");
-                let cols = d.w.cols;
+                let cols = d.w.cols();
                 d.rnn
                     .set_gate_weights(&mut d.w, g, v.take(hidden * cols, &what)?)?;
                 d.rnn

@@ -1,21 +1,16 @@
-//! The fixed model templates built from the layers: [`model::Mlp`],
-//! [`cnn::Cnn`] and [`seqnet::SeqClassifier`], each owning its parameters,
-//! gradients and optimizer state.
+//! What the fixed model templates ([`super::Mlp`], [`super::Cnn`],
+//! [`super::SeqClassifier`]) share: one training-step contract.
 
-pub mod cnn;
-pub mod model;
-pub mod seqnet;
-
-use crate::error::Result;
-use crate::optim::Optimizer;
-use crate::threads::Pool;
+use brgemm_primitives::error::Result;
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::threads::Pool;
 
 /// A model a training loop steps: gradients of a minibatch, their norm (for
-/// [`crate::guard::check_step`]), the optimizer step. Each model keeps these
+/// [`brgemm_primitives::guard::check_step`]), the optimizer step. Each model keeps these
 /// as its own methods; the trait lets one loop (and [`Trainable::train_step`])
 /// serve them all.
 pub trait Trainable {
-    /// What a minibatch is ([`crate::Blocked`] rows, a [`crate::Tensor4`]
+    /// What a minibatch is ([`brgemm_primitives::Blocked`] rows, a [`brgemm_primitives::Tensor4`]
     /// of images, a blocked sequence).
     type Input;
     /// Forward, loss on the first `labels.len()` rows, backward; returns
@@ -37,8 +32,8 @@ pub trait Trainable {
     }
     /// [`Trainable::train_step`] with the non-finite guard when `step` is
     /// given: a loss or gradient norm that is not finite stops with
-    /// [`crate::Error::NonFinite`] naming the step, before the optimizer
-    /// touches the weights ([`crate::guard::check_step`]).
+    /// [`brgemm_primitives::Error::NonFinite`] naming the step, before the optimizer
+    /// touches the weights ([`brgemm_primitives::guard::check_step`]).
     fn checked_step(
         &mut self,
         pool: &Pool,
@@ -49,7 +44,7 @@ pub trait Trainable {
     ) -> Result<f32> {
         let loss = self.compute_gradients(pool, x, labels)?;
         if let Some(step) = step {
-            crate::guard::check_step(step, loss, self.gradient_norm())?;
+            brgemm_primitives::guard::check_step(step, loss, self.gradient_norm())?;
         }
         self.apply_gradients(opt);
         Ok(loss)
@@ -73,7 +68,7 @@ macro_rules! trainable {
     )*};
 }
 trainable!(
-    model::Mlp => crate::Blocked,
-    cnn::Cnn => crate::Tensor4,
-    seqnet::SeqClassifier => crate::Blocked
+    super::Mlp => brgemm_primitives::Blocked,
+    super::Cnn => brgemm_primitives::Tensor4,
+    super::SeqClassifier => brgemm_primitives::Blocked
 );

@@ -1,4 +1,5 @@
-//! Network builders on the graph: residual blocks and a small ResNet.
+//! Residual networks on the graph: basic and bottleneck blocks, a small
+//! ResNet for 28x28 images and ResNet-50.
 
 use crate::error::Result;
 use crate::graph::{Graph, GraphBuilder, NodeId};

@@ -4,17 +4,18 @@
 //! The minibatch size is fixed when the model is planned (the layouts and
 //! loop nests depend on it); a shorter last batch uses the first rows only.
 
-use crate::error::{shape, Error, Result};
-use crate::fc::{Fc, FcTuning};
-use crate::fc_bf16::{to_bf16, FcBf16};
-use crate::init::{self, Init, Rng};
-use crate::layout::Blocked;
-use crate::loss;
+use super::shape;
 use crate::modelfile::{check_counts, get_size, put_u64, Bytes, ModelFile, Values};
-use crate::optim::{OptState, Optimizer};
-use crate::threads::Pool;
 use brgemm::bf16::bf16;
 use brgemm::{Activation, AlignedVec};
+use brgemm_primitives::error::{Error, Result};
+use brgemm_primitives::fc::{Fc, FcTuning};
+use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
+use brgemm_primitives::init::{self, Init, Rng};
+use brgemm_primitives::layout::Blocked;
+use brgemm_primitives::loss;
+use brgemm_primitives::optim::{OptState, Optimizer};
+use brgemm_primitives::threads::Pool;
 
 /// One layer of an [`Mlp`]: output features and activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,15 +133,15 @@ impl Mlp {
                 .unwrap_or_else(|| FcTuning::heuristic(batch, c, s.out));
             let fc = Fc::with_tuning(batch, c, s.out, s.act, t)?;
             if let Some(prev) = layers.last() {
-                if prev.y.bc != fc.x_layout().bc || prev.y.br != fc.x_layout().br {
+                if prev.y.bc() != fc.x_layout().bc() || prev.y.br() != fc.x_layout().br() {
                     return Err(shape(
                         format!("layer {i} blocking"),
                         format!("bn={} bc={}", fc.tuning().bn, fc.tuning().bc),
                         format!(
                             "must match layer {} output blocks bn={} bk={}",
                             i - 1,
-                            prev.y.br,
-                            prev.y.bc
+                            prev.y.br(),
+                            prev.y.bc()
                         ),
                     ));
                 }
@@ -189,7 +190,7 @@ impl Mlp {
     }
     /// Output classes.
     pub fn outputs(&self) -> usize {
-        self.layers.last().unwrap().fc.k
+        self.layers.last().unwrap().fc.k()
     }
     /// The planned layers.
     pub fn layers(&self) -> impl Iterator<Item = &Fc> {
@@ -208,7 +209,7 @@ impl Mlp {
     /// operands (AMX tiles where the blocks allow, else AVX512-BF16, else
     /// the reference kernel), from f32 master weights packed once per step;
     /// losses, gradients, weight gradients and the optimizer stay f32 (see
-    /// [`crate::fc_bf16`]). Errors if a layer cannot (odd blocks, GELU).
+    /// [`brgemm_primitives::fc_bf16`]). Errors if a layer cannot (odd blocks, GELU).
     pub fn set_bf16(&mut self, on: bool) -> Result<()> {
         for l in &mut self.layers {
             l.bf = if on {
@@ -244,7 +245,7 @@ impl Mlp {
                         b.fc.pack_weights(pool, &l.w, &mut b.wv, &mut b.wtv)?;
                         b.packed = true;
                     }
-                    to_bf16(pool, &input.data, &mut b.xb);
+                    to_bf16(pool, input.data(), &mut b.xb);
                     b.fc.forward(pool, &b.xb, &b.wv, &l.b, &mut l.y)?;
                 }
                 None => {
@@ -280,7 +281,7 @@ impl Mlp {
             if i > 0 || self.input_grad {
                 match &mut l.bf {
                     Some(b) => {
-                        to_bf16(pool, &l.dz.data, &mut b.dzb);
+                        to_bf16(pool, l.dz.data(), &mut b.dzb);
                         b.fc.backward_data(pool, &b.dzb, &b.wtv, &mut l.dx)?;
                     }
                     None => {
@@ -351,7 +352,7 @@ impl Mlp {
     /// Applies the optimizer to every parameter with the stored gradients.
     pub fn apply_gradients(&mut self, opt: &Optimizer) {
         for l in &mut self.layers {
-            l.ow.step(opt, &mut l.w.data, &l.dw.data);
+            l.ow.step(opt, l.w.data_mut(), l.dw.data());
             l.ob.step(opt, &mut l.b, &l.db);
             if let Some(b) = &mut l.bf {
                 b.packed = false;
@@ -360,9 +361,9 @@ impl Mlp {
     }
 
     /// The L2 norm of every gradient of the last backward (weights and
-    /// biases of all layers), for [`crate::guard::check_step`].
+    /// biases of all layers), for [`brgemm_primitives::guard::check_step`].
     pub fn gradient_norm(&self) -> f64 {
-        crate::guard::norm(self.layers.iter().flat_map(|l| [&l.dw.data[..], &l.db[..]]))
+        brgemm_primitives::guard::norm(self.layers.iter().flat_map(|l| [l.dw.data(), &l.db[..]]))
     }
 
     /// Predicted classes of the first `rows` rows of `x`.
@@ -374,12 +375,12 @@ impl Mlp {
     /// Weights (plain row-major `[K][C]`) and biases (length K) of layer `i`.
     pub fn parameters(&self, i: usize) -> (Vec<f32>, Vec<f32>) {
         let l = &self.layers[i];
-        (l.w.to_plain(), l.b[..l.fc.k].to_vec())
+        (l.w.to_plain(), l.b[..l.fc.k()].to_vec())
     }
     /// Gradients of layer `i`, plain, as [`Mlp::parameters`].
     pub fn gradients(&self, i: usize) -> (Vec<f32>, Vec<f32>) {
         let l = &self.layers[i];
-        (l.dw.to_plain(), l.db[..l.fc.k].to_vec())
+        (l.dw.to_plain(), l.db[..l.fc.k()].to_vec())
     }
     /// Sets layer `i`'s weights and biases from plain buffers.
     pub fn set_parameters(&mut self, i: usize, w: &[f32], b: &[f32]) -> Result<()> {
@@ -387,11 +388,11 @@ impl Mlp {
             .layers
             .get_mut(i)
             .ok_or_else(|| shape("layer", i, "no such layer"))?;
-        if b.len() != l.fc.k {
+        if b.len() != l.fc.k() {
             return Err(shape(
                 "bias length",
                 b.len(),
-                format!("layer has {} outputs", l.fc.k),
+                format!("layer has {} outputs", l.fc.k()),
             ));
         }
         l.w.set_plain(w)?;
@@ -421,7 +422,7 @@ impl Mlp {
     pub(crate) fn read_values(&mut self, v: &mut Values) -> Result<()> {
         let mut c = self.inputs;
         for i in 0..self.layers.len() {
-            let k = self.layers[i].fc.k;
+            let k = self.layers[i].fc.k();
             let w = v.take(k * c, &format!("layer {i} weights"))?;
             let b = v.take(k, &format!("layer {i} bias"))?;
             self.set_parameters(i, w, b)?;
@@ -439,8 +440,8 @@ impl ModelFile for Mlp {
         put_u64(&mut h, self.inputs);
         put_u64(&mut h, self.layers.len());
         for l in &self.layers {
-            put_u64(&mut h, l.fc.k);
-            h.push(act_code(l.fc.act));
+            put_u64(&mut h, l.fc.k());
+            h.push(act_code(l.fc.act()));
         }
         h
     }

@@ -1,13 +1,10 @@
 //! Model files: every corruption the hostile-input review found is an error
 //! on load, saving is atomic, and a bad save path is found before training.
 
+use brgemm_nn::models::{Cnn, CnnSpec, LayerSpec, Mlp, SeqClassifier, SeqSpec, StageSpec};
+use brgemm_nn::{modelfile, ModelFile, Trainable};
 use brgemm_primitives::init::Rng;
-use brgemm_primitives::modelfile;
-use brgemm_primitives::Trainable;
-use brgemm_primitives::{
-    Activation, CellKind, Cnn, CnnSpec, LayerSpec, Mlp, ModelFile, Optimizer, Pool, SeqClassifier,
-    SeqSpec, StageSpec,
-};
+use brgemm_primitives::{Activation, CellKind, Optimizer, Pool};
 use std::path::PathBuf;
 
 fn tmp(name: &str) -> PathBuf {

@@ -1,10 +1,11 @@
 //! A 3-layer MLP with its loss: analytic gradients against central finite
 //! differences, and save/load.
 
+use brgemm_nn::models::{LayerSpec, Mlp};
+use brgemm_nn::{ModelFile, Trainable};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::Trainable;
-use brgemm_primitives::{Activation, Blocked, Inner, LayerSpec, Mlp, ModelFile, Pool};
+use brgemm_primitives::{Activation, Blocked, Inner, Pool};
 
 fn setup(acts: [Activation; 3]) -> (Mlp, Blocked, Vec<usize>) {
     let specs = [

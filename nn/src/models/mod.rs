@@ -1,0 +1,34 @@
+//! Ready-made networks.
+//!
+//! - On the layer graph: residual blocks, a small ResNet for 28x28 images,
+//!   ResNet-50 ([`resnet50`]).
+//! - The fixed templates that own their layers' buffers directly: the MLP
+//!   ([`Mlp`]), the CNN ([`Cnn`]) and the sequence classifier
+//!   ([`SeqClassifier`]), each with its parameters, gradients, optimizer
+//!   state and model file ([`crate::modelfile`]); one training contract
+//!   ([`Trainable`]) serves them all, and the data-parallel trainer too.
+
+mod cnn;
+mod mlp;
+mod resnet;
+mod seqnet;
+mod trainable;
+
+pub use cnn::{Cnn, CnnSpec, StageSpec};
+pub use mlp::{LayerSpec, Mlp};
+pub use resnet::{basic_block, bottleneck, resnet50, resnet50_layers, small_resnet};
+pub use seqnet::{SeqClassifier, SeqSpec};
+pub use trainable::Trainable;
+
+/// The primitives' error for a bad size or setting of a template.
+pub(crate) fn shape(
+    what: impl Into<String>,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> brgemm_primitives::Error {
+    brgemm_primitives::Error::Shape {
+        what: what.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}

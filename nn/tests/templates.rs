@@ -1,0 +1,186 @@
+//! The fixed model templates (CNN, sequence classifier, MLP in mixed
+//! precision): gradients against finite differences, and learning.
+
+use brgemm_nn::models::{Cnn, CnnSpec, LayerSpec, Mlp, SeqClassifier, SeqSpec, StageSpec};
+use brgemm_nn::Trainable;
+use brgemm_primitives::{Activation, CellKind, Optimizer, Pool, Tensor4};
+
+// The primitives' test helpers, shared rather than copied.
+#[path = "../../primitives/tests/common/mod.rs"]
+mod common;
+use common::{data, data_f64, fd_check};
+
+fn tiny_cnn(batchnorm: bool) -> (Cnn, Tensor4, Vec<usize>) {
+    let spec = CnnSpec {
+        input: (2, 6, 6),
+        stages: vec![
+            StageSpec {
+                channels: 4,
+                kernel: 3,
+                batchnorm,
+                pool: 2,
+            },
+            StageSpec {
+                channels: 5,
+                kernel: 3,
+                batchnorm,
+                pool: 1,
+            },
+        ],
+        hidden: vec![6],
+        classes: 3,
+        dropout: 0.0,
+    };
+    let cnn = Cnn::new(&spec, 4, 3).unwrap();
+    let x = Tensor4::from_nchw(&data(4 * 2 * 36, 8), 4, 2, 6, 6, 2).unwrap();
+    (cnn, x, vec![0, 2, 1, 2])
+}
+
+#[test]
+fn cnn_weight_gradients_match_finite_differences() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    for bn in [false, true] {
+        let (mut cnn, x, labels) = tiny_cnn(bn);
+        cnn.compute_gradients(&pool, &x, &labels).unwrap();
+        for stage in 0..cnn.depth() {
+            let grad = cnn.conv_gradients(stage).0.data().to_vec();
+            let mut w = cnn.conv_parameters_mut(stage).0.data().to_vec();
+            fd_check(
+                &format!("cnn stage {stage} (bn {bn}) dW"),
+                &mut w,
+                &grad,
+                2e-3,
+                3e-2,
+                |v| {
+                    cnn.conv_parameters_mut(stage)
+                        .0
+                        .data_mut()
+                        .copy_from_slice(v);
+                    cnn.compute_gradients(&pool, &x, &labels).unwrap() as f64
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn cnn_learns_a_toy_problem() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let (mut cnn, x, labels) = tiny_cnn(true);
+    let opt = Optimizer::adam(0.01);
+    let first = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
+    let mut last = first;
+    for _ in 0..60 {
+        last = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
+    }
+    assert!(last < 0.2 * first, "loss {first} -> {last}");
+    assert_eq!(cnn.predict(&pool, &x, 4).unwrap().len(), 4);
+}
+
+/// The stacked, bidirectional classifier's glue (reversal, concatenation,
+/// final states, gradient routing) against finite differences of its loss.
+#[test]
+fn stacked_bidirectional_classifier_gradients() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    for kind in [CellKind::Lstm, CellKind::Rnn] {
+        let spec = SeqSpec {
+            kind,
+            steps: 4,
+            features: 3,
+            hidden: 5,
+            layers: 2,
+            bidirectional: true,
+            head: vec![],
+            classes: 3,
+        };
+        let mut m = SeqClassifier::new(&spec, 3, 7).unwrap();
+        let mut x = m.input_layout();
+        let plain: Vec<f32> = data_f64(4 * 3 * 3, 3, 2.0)
+            .iter()
+            .map(|v| *v as f32)
+            .collect();
+        m.set_input(&mut x, &plain).unwrap();
+        let labels = [0, 2, 1];
+        m.compute_gradients(&pool, &x, &labels).unwrap();
+        let mut checked = 0;
+        for (l, d) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            let (gw, gr) = {
+                let (a, b, _) = m.gradients(l, d);
+                (a.clone(), b.clone())
+            };
+            for which in 0..2 {
+                let grad = if which == 0 { &gw } else { &gr };
+                let n = grad.data().len();
+                for i in [0, n / 3, n / 2, n - 7] {
+                    if grad.data()[i] == 0.0 {
+                        continue; // padding
+                    }
+                    let at = |delta: f32, m: &mut SeqClassifier| {
+                        let (w, r, _) = m.parameters_mut(l, d);
+                        let p = if which == 0 { w } else { r };
+                        p.data_mut()[i] += delta;
+                    };
+                    at(1e-2, &mut m);
+                    let up = m.compute_gradients(&pool, &x, &labels).unwrap() as f64;
+                    at(-2e-2, &mut m);
+                    let down = m.compute_gradients(&pool, &x, &labels).unwrap() as f64;
+                    at(1e-2, &mut m);
+                    let fd = (up - down) / 2e-2;
+                    let an = grad.data()[i] as f64;
+                    assert!(
+                        (fd - an).abs() < 2e-2 * (1.0 + an.abs()) + 1e-3,
+                        "{kind:?} layer {l} dir {d} {} [{i}]: fd {fd} vs {an}",
+                        if which == 0 { "W" } else { "R" }
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked >= 12, "only {checked} entries checked");
+    }
+}
+
+/// bf16 training follows f32 training closely on a separable toy problem.
+#[test]
+fn mixed_precision_mlp_trains_like_f32() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let (n, c, classes) = (64usize, 32usize, 4usize);
+    let xs = data(n * c, 9);
+    let labels: Vec<usize> = (0..n)
+        .map(|r| {
+            (0..classes)
+                .max_by(|&a, &b| xs[r * c + a].total_cmp(&xs[r * c + b]))
+                .unwrap()
+        })
+        .collect();
+    let specs = [
+        LayerSpec {
+            out: 64,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: classes,
+            act: Activation::Identity,
+        },
+    ];
+    let mut losses = vec![];
+    for bf in [false, true] {
+        let mut m = Mlp::new(c, n, &specs, 5).unwrap();
+        m.set_bf16(bf).unwrap();
+        let mut x = m.input_layout();
+        x.set_plain(&xs).unwrap();
+        let opt = Optimizer::adam(1e-2);
+        let mut last = 0.0;
+        for _ in 0..80 {
+            last = m.train_step(&pool, &x, &labels, &opt).unwrap();
+        }
+        let pred = m.predict(&pool, &x, n).unwrap();
+        let acc = pred.iter().zip(&labels).filter(|(p, l)| p == l).count() as f64 / n as f64;
+        assert!(acc > 0.95, "bf16 {bf}: accuracy {acc}");
+        losses.push(last);
+    }
+    assert!(
+        losses[1] < 0.1 && losses[0] < 0.1,
+        "losses f32/bf16 {losses:?}"
+    );
+}
