@@ -222,6 +222,24 @@ impl Graph {
     pub fn output_shape(&self) -> Shape {
         self.nodes[self.nodes.len() - 1].shape
     }
+    /// The layer at `node` as its own type `T` (None when the node is not
+    /// a layer of that type): to reach a layer's own methods after the
+    /// build, e.g. [`crate::Recurrent::final_state`].
+    pub fn layer<T: Layer>(&self, node: NodeId) -> Option<&T> {
+        match &self.nodes.get(node.0)?.op {
+            Op::Layer(l) => (&**l as &dyn std::any::Any).downcast_ref(),
+            _ => None,
+        }
+    }
+
+    /// [`Graph::layer`], to change.
+    pub fn layer_mut<T: Layer>(&mut self, node: NodeId) -> Option<&mut T> {
+        match &mut self.nodes.get_mut(node.0)?.op {
+            Op::Layer(l) => (&mut **l as &mut dyn std::any::Any).downcast_mut(),
+            _ => None,
+        }
+    }
+
     /// The layers, in order of evaluation.
     pub(crate) fn layers(&self) -> impl Iterator<Item = &dyn Layer> {
         self.nodes.iter().filter_map(|n| match &n.op {

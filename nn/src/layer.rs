@@ -31,7 +31,10 @@ pub struct Param<'a> {
 /// A layer of a network: one input, one output, planned once for an input
 /// shape. Inputs and outputs are plain NCHW [`Tensor`]s; blocking, padding
 /// and weight transposes stay inside.
-pub trait Layer: Send {
+///
+/// `Any` as a supertrait lets a graph hand back a layer as its own type
+/// ([`crate::Graph::layer_mut`]), e.g. to set a recurrent layer's state.
+pub trait Layer: std::any::Any + Send {
     /// A short description for errors and tables, e.g. `conv2d 3x3 64->64`.
     fn name(&self) -> String;
 

@@ -49,7 +49,9 @@ pub use error::{Error, Result};
 pub use file::FILE_VERSION;
 pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
 pub use layer::{Layer, Mode, Param};
-pub use layers::{BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Relu};
+pub use layers::{
+    BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Recurrent, Relu,
+};
 pub use modelfile::ModelFile;
 pub use models::Trainable;
 pub use tensor::{Shape, Tensor};

@@ -9,19 +9,8 @@ use brgemm_nn::{
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn tensor(&mut self, s: Shape) -> Tensor {
-        Tensor::from_vec(s, (0..s.len()).map(|_| self.next()).collect()).unwrap()
-    }
-}
+mod support;
+use support::Lcg;
 
 /// L = sum(y * r): dL/dy = r. In training mode, so batch norm uses the
 /// batch's statistics, as the backward under test does.

@@ -3,11 +3,13 @@
 mod conv2d;
 mod linear;
 mod norm_pool;
+mod recurrent;
 mod simple;
 
 pub use conv2d::Conv2d;
 pub use linear::Linear;
 pub use norm_pool::{BatchNorm2d, Pool2dLayer};
+pub use recurrent::Recurrent;
 pub use simple::{Dropout, Flatten, GlobalAvgPool, Relu};
 
 use crate::error::{Error, Result};

@@ -233,6 +233,11 @@ impl RnnGrads {
     pub fn dc0(&self) -> &Blocked {
         &self.dc0
     }
+    /// dL/dW, dL/dR and dL/db together, writable (an optimizer holding
+    /// them next to the weights).
+    pub fn weights_mut(&mut self) -> (&mut Blocked, &mut Blocked, &mut [f32]) {
+        (&mut self.dw, &mut self.dr, &mut self.db)
+    }
 }
 
 crate::layout::getters!(Rnn {
@@ -525,7 +530,31 @@ impl Rnn {
         st: &RnnState,
         gr: &mut RnnGrads,
     ) -> Result<()> {
+        self.backward_from_state(pool, dh, None, x, w, r, st, gr)
+    }
+
+    /// [`Rnn::backward`] with a gradient `dc_last` (`Np x K`, a
+    /// [`Rnn::state_layout`]) for the final cell state c_T, which a later
+    /// layer read (an encoder's state handed to a decoder); LSTM only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_from_state(
+        &self,
+        pool: &Pool,
+        dh: &Blocked,
+        dc_last: Option<&Blocked>,
+        x: &Blocked,
+        w: &Blocked,
+        r: &Blocked,
+        st: &RnnState,
+        gr: &mut RnnGrads,
+    ) -> Result<()> {
         let pool = pool.for_work(self.flops());
+        if let Some(dc) = dc_last {
+            if self.kind != CellKind::Lstm {
+                return Err(shape("dc_T", "given", "a tanh RNN has no cell state"));
+            }
+            self.check("dc_T", dc, self.seq_shape(1, self.k, self.tuning.bk))?;
+        }
         self.check("dH", dh, self.seq_shape(self.t, self.k, self.tuning.bk))?;
         self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
         self.check("R", r, self.r_shape())?;
@@ -548,8 +577,12 @@ impl Rnn {
         let (nb, kb) = (self.padded_n() / bn, self.padded_k() / bk);
         let gkb = self.kind.gates() * kb;
         let blk = bn * bk;
-        // dc of the step being processed: dc0 doubles as the running buffer.
-        gr.dc0.data.fill(0.0);
+        // dc of the step being processed: dc0 doubles as the running buffer,
+        // starting from dL/dc_T.
+        match dc_last {
+            Some(dc) => gr.dc0.data.copy_from_slice(&dc.data),
+            None => gr.dc0.data.fill(0.0),
+        }
         let (dgv, dhv, dcv) = (gr.dg.blocks_mut(), gr.dh.blocks_mut(), gr.dc0.blocks_mut());
         let (dh0v, rtv) = (gr.dh0.blocks_mut(), gr.rt.blocks());
         let (gt, cs) = (st.gates.blocks(), st.c.blocks());
