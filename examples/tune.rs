@@ -589,7 +589,7 @@ fn tune_conv(args: &[String]) {
     }
     let stem = format!(
         "tune_conv_n{}_c{}_k{}_h{}_w{}_r{}_s{}_u{}_t{threads}",
-        p.n, p.c, p.k, p.h, p.w, p.r, p.s, p.stride
+        p.n, p.c, p.k, p.h, p.w, p.r, p.s, p.stride_h
     );
     write_results(
         &out_dir,
@@ -599,7 +599,7 @@ fn tune_conv(args: &[String]) {
         peak,
         &format!(
             "conv {}x{}x{}x{} k{} {}x{}/{}, {threads} thread(s)",
-            p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride
+            p.n, p.c, p.h, p.w, p.k, p.r, p.s, p.stride_h
         ),
     );
     println!("best per pass by %tile (blocking from the best forward): {best:?}\nheuristic default: {heur:?}");

@@ -235,10 +235,24 @@ pub(crate) fn par_images(
 
 /// Plain NCHW into a blocked tensor of the same logical shape.
 fn from_nchw(pool: &Pool, src: &[f32], dst: &mut Tensor4) {
+    let c = dst.dims().1;
+    channels_from_nchw(pool, src, c, 0, dst);
+}
+
+/// Channels `c0..` of a plain NCHW tensor of `total` channels into a
+/// blocked tensor holding as many channels as it has (a convolution
+/// group's input).
+pub(crate) fn channels_from_nchw(
+    pool: &Pool,
+    src: &[f32],
+    total: usize,
+    c0: usize,
+    dst: &mut Tensor4,
+) {
     let (_, c, h, w, bc) = dst.dims();
     let (hw, len) = (h * w, dst.image_len());
     par_images(pool, dst.data_mut(), len, |i, image| {
-        let plain = &src[i * c * hw..][..c * hw];
+        let plain = &src[(i * total + c0) * hw..][..c * hw];
         for ci in 0..c {
             let (blk, lane) = (ci / bc, ci % bc);
             for (p, v) in plain[ci * hw..][..hw].iter().enumerate() {
@@ -246,6 +260,22 @@ fn from_nchw(pool: &Pool, src: &[f32], dst: &mut Tensor4) {
             }
         }
     });
+}
+
+/// A blocked tensor's channels into channels `c0..` of a plain NCHW
+/// buffer of `total` channels (a convolution group's output).
+pub(crate) fn channels_to_nchw(src: &Tensor4, total: usize, c0: usize, dst: &mut [f32]) {
+    let (n, c, h, w, bc) = src.dims();
+    let (hw, len, data) = (h * w, src.image_len(), src.data());
+    for i in 0..n {
+        let image = &data[i * len..][..len];
+        for ci in 0..c {
+            let out = &mut dst[(i * total + c0 + ci) * hw..][..hw];
+            for (p, o) in out.iter_mut().enumerate() {
+                *o = image[((ci / bc) * hw + p) * bc + ci % bc];
+            }
+        }
+    }
 }
 
 /// One blocked layout into another of the same logical shape.

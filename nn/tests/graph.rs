@@ -628,3 +628,137 @@ fn a_saved_graph_loads_back_and_bad_files_are_named_errors() {
     assert!(e.contains("missing.bin"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// PyTorch's grouped convolution with per-axis stride, padding and
+/// dilation, written out in f64: weights `[k][c / groups][r][s]`.
+#[allow(clippy::too_many_arguments)]
+fn conv_reference(
+    x: &Tensor,
+    w: &[f32],
+    b: &[f32],
+    k: usize,
+    (r, s): (usize, usize),
+    stride: (usize, usize),
+    pad: (usize, usize),
+    dil: (usize, usize),
+    groups: usize,
+) -> Vec<f64> {
+    let sh = x.shape();
+    let (cg, kg) = (sh.c / groups, k / groups);
+    let p = (sh.h + 2 * pad.0 - dil.0 * (r - 1) - 1) / stride.0 + 1;
+    let q = (sh.w + 2 * pad.1 - dil.1 * (s - 1) - 1) / stride.1 + 1;
+    let mut y = vec![0f64; sh.n * k * p * q];
+    for n in 0..sh.n {
+        for ko in 0..k {
+            let g = ko / kg;
+            for oy in 0..p {
+                for ox in 0..q {
+                    let mut acc = f64::from(b[ko]);
+                    for ci in 0..cg {
+                        let c = g * cg + ci;
+                        for ry in 0..r {
+                            for sx in 0..s {
+                                let iy = (oy * stride.0 + ry * dil.0) as isize - pad.0 as isize;
+                                let ix = (ox * stride.1 + sx * dil.1) as isize - pad.1 as isize;
+                                if iy < 0 || ix < 0 || iy as usize >= sh.h || ix as usize >= sh.w {
+                                    continue;
+                                }
+                                let xv = x.data()
+                                    [((n * sh.c + c) * sh.h + iy as usize) * sh.w + ix as usize];
+                                let wv = w[((ko * cg + ci) * r + ry) * s + sx];
+                                acc += f64::from(xv) * f64::from(wv);
+                            }
+                        }
+                    }
+                    y[((n * k + ko) * p + oy) * q + ox] = acc;
+                }
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn grouped_and_per_axis_convolutions_match_a_plain_reference() {
+    let pool = Pool::new(2).unwrap();
+    // (c, k, (r, s), stride, pad, dilation, groups)
+    type Case = (
+        usize,
+        usize,
+        (usize, usize),
+        (usize, usize),
+        (usize, usize),
+        (usize, usize),
+        usize,
+    );
+    let cases: [Case; 4] = [
+        (4, 6, (3, 2), (1, 2), (1, 0), (2, 1), 1),
+        (6, 4, (3, 3), (2, 1), (0, 2), (1, 2), 2),
+        (6, 6, (3, 3), (1, 1), (1, 1), (1, 1), 6),
+        (4, 8, (1, 3), (2, 2), (0, 1), (1, 1), 4),
+    ];
+    for (i, &(c, k, rs, st, pad, dil, groups)) in cases.iter().enumerate() {
+        let s = Shape::new(2, c, 7, 8);
+        let mut rng = Lcg(70 + i as u64);
+        let x = rng.tensor(s);
+        let conv = Conv2d::new(c, k, rs, 1, 0, Activation::Identity, 1)
+            .strides(st.0, st.1)
+            .pads(pad.0, pad.1)
+            .dilations(dil.0, dil.1)
+            .groups(groups, 5);
+        let (w, b) = (rng.vec(k * c / groups * rs.0 * rs.1), rng.vec(k));
+        let mut conv = conv;
+        conv.set_weights(&w, &b).unwrap();
+        let mut g = GraphBuilder::new(s);
+        let input = g.input();
+        let out = g.layer(input, conv).unwrap();
+        let mut net = g.build(out).unwrap();
+        let y = net.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+        let want = conv_reference(&x, &w, &b, k, rs, st, pad, dil, groups);
+        assert_eq!(y.len(), want.len(), "case {i}");
+        for (a, e) in y.iter().zip(&want) {
+            assert!((f64::from(*a) - e).abs() < 1e-4, "case {i}: {a} vs {e}");
+        }
+        // The weights come back as they were given.
+        let layer: &Conv2d = net.layer(out).unwrap();
+        assert_eq!(layer.weights(), w);
+    }
+    let mut g = GraphBuilder::new(Shape::new(1, 6, 5, 5));
+    let x = g.input();
+    let e = g
+        .layer(
+            x,
+            Conv2d::new(6, 4, (3, 3), 1, 1, Activation::Identity, 1).groups(4, 1),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("into 4 groups"), "{e}");
+}
+
+#[test]
+fn grouped_and_depthwise_gradients_match_finite_differences() {
+    let mut b = GraphBuilder::new(Shape::new(2, 4, 6, 5));
+    let x = b.input();
+    let c = b
+        .layer(
+            x,
+            Conv2d::new(4, 6, (3, 3), 1, 1, Activation::Tanh, 81)
+                .strides(2, 1)
+                .groups(2, 81),
+        )
+        .unwrap();
+    let d = b
+        .layer(
+            c,
+            Conv2d::new(6, 6, (3, 1), 1, 0, Activation::Tanh, 82)
+                .pads(1, 0)
+                .dilations(1, 1)
+                .groups(6, 82),
+        )
+        .unwrap();
+    let p = b.layer(d, GlobalAvgPool::new()).unwrap();
+    let out = b
+        .layer(p, Linear::new(6, 3, Activation::Identity, 83))
+        .unwrap();
+    check_gradients(b.build(out).unwrap(), 41, 10);
+}

@@ -9,8 +9,8 @@ use common::data;
 
 /// (input row, input column) a tap reads, or None in the padding.
 fn src(p: &ConvParams, o: (usize, usize), t: (usize, usize)) -> Option<(usize, usize)> {
-    let y = (o.0 * p.stride + t.0 * p.dilation) as isize - p.pad_h as isize;
-    let x = (o.1 * p.stride + t.1 * p.dilation) as isize - p.pad_w as isize;
+    let y = (o.0 * p.stride_h + t.0 * p.dil_h) as isize - p.pad_h as isize;
+    let x = (o.1 * p.stride_w + t.1 * p.dil_w) as isize - p.pad_w as isize;
     (y >= 0 && x >= 0 && (y as usize) < p.h && (x as usize) < p.w)
         .then_some((y as usize, x as usize))
 }
@@ -295,12 +295,12 @@ fn bad_shapes_and_buffers_are_errors() {
         "{e}"
     );
     let e = Conv::new(
-        ConvParams::new(1, 3, 4, 8, 8, 3, 3).stride(0),
+        ConvParams::new(1, 3, 4, 8, 8, 3, 3).strides(1, 0),
         Activation::Relu,
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("stride = 0"), "{e}");
+    assert!(e.contains("stride_w = 0"), "{e}");
     let e = Conv::new(ConvParams::new(1, 0, 4, 8, 8, 3, 3), Activation::Relu)
         .unwrap_err()
         .to_string();
@@ -339,25 +339,22 @@ fn bad_shapes_and_buffers_are_errors() {
     assert!(e.contains("Gelu"), "{e}");
 }
 
+/// Any geometry, each axis with its own filter size, stride, padding and
+/// dilation.
 fn arb_params() -> impl Strategy<Value = ConvParams> {
+    let taps = || prop::sample::select(vec![1usize, 2, 3, 5]);
     (
-        1usize..3,
-        1usize..10,
-        1usize..10,
-        1usize..10,
-        1usize..10,
-        prop::sample::select(vec![1usize, 2, 3, 5]),
-        1usize..4,
-        0usize..3,
-        1usize..3,
+        (1usize..3, 1usize..10, 1usize..10, 1usize..10, 1usize..10),
+        (taps(), taps(), 1usize..4, 1usize..4),
+        (0usize..3, 0usize..3, 1usize..3, 1usize..3),
     )
         .prop_filter_map(
             "filter larger than the padded input",
-            |(n, c, k, h, w, r, st, pad, d)| {
-                let p = ConvParams::new(n, c, k, h, w, r, r)
-                    .stride(st)
-                    .pad(pad)
-                    .dilation(d);
+            |((n, c, k, h, w), (r, s, sh, sw), (ph, pw, dh, dw))| {
+                let p = ConvParams::new(n, c, k, h, w, r, s)
+                    .strides(sh, sw)
+                    .pads(ph, pw)
+                    .dilations(dh, dw);
                 p.validate().ok().map(|_| p)
             },
         )

@@ -1,25 +1,38 @@
 //! 2-D convolution with fused bias and activation, over
-//! [`brgemm_primitives::Conv`].
+//! [`brgemm_primitives::Conv`]: per-axis stride, padding and dilation, and
+//! grouped (down to depthwise) convolution as one primitive per group.
 
-use super::{expect_values, need_training, weight_and_bias, State};
+use super::{expect_values, need_training, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{Buf, Shape, Tensor};
+use crate::tensor::{channels_from_nchw, channels_to_nchw, Buf, Shape, Tensor};
 use brgemm::Activation;
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Conv, ConvParams, Filter, Pool};
 
-/// A convolution `in_c -> out_c` with an `r x s` filter, one stride and
-/// padding for both axes, and a fused activation. Weights are PyTorch's
-/// `nn.Conv2d.weight` order, KCRS; the bias is `[out_c]`.
+/// A convolution `in_c -> out_c` with an `r x s` filter and a fused
+/// activation. Stride, padding and dilation are per axis (rows, columns):
+/// [`Conv2d::new`] sets one stride and padding for both, the builder
+/// methods each axis. With `groups` g, input channel group j (of in_c / g)
+/// feeds only output channel group j (of out_c / g); g = in_c is a
+/// depthwise convolution. Weights are PyTorch's `nn.Conv2d.weight` order,
+/// `[out_c][in_c / groups][r][s]`; the bias is `[out_c]`.
+///
+/// A grouped convolution runs one primitive per group, on copies of the
+/// group's channels: correct, but the BRGEMM kernel is at its best on
+/// many channels, and a depthwise layer gives each call one.
 pub struct Conv2d {
     in_c: usize,
     out_c: usize,
     rs: (usize, usize),
-    stride: usize,
-    pad: usize,
+    stride: (usize, usize),
+    pad: (usize, usize),
+    dil: (usize, usize),
+    groups: usize,
     act: Activation,
-    state: State<Plan>,
+    /// The weights and bias in PyTorch's order until built; then one plan
+    /// per group.
+    state: State<Vec<Plan>>,
 }
 
 struct Plan {
@@ -37,14 +50,22 @@ struct Plan {
     /// dL/d(pre-activation); unused without an activation (dZ = dY).
     dz: Buf,
     dx: Buf,
+    /// The group's input and output shapes.
     input: Shape,
     output: Shape,
     trained: bool,
 }
 
+impl Plan {
+    fn blocks(&self) -> (usize, usize) {
+        (self.conv.tuning().bc, self.conv.tuning().bk)
+    }
+}
+
 impl Conv2d {
-    /// `in_c -> out_c`, filter `r x s`, `stride`, zero `pad` on every side,
-    /// activation `act`; He-initialised weights from `seed`, zero bias.
+    /// `in_c -> out_c`, filter `r x s`, `stride` and zero `pad` on every
+    /// side, activation `act`; He-initialised weights from `seed`, zero
+    /// bias.
     pub fn new(
         in_c: usize,
         out_c: usize,
@@ -54,36 +75,80 @@ impl Conv2d {
         act: Activation,
         seed: u64,
     ) -> Conv2d {
-        let fan_in = (in_c * r * s).max(1);
-        let w = weights(Init::Kaiming, out_c, fan_in, &mut Rng::new(seed));
-        Conv2d {
+        let mut c = Conv2d {
             in_c,
             out_c,
             rs: (r, s),
-            stride,
-            pad,
+            stride: (stride, stride),
+            pad: (pad, pad),
+            dil: (1, 1),
+            groups: 1,
             act,
-            state: State::Plain(w, vec![0.0; out_c]),
-        }
+            state: State::Plain(Vec::new(), vec![0.0; out_c]),
+        };
+        c.init(seed);
+        c
     }
 
-    /// The weights, KCRS (PyTorch's order).
+    /// He initialisation over the (per-group) fan-in.
+    fn init(&mut self, seed: u64) {
+        let fan_in = (self.in_c / self.groups.max(1) * self.rs.0 * self.rs.1).max(1);
+        let w = weights(Init::Kaiming, self.out_c, fan_in, &mut Rng::new(seed));
+        self.state = State::Plain(w, vec![0.0; self.out_c]);
+    }
+
+    /// Strides between output rows and columns.
+    pub fn strides(mut self, h: usize, w: usize) -> Conv2d {
+        self.stride = (h, w);
+        self
+    }
+    /// Zero padding on top and bottom (`h`), left and right (`w`).
+    pub fn pads(mut self, h: usize, w: usize) -> Conv2d {
+        self.pad = (h, w);
+        self
+    }
+    /// Dilations of the filter's rows and columns.
+    pub fn dilations(mut self, h: usize, w: usize) -> Conv2d {
+        self.dil = (h, w);
+        self
+    }
+    /// `groups` channel groups (checked when built: both channel counts
+    /// must divide), weights drawn again from `seed` for the smaller
+    /// fan-in; `in_c` groups is a depthwise convolution.
+    pub fn groups(mut self, groups: usize, seed: u64) -> Conv2d {
+        self.groups = groups;
+        if groups > 0 && self.in_c.is_multiple_of(groups) && self.out_c.is_multiple_of(groups) {
+            self.init(seed);
+        }
+        self
+    }
+
+    /// Weight values: `[out_c][in_c / groups][r][s]`.
+    fn weight_len(&self) -> usize {
+        self.out_c * (self.in_c / self.groups.max(1)) * self.rs.0 * self.rs.1
+    }
+
+    /// The weights, `[out_c][in_c / groups][r][s]` (PyTorch's order).
     pub fn weights(&self) -> Vec<f32> {
         match &self.state {
-            State::Built(p) => p.w.to_kcrs(),
+            State::Built(ps) => ps.iter().flat_map(|p| p.w.to_kcrs()).collect(),
             State::Plain(w, _) => w.clone(),
         }
     }
     /// The bias, `[out_c]`.
     pub fn bias(&self) -> Vec<f32> {
         match &self.state {
-            State::Built(p) => p.bias[..self.out_c].to_vec(),
+            State::Built(ps) => ps
+                .iter()
+                .flat_map(|p| p.bias[..p.output.c].to_vec())
+                .collect(),
             State::Plain(_, b) => b.clone(),
         }
     }
-    /// Sets weights (KCRS, PyTorch's `weight`) and bias (`[out_c]`).
+    /// Sets weights (`[out_c][in_c / groups][r][s]`, PyTorch's `weight`)
+    /// and bias (`[out_c]`).
     pub fn set_weights(&mut self, w: &[f32], b: &[f32]) -> Result<()> {
-        let want = self.out_c * self.in_c * self.rs.0 * self.rs.1;
+        let want = self.weight_len();
         if w.len() != want || b.len() != self.out_c {
             return Err(Error::Graph(format!(
                 "{}: weight has {} values (expected {want}), bias {} (expected {})",
@@ -94,124 +159,199 @@ impl Conv2d {
             )));
         }
         match &mut self.state {
-            State::Built(p) => {
-                p.w.set_kcrs(w)?;
-                p.bias[..b.len()].copy_from_slice(b);
+            State::Built(ps) => {
+                let (wg, kg) = (want / ps.len(), self.out_c / ps.len());
+                for (j, p) in ps.iter_mut().enumerate() {
+                    p.w.set_kcrs(&w[j * wg..][..wg])?;
+                    p.bias[..kg].copy_from_slice(&b[j * kg..][..kg]);
+                }
             }
             State::Plain(..) => self.state = State::Plain(w.to_vec(), b.to_vec()),
         }
         Ok(())
     }
-}
 
-impl Conv2d {
     /// Backward: dW and db, and dX when `data` (the weight transpose and
     /// backward-data pass are skipped without it).
-    fn backward_pass(&mut self, pool: &Pool, dy: &Tensor, data: bool) -> Result<()> {
-        let p = self.state.plan("backward")?;
-        need_training(p.trained, "conv2d")?;
-        let (bc, bk) = (p.conv.tuning().bc, p.conv.tuning().bk);
-        dy.blocked_into(pool, bk, &mut p.dy)?;
-        let dz = if self.act == Activation::Identity {
-            &p.dy
-        } else {
-            let dz = p.dz.get_mut(p.output, bk)?;
+    fn backward_pass(&mut self, pool: &Pool, dy: &Tensor, data: bool) -> Result<Option<Tensor>> {
+        let identity = self.act == Activation::Identity;
+        let (c_all, k_all) = (self.in_c, self.out_c);
+        let ps = self.state.plan("backward")?;
+        let single = ps.len() == 1;
+        let mut dx_plain = (!single && data).then(|| vec![0.0; ps[0].input.len() * ps.len()]);
+        for (j, p) in ps.iter_mut().enumerate() {
+            need_training(p.trained, "conv2d")?;
+            let (bc, bk) = p.blocks();
+            if single {
+                dy.blocked_into(pool, bk, &mut p.dy)?;
+            } else {
+                let t = p.dy.get_mut(p.output, bk)?;
+                channels_from_nchw(pool, dy.data(), k_all, j * p.output.c, t);
+            }
+            let dz = if identity {
+                &p.dy
+            } else {
+                let dz = p.dz.get_mut(p.output, bk)?;
+                p.conv
+                    .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
+                &p.dz
+            };
+            if data {
+                p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
+                let dx = p.dx.get_mut(p.input, bc)?;
+                p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
+                if let Some(out) = &mut dx_plain {
+                    channels_to_nchw(dx, c_all, j * p.input.c, out);
+                }
+            }
             p.conv
-                .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
-            &p.dz
-        };
-        if data {
-            p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
-            let dx = p.dx.get_mut(p.input, bc)?;
-            p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
+                .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?;
+            // The input was kept for this backward only.
+            p.x.release();
+            p.dy.release();
+            p.trained = false;
         }
-        p.conv
-            .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?;
-        // The input was kept for this backward only.
-        p.x.release();
-        p.dy.release();
-        p.trained = false;
-        Ok(())
+        Ok(match dx_plain {
+            Some(v) => {
+                let s = ps[0].input;
+                Some(Tensor::from_vec(Shape::new(s.n, c_all, s.h, s.w), v)?)
+            }
+            None if data => Some(ps[0].dx.tensor()),
+            None => None,
+        })
     }
 }
 
 impl Layer for Conv2d {
     fn name(&self) -> String {
-        format!(
+        let pair = |(a, b): (usize, usize)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("({a}, {b})")
+            }
+        };
+        let mut name = format!(
             "conv2d {}x{} {}->{} stride {} pad {}",
-            self.rs.0, self.rs.1, self.in_c, self.out_c, self.stride, self.pad
-        )
+            self.rs.0,
+            self.rs.1,
+            self.in_c,
+            self.out_c,
+            pair(self.stride),
+            pair(self.pad)
+        );
+        if self.dil != (1, 1) {
+            name += &format!(" dilation {}", pair(self.dil));
+        }
+        if self.groups != 1 {
+            name += &format!(" groups {}", self.groups);
+        }
+        name
     }
 
     fn build(&mut self, input: Shape) -> Result<Shape> {
-        if input.c != self.in_c {
-            return Err(Error::Shape {
-                layer: self.name(),
-                input,
-                reason: format!("has {} channels, expected {}", input.c, self.in_c),
-            });
-        }
-        let (r, s) = self.rs;
-        let params = ConvParams::new(input.n, self.in_c, self.out_c, input.h, input.w, r, s)
-            .stride(self.stride)
-            .pad(self.pad);
-        let conv = Conv::new(params, self.act).map_err(|e| Error::Shape {
+        let refuse = |reason: String| Error::Shape {
             layer: self.name(),
             input,
-            reason: e.to_string(),
-        })?;
-        let (w0, b0) = match self.state.take() {
-            State::Built(p) => (p.w.to_kcrs(), p.bias[..self.out_c].to_vec()),
-            State::Plain(w, b) => (w, b),
+            reason,
         };
-        let mut w = conv.filter();
-        w.set_kcrs(&w0)?;
-        let mut bias = vec![0.0; conv.padded_k()];
-        bias[..self.out_c].copy_from_slice(&b0);
-        let out = Shape::new(input.n, self.out_c, params.p(), params.q());
-        self.state = State::Built(Plan {
-            wt: conv.filter_t(),
-            dw: conv.filter(),
-            db: vec![0.0; conv.padded_k()],
-            x: Buf::default(),
-            y: Buf::default(),
-            dy: Buf::default(),
-            dz: Buf::default(),
-            dx: Buf::default(),
-            input,
-            output: out,
-            w,
-            bias,
-            conv,
-            trained: false,
-        });
-        Ok(out)
+        if input.c != self.in_c {
+            return Err(refuse(format!(
+                "has {} channels, expected {}",
+                input.c, self.in_c
+            )));
+        }
+        let g = self.groups;
+        if g == 0 || !self.in_c.is_multiple_of(g) || !self.out_c.is_multiple_of(g) {
+            return Err(refuse(format!(
+                "cannot split {} input and {} output channels into {g} groups",
+                self.in_c, self.out_c
+            )));
+        }
+        let (cg, kg) = (self.in_c / g, self.out_c / g);
+        let (r, s) = self.rs;
+        let params = ConvParams::new(input.n, cg, kg, input.h, input.w, r, s)
+            .strides(self.stride.0, self.stride.1)
+            .pads(self.pad.0, self.pad.1)
+            .dilations(self.dil.0, self.dil.1);
+        let (w0, b0) = (self.weights(), self.bias());
+        let wg = w0.len() / g;
+        let mut plans = Vec::with_capacity(g);
+        for j in 0..g {
+            let conv = Conv::new(params, self.act).map_err(|e| refuse(e.to_string()))?;
+            let mut w = conv.filter();
+            w.set_kcrs(&w0[j * wg..][..wg])?;
+            let mut bias = vec![0.0; conv.padded_k()];
+            bias[..kg].copy_from_slice(&b0[j * kg..][..kg]);
+            plans.push(Plan {
+                wt: conv.filter_t(),
+                dw: conv.filter(),
+                db: vec![0.0; conv.padded_k()],
+                x: Buf::default(),
+                y: Buf::default(),
+                dy: Buf::default(),
+                dz: Buf::default(),
+                dx: Buf::default(),
+                input: Shape::new(input.n, cg, input.h, input.w),
+                output: Shape::new(input.n, kg, params.p(), params.q()),
+                w,
+                bias,
+                conv,
+                trained: false,
+            });
+        }
+        self.state = State::Built(plans);
+        Ok(Shape::new(input.n, self.out_c, params.p(), params.q()))
     }
 
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let p = self.state.plan("forward")?;
-        let (bc, bk) = (p.conv.tuning().bc, p.conv.tuning().bk);
-        x.blocked_into(pool, bc, &mut p.x)?;
-        let y = p.y.get_mut(p.output, bk)?;
-        p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?;
-        p.trained = mode == Mode::Train;
-        if !p.trained {
-            p.x.release();
+        let (c_all, k_all) = (self.in_c, self.out_c);
+        let ps = self.state.plan("forward")?;
+        let single = ps.len() == 1;
+        let mut out = (!single).then(|| vec![0.0; ps[0].output.len() * ps.len()]);
+        for (j, p) in ps.iter_mut().enumerate() {
+            let (bc, bk) = p.blocks();
+            if single {
+                x.blocked_into(pool, bc, &mut p.x)?;
+            } else {
+                let t = p.x.get_mut(p.input, bc)?;
+                channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
+            }
+            let y = p.y.get_mut(p.output, bk)?;
+            p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?;
+            if let Some(out) = &mut out {
+                channels_to_nchw(y, k_all, j * p.output.c, out);
+            }
+            p.trained = mode == Mode::Train;
+            if !p.trained {
+                p.x.release();
+            }
         }
-        Ok(p.y.tensor())
+        match out {
+            Some(v) => {
+                let s = ps[0].output;
+                Tensor::from_vec(Shape::new(s.n, k_all, s.h, s.w), v)
+            }
+            None => Ok(ps[0].y.tensor()),
+        }
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        self.backward_pass(pool, dy, true)?;
-        Ok(self.state.plan("backward")?.dx.tensor())
+        Ok(self
+            .backward_pass(pool, dy, true)?
+            .expect("backward-data ran"))
     }
 
     fn backward_params(&mut self, pool: &Pool, dy: &Tensor) -> Result<()> {
-        self.backward_pass(pool, dy, false)
+        self.backward_pass(pool, dy, false).map(drop)
     }
 
     fn output_block(&self) -> Option<usize> {
-        self.state.built().map(|p| p.conv.tuning().bk)
+        // A grouped convolution hands out plain values.
+        match self.state.built() {
+            Some(ps) if ps.len() == 1 => Some(ps[0].blocks().1),
+            _ => None,
+        }
     }
 
     fn export(&self) -> Vec<(&'static str, Vec<f32>)> {
@@ -219,20 +359,36 @@ impl Layer for Conv2d {
     }
 
     fn import(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
-        let w = self.out_c * self.in_c * self.rs.0 * self.rs.1;
-        let v = expect_values(&self.name(), values, &[("weight", w), ("bias", self.out_c)])?;
+        let want = [("weight", self.weight_len()), ("bias", self.out_c)];
+        let v = expect_values(&self.name(), values, &want)?;
         self.set_weights(v[0], v[1])
     }
 
     fn flops(&self) -> f64 {
-        self.state.built().map_or(0.0, |p| p.conv.flops())
+        self.state
+            .built()
+            .map_or(0.0, |ps| ps.iter().map(|p| p.conv.flops()).sum())
     }
 
     fn params(&mut self) -> Vec<Param<'_>> {
         match &mut self.state {
-            State::Built(p) => {
-                weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db)
-            }
+            State::Built(ps) => ps
+                .iter_mut()
+                .flat_map(|p| {
+                    [
+                        Param {
+                            name: "weight",
+                            value: p.w.data_mut(),
+                            grad: p.dw.data_mut(),
+                        },
+                        Param {
+                            name: "bias",
+                            value: &mut p.bias,
+                            grad: &mut p.db,
+                        },
+                    ]
+                })
+                .collect(),
             State::Plain(..) => Vec::new(),
         }
     }

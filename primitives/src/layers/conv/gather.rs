@@ -28,8 +28,10 @@ pub(super) struct GatherGeom {
     pub(super) q: usize,
     pub(super) r: usize,
     pub(super) s: usize,
-    pub(super) stride: usize,
-    pub(super) dil: usize,
+    /// Strides between output rows and columns.
+    pub(super) stride: (usize, usize),
+    /// Dilations of the filter's rows and columns.
+    pub(super) dil: (usize, usize),
     pub(super) bq: usize,
     pub(super) flip: bool,
     /// The output blocks are the layer's K blocks (forward) rather than its
@@ -97,7 +99,7 @@ impl Gather {
         let nest = nest(which, loops, cfg)?;
         let desc = |n| {
             Descriptor::new(g.bo, n, g.bi)
-                .ldb(g.stride * g.bi)
+                .ldb(g.stride.1 * g.bi)
                 .batch_form(BatchForm::Offset)
                 .prefetch(gather_prefetch())
         };
@@ -116,7 +118,7 @@ impl Gather {
                         (r, s)
                     };
                     a_off.push(((cb * g.r + ra) * g.s + sa) * g.bi * g.bo);
-                    b_off.push(cb * hp * wp * g.bi + (r * wp + s) * g.dil * g.bi);
+                    b_off.push(cb * hp * wp * g.bi + (r * g.dil.0 * wp + s * g.dil.1) * g.bi);
                 }
             }
         }
@@ -184,7 +186,7 @@ impl Gather {
             };
             let batch = RawBatch::Offset {
                 a: av.at([ob, c0]),
-                b: xv.at([ni * g.in_blocks + c0, pr * g.stride, q0 * g.stride]),
+                b: xv.at([ni * g.in_blocks + c0, pr * g.stride.0, q0 * g.stride.1]),
                 a_offs: self.a_off.as_ptr(),
                 b_offs: self.b_off.as_ptr(),
                 count: cnt * rs,

@@ -2,8 +2,9 @@
 //! around BRGEMM, on the blocked layouts of [`crate::tensor`].
 //!
 //! Shapes: X `[N][C][H][W]`, W `[K][C][R][S]`, Y = act(conv(X, W) + b)
-//! `[N][K][P][Q]` with `P = (H + 2 pad_h - dil (R-1) - 1) / stride + 1` (Q
-//! alike). Borders are handled by reading a zero-padded copy of the input
+//! `[N][K][P][Q]` with `P = (H + 2 pad_h - dil_h (R-1) - 1) / stride_h + 1`
+//! (Q alike, with the column settings: stride, padding and dilation are
+//! per axis). Borders are handled by reading a zero-padded copy of the input
 //! (made once per call, O(input)), so the hot loop has no per-pixel branch.
 //!
 //! Every pass uses the same letters: `a` images, `b` K blocks, `c` C
@@ -212,8 +213,8 @@ impl Conv {
                 q: q1,
                 r: pr.r,
                 s: pr.s,
-                stride: pr.stride,
-                dil: pr.dilation,
+                stride: (pr.stride_h, pr.stride_w),
+                dil: (pr.dil_h, pr.dil_w),
                 bq,
                 flip: false,
                 out_is_k: true,
@@ -224,7 +225,7 @@ impl Conv {
                 activation: act,
             },
         )?;
-        let d = pr.dilation;
+        let (dh, dw) = (pr.dil_h, pr.dil_w);
         let bwd = if pr.bwd_gathers() {
             let bqb = t.bq.min(w);
             Bwd::Gather(Box::new(Gather::new(
@@ -237,14 +238,14 @@ impl Conv {
                     bo: t.bc,
                     h: p1,
                     w: q1,
-                    ph: d * (pr.r - 1) - pr.pad_h,
-                    pw: d * (pr.s - 1) - pr.pad_w,
+                    ph: dh * (pr.r - 1) - pr.pad_h,
+                    pw: dw * (pr.s - 1) - pr.pad_w,
                     p: h,
                     q: w,
                     r: pr.r,
                     s: pr.s,
-                    stride: 1,
-                    dil: d,
+                    stride: (1, 1),
+                    dil: (dh, dw),
                     bq: bqb,
                     flip: true,
                     out_is_k: false,
@@ -267,7 +268,7 @@ impl Conv {
                 brgemm::dispatch(
                     &Descriptor::new(t.bc, n, t.bk)
                         .ldb(t.bk)
-                        .ldc(pr.stride * t.bc)
+                        .ldc(pr.stride_w * t.bc)
                         .beta(Beta::One)
                         .batch_form(BatchForm::Stride {
                             a: pr.r * pr.s * t.bk * t.bc,
@@ -290,13 +291,13 @@ impl Conv {
             t.upd.chunk
         }
         .min(rows);
-        let (hp, wp, st) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w, pr.stride);
+        let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
         let mut a_off = Vec::with_capacity(rows);
         let mut b_off = Vec::with_capacity(rows);
         for ni in 0..pr.n {
             for pi in 0..p {
                 a_off.push((ni * kb * p + pi) * q * t.bk);
-                b_off.push(((ni * cb * hp + pi * st) * wp) * t.bc);
+                b_off.push(((ni * cb * hp + pi * pr.stride_h) * wp) * t.bc);
             }
         }
         // The reduction runs over (image, row) pairs in chunks that may cross
@@ -319,7 +320,7 @@ impl Conv {
             kernels: Chunked::new(
                 Descriptor::new(t.bk, t.bc, q)
                     .b_row_major()
-                    .ldb(st * t.bc)
+                    .ldb(pr.stride_w * t.bc)
                     .batch_form(BatchForm::Offset),
                 Epilogue::default(),
             )?,
@@ -497,7 +498,8 @@ impl Conv {
     fn scatter(&self, pool: &Pool, sc: &Scatter, dz: &Tensor4, wt: &Filter, dx: &mut Tensor4) {
         let pr = &self.params;
         let t = &self.tuning;
-        let (q, st, d) = (pr.q(), pr.stride, pr.dilation);
+        let q = pr.q();
+        let (sh, sw, dh, dw) = (pr.stride_h, pr.stride_w, pr.dil_h, pr.dil_w);
         let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
         let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
         let plane = hp * wp * t.bc;
@@ -520,7 +522,7 @@ impl Conv {
                 b: dzv.at([ni, 0, pi, q0]),
                 count: kb,
             };
-            let c = bv.at([ni, ci, pi * st + r * d, q0 * st + s * d]);
+            let c = bv.at([ni, ci, pi * sh + r * dh, q0 * sw + s * dw]);
             // SAFETY: sizes checked at the entry; rows p*stride + r*dil and
             // columns q*stride + s*dil lie inside the padded plane; a plane
             // (ni, ci) belongs to one thread (only loops a and b are parallel).
@@ -567,7 +569,7 @@ impl Conv {
         check_buf("db", db.len(), self.padded_k())?;
         let pr = &self.params;
         let t = &self.tuning;
-        let (p, q, d) = (pr.p(), pr.q(), pr.dilation);
+        let (p, q) = (pr.p(), pr.q());
         let cb = pr.c.div_ceil(t.bc);
         let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
         let plane = hp * wp * t.bc;
@@ -623,7 +625,7 @@ impl Conv {
             }
             let batch = RawBatch::Offset {
                 a,
-                b: xv.at([ci, r * d, s * d]),
+                b: xv.at([ci, r * pr.dil_h, s * pr.dil_w]),
                 a_offs: u.a_off[r0..].as_ptr(),
                 b_offs: u.b_off[r0..].as_ptr(),
                 count: cnt,

@@ -21,14 +21,18 @@ pub struct ConvParams {
     pub r: usize,
     /// Filter width.
     pub s: usize,
-    /// Stride (both directions).
-    pub stride: usize,
+    /// Stride between output rows.
+    pub stride_h: usize,
+    /// Stride between output columns.
+    pub stride_w: usize,
     /// Zero padding on top and bottom.
     pub pad_h: usize,
     /// Zero padding left and right.
     pub pad_w: usize,
-    /// Dilation (both directions; 1 = dense filter).
-    pub dilation: usize,
+    /// Dilation of the filter's rows (1 = dense filter).
+    pub dil_h: usize,
+    /// Dilation of the filter's columns.
+    pub dil_w: usize,
 }
 
 impl ConvParams {
@@ -42,35 +46,48 @@ impl ConvParams {
             w,
             r,
             s,
-            stride: 1,
+            stride_h: 1,
+            stride_w: 1,
             pad_h: 0,
             pad_w: 0,
-            dilation: 1,
+            dil_h: 1,
+            dil_w: 1,
         }
     }
-    /// Sets the stride.
-    pub fn stride(mut self, s: usize) -> Self {
-        self.stride = s;
+    /// Sets the same stride in both directions.
+    pub fn stride(self, s: usize) -> Self {
+        self.strides(s, s)
+    }
+    /// Sets the strides between output rows and columns.
+    pub fn strides(mut self, h: usize, w: usize) -> Self {
+        (self.stride_h, self.stride_w) = (h, w);
         self
     }
     /// Sets the same padding on all sides.
-    pub fn pad(mut self, p: usize) -> Self {
-        self.pad_h = p;
-        self.pad_w = p;
+    pub fn pad(self, p: usize) -> Self {
+        self.pads(p, p)
+    }
+    /// Sets the zero padding on top and bottom (`h`), left and right (`w`).
+    pub fn pads(mut self, h: usize, w: usize) -> Self {
+        (self.pad_h, self.pad_w) = (h, w);
         self
     }
-    /// Sets the dilation.
-    pub fn dilation(mut self, d: usize) -> Self {
-        self.dilation = d;
+    /// Sets the same dilation in both directions.
+    pub fn dilation(self, d: usize) -> Self {
+        self.dilations(d, d)
+    }
+    /// Sets the dilations of the filter's rows and columns.
+    pub fn dilations(mut self, h: usize, w: usize) -> Self {
+        (self.dil_h, self.dil_w) = (h, w);
         self
     }
     /// Output height (valid after [`ConvParams::validate`]).
     pub fn p(&self) -> usize {
-        (self.h + 2 * self.pad_h - self.dilation * (self.r - 1) - 1) / self.stride + 1
+        (self.h + 2 * self.pad_h - self.dil_h * (self.r - 1) - 1) / self.stride_h + 1
     }
     /// Output width.
     pub fn q(&self) -> usize {
-        (self.w + 2 * self.pad_w - self.dilation * (self.s - 1) - 1) / self.stride + 1
+        (self.w + 2 * self.pad_w - self.dil_w * (self.s - 1) - 1) / self.stride_w + 1
     }
     /// Floating-point operations of one pass (any of the three).
     pub fn flops(&self) -> f64 {
@@ -86,8 +103,10 @@ impl ConvParams {
             ("w", self.w),
             ("r", self.r),
             ("s", self.s),
-            ("stride", self.stride),
-            ("dilation", self.dilation),
+            ("stride_h", self.stride_h),
+            ("stride_w", self.stride_w),
+            ("dil_h", self.dil_h),
+            ("dil_w", self.dil_w),
         ] {
             if v == 0 {
                 return Err(shape(what, v, "must be at least 1"));
@@ -101,25 +120,22 @@ impl ConvParams {
                 .ok_or_else(|| shape("padding", p, "too large"))
         };
         let (hp, wp) = (padded(self.h, self.pad_h)?, padded(self.w, self.pad_w)?);
-        crate::error::elems("dilated filter rows", &[self.dilation, self.r])?;
-        crate::error::elems("dilated filter columns", &[self.dilation, self.s])?;
+        crate::error::elems("dilated filter rows", &[self.dil_h, self.r])?;
+        crate::error::elems("dilated filter columns", &[self.dil_w, self.s])?;
         crate::error::elems(
             "input (n x c x padded h x padded w)",
             &[self.n, self.c, hp, wp],
         )?;
         crate::error::elems("filter (k x c x r x s)", &[self.k, self.c, self.r, self.s])?;
         crate::error::elems("output (n x k x h x w)", &[self.n, self.k, hp, wp])?;
-        let (er, es) = (
-            self.dilation * (self.r - 1) + 1,
-            self.dilation * (self.s - 1) + 1,
-        );
+        let (er, es) = (self.dil_h * (self.r - 1) + 1, self.dil_w * (self.s - 1) + 1);
         if er > self.h + 2 * self.pad_h {
             return Err(shape(
                 "r",
                 self.r,
                 format!(
                     "the filter spans {er} rows (dilation {}), more than the padded input height {}",
-                    self.dilation,
+                    self.dil_h,
                     self.h + 2 * self.pad_h
                 ),
             ));
@@ -130,7 +146,7 @@ impl ConvParams {
                 self.s,
                 format!(
                     "the filter spans {es} columns (dilation {}), more than the padded input width {}",
-                    self.dilation,
+                    self.dil_w,
                     self.w + 2 * self.pad_w
                 ),
             ));
@@ -141,14 +157,20 @@ impl ConvParams {
     /// stride 1, no padding): forward and backward-data then treat an image
     /// as one row of H*W pixels.
     pub(super) fn pointwise(&self) -> bool {
-        self.r == 1 && self.s == 1 && self.stride == 1 && self.pad_h == 0 && self.pad_w == 0
+        self.r == 1
+            && self.s == 1
+            && self.stride_h == 1
+            && self.stride_w == 1
+            && self.pad_h == 0
+            && self.pad_w == 0
     }
     /// Whether backward-data can be a forward convolution (stride 1 and the
     /// padding no larger than the filter's reach).
     pub(super) fn bwd_gathers(&self) -> bool {
-        self.stride == 1
-            && self.pad_h <= self.dilation * (self.r - 1)
-            && self.pad_w <= self.dilation * (self.s - 1)
+        self.stride_h == 1
+            && self.stride_w == 1
+            && self.pad_h <= self.dil_h * (self.r - 1)
+            && self.pad_w <= self.dil_w * (self.s - 1)
     }
 }
 
@@ -254,6 +276,6 @@ impl ConvTuning {
 /// (image, row) pairs per update call whose dY and X rows take about
 /// 256 KiB of L2, for the given blocks.
 pub(super) fn upd_chunk(p: &ConvParams, bc: usize, bk: usize) -> usize {
-    let row_bytes = (bk + bc * p.stride) * p.q() * 4;
+    let row_bytes = (bk + bc * p.stride_w) * p.q() * 4;
     (256 * 1024 / row_bytes.max(1)).max(1)
 }
