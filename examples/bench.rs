@@ -899,8 +899,9 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
     }
 }
 
-/// The training step with and without the graph's fusions (batch norm +
-/// ReLU in one pass), alternating fused and unfused graphs in this process
+/// The training step and inference with and without the graph's fusions
+/// (batch norm + ReLU in one pass; batch norm folded into the convolution
+/// in inference), alternating fused and unfused graphs in this process
 /// (one graph alive at a time), medians of `2 * samples` steps each.
 fn resnet50_fusion(
     batch: usize,
@@ -909,10 +910,11 @@ fn resnet50_fusion(
     opt: &brgemm_primitives::optim::Optimizer,
     samples: usize,
 ) {
-    use brgemm_dl::nn::models;
+    use brgemm_dl::nn::{models, Mode};
     for threads in [1usize, 2] {
         let pool = Pool::new(threads).expect("pool");
-        let mut secs = [Vec::new(), Vec::new()];
+        // [fused, unfused] x [train, infer]
+        let mut secs = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
         for _round in 0..2 {
             for (k, fuse) in [true, false].into_iter().enumerate() {
                 let (b, out) = models::resnet50_layers(batch, 224, 1000, 1).expect("resnet50");
@@ -921,7 +923,13 @@ fn resnet50_fusion(
                 for _ in 0..samples {
                     let t = Instant::now();
                     g.train_step(&pool, x, labels, opt).expect("train step");
-                    secs[k].push(t.elapsed().as_secs_f64());
+                    secs[k][0].push(t.elapsed().as_secs_f64());
+                }
+                g.forward(&pool, x, Mode::Eval).expect("warm-up inference");
+                for _ in 0..samples {
+                    let t = Instant::now();
+                    g.forward(&pool, x, Mode::Eval).expect("inference");
+                    secs[k][1].push(t.elapsed().as_secs_f64());
                 }
             }
         }
@@ -929,12 +937,16 @@ fn resnet50_fusion(
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
-        let (f, u) = (med(&mut secs[0]), med(&mut secs[1]));
+        let [[ft, fi], [ut, ui]] = secs.map(|mut s| [med(&mut s[0]), med(&mut s[1])]);
+        let rate = |s: f64| batch as f64 / s;
         println!(
-            r#"{{"bench":"resnet50_fusion","batch":{batch},"threads":{threads},"fused_train_images_per_s":{:.2},"unfused_train_images_per_s":{:.2},"speedup":{:.3}}}"#,
-            batch as f64 / f,
-            batch as f64 / u,
-            u / f
+            r#"{{"bench":"resnet50_fusion","batch":{batch},"threads":{threads},"fused_train_images_per_s":{:.2},"unfused_train_images_per_s":{:.2},"train_speedup":{:.3},"fused_infer_images_per_s":{:.2},"unfused_infer_images_per_s":{:.2},"infer_speedup":{:.3}}}"#,
+            rate(ft),
+            rate(ut),
+            ut / ft,
+            rate(fi),
+            rate(ui),
+            ui / fi
         );
     }
 }

@@ -29,6 +29,11 @@ struct Node {
     block: Option<usize>,
     /// A ReLU its input layer applies: forward and backward pass through.
     fused: bool,
+    /// An affine layer (batch norm) whose inference map its input layer
+    /// may fold in: the layer at `inputs[0]`.
+    foldable: bool,
+    /// Folded now: inference forwards pass through.
+    folded: bool,
     /// The add's output; the sum of the gradients of a node feeding several.
     out: Buf,
     grad: Buf,
@@ -42,6 +47,8 @@ impl Node {
             shape,
             block,
             fused: false,
+            foldable: false,
+            folded: false,
             out: Buf::default(),
             grad: Buf::default(),
         }
@@ -66,8 +73,10 @@ impl GraphBuilder {
 
     /// Whether [`GraphBuilder::build`] fuses layers where the data allow
     /// it (on by default): a ReLU that alone reads a batch norm's output
-    /// runs inside the batch norm's pass ([`Layer::fuse_relu`]). Off
-    /// gives the same results from separate passes, to measure the gain.
+    /// runs inside the batch norm's pass ([`Layer::fuse_relu`]), and in
+    /// inference a batch norm that alone reads a convolution's output is
+    /// folded into its weights ([`Layer::fold_affine`]). Off gives the same
+    /// results (to rounding) from separate passes, to measure the gain.
     pub fn fuse(mut self, on: bool) -> GraphBuilder {
         self.fuse = on;
         self
@@ -158,12 +167,14 @@ impl GraphBuilder {
         nodes.truncate(n);
         if self.fuse {
             fuse_relus(&mut nodes);
+            mark_foldable(&mut nodes);
         }
         Ok(Graph {
             nodes,
             acts: vec![None; n],
             opt: Vec::new(),
             times: vec![[Duration::ZERO; 2]; n],
+            stale: true,
         })
     }
 }
@@ -189,6 +200,21 @@ fn fuse_relus(nodes: &mut [Node]) {
     }
 }
 
+/// Marks the affine layers (batch norm) whose input layer alone feeds
+/// them: candidates for folding into that layer in inference.
+fn mark_foldable(nodes: &mut [Node]) {
+    let mut readers = vec![0usize; nodes.len()];
+    for n in nodes.iter() {
+        n.inputs.iter().for_each(|&j| readers[j] += 1);
+    }
+    for i in 1..nodes.len() {
+        let j = nodes[i].inputs[0];
+        let affine = matches!(&nodes[i].op, Op::Layer(l) if l.affine().is_some());
+        let producer = matches!(nodes[j].op, Op::Layer(_));
+        nodes[i].foldable = affine && producer && readers[j] == 1 && !nodes[i].fused;
+    }
+}
+
 /// A built network: forward, backward, and the optimizer step.
 pub struct Graph {
     nodes: Vec<Node>,
@@ -198,6 +224,9 @@ pub struct Graph {
     /// Time spent in each node's forward and backward since the last
     /// [`Graph::reset_times`].
     times: Vec<[Duration; 2]>,
+    /// Whether the folds of the affine layers may be out of date (weights
+    /// or statistics changed since they were made).
+    stale: bool,
 }
 
 /// Where a graph's time went, per node ([`Graph::times`]).
@@ -234,6 +263,7 @@ impl Graph {
 
     /// [`Graph::layer`], to change.
     pub fn layer_mut<T: Layer>(&mut self, node: NodeId) -> Option<&mut T> {
+        self.stale = true;
         match &mut self.nodes.get_mut(node.0)?.op {
             Op::Layer(l) => (&mut **l as &mut dyn std::any::Any).downcast_mut(),
             _ => None,
@@ -252,6 +282,7 @@ impl Graph {
     /// starts again (the values it followed are replaced).
     pub(crate) fn layers_mut(&mut self) -> impl Iterator<Item = &mut Box<dyn Layer>> {
         self.opt.clear();
+        self.stale = true;
         self.nodes.iter_mut().filter_map(|n| match &mut n.op {
             Op::Layer(l) => Some(l),
             _ => None,
@@ -297,6 +328,7 @@ impl Graph {
             .map(|((n, t), &more)| {
                 let (name, flops) = match &n.op {
                     Op::Layer(l) if n.fused => (format!("{} (fused)", l.name()), 0.0),
+                    Op::Layer(l) if n.folded => (format!("{} (folded)", l.name()), 0.0),
                     Op::Layer(l) if more => (format!("{} + relu", l.name()), l.flops()),
                     Op::Layer(l) => (l.name(), l.flops()),
                     _ => ("add".into(), 0.0),
@@ -316,10 +348,37 @@ impl Graph {
         self.times.fill([Duration::ZERO; 2]);
     }
 
+    /// Folds every foldable affine layer's current inference map into the
+    /// layer before it (see [`GraphBuilder::fuse`]).
+    fn refold(&mut self) {
+        for i in 1..self.nodes.len() {
+            if !self.nodes[i].foldable {
+                continue;
+            }
+            let j = self.nodes[i].inputs[0];
+            let affine = match &self.nodes[i].op {
+                Op::Layer(l) => l.affine(),
+                _ => None,
+            };
+            let done = match (&mut self.nodes[j].op, &affine) {
+                (Op::Layer(l), Some(a)) => l.fold_affine(Some(a)),
+                _ => false,
+            };
+            self.nodes[i].folded = done;
+        }
+        self.stale = false;
+    }
+
     /// The output for `x`; in [`Mode::Train`] every layer keeps what its
     /// backward needs.
     pub fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<&Tensor> {
         x.expect("graph input", self.input_shape())?;
+        match mode {
+            // Batch statistics move the running ones.
+            Mode::Train => self.stale = true,
+            Mode::Eval if self.stale => self.refold(),
+            Mode::Eval => {}
+        }
         // The last step's outputs go first, so that the layers can write
         // their buffers again in place (a fused node's output is its
         // producer's buffer).
@@ -334,6 +393,7 @@ impl Graph {
             let start = Instant::now();
             let out = match &mut node.op {
                 _ if node.fused => input(0).clone(),
+                _ if node.folded && mode == Mode::Eval => input(0).clone(),
                 Op::Layer(l) => l.forward(pool, input(0), mode)?,
                 Op::Add => add(pool, input(0), input(1), &mut node.out)?,
                 Op::Input => unreachable!("only node 0 is the input"),
@@ -392,6 +452,8 @@ impl Graph {
     /// Every parameter with its gradient, in the order backward completes
     /// them (the last layer's first).
     pub fn params(&mut self) -> Vec<Param<'_>> {
+        // The caller may change them: inference folds them again.
+        self.stale = true;
         self.nodes
             .iter_mut()
             .rev()

@@ -15,6 +15,19 @@ pub enum Mode {
     Eval,
 }
 
+/// A per-channel `y = x * scale + shift` (then ReLU when `relu`): what
+/// batch norm computes in inference, which the convolution before it can
+/// fold into its weights and bias ([`Layer::fold_affine`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Affine {
+    /// Per channel.
+    pub scale: Vec<f32>,
+    /// Per channel.
+    pub shift: Vec<f32>,
+    /// A ReLU after the affine map.
+    pub relu: bool,
+}
+
 /// One parameter tensor of a layer and its gradient, in the layer's own
 /// storage (which may be blocked and zero-padded: an element-wise
 /// optimizer step does not care, and the padding's gradient is zero).
@@ -110,6 +123,23 @@ pub trait Layer: std::any::Any + Send {
     /// the ReLU layer that followed. Offered only when this layer's output
     /// feeds that ReLU alone. False by default.
     fn fuse_relu(&mut self) -> bool {
+        false
+    }
+
+    /// The inference-mode map of a per-channel affine layer (batch norm),
+    /// for the layer before it to fold ([`Layer::fold_affine`]). None by
+    /// default.
+    fn affine(&self) -> Option<Affine> {
+        None
+    }
+
+    /// Folds `affine` (the next layer's inference map, which alone reads
+    /// this layer's output) into this layer for [`Mode::Eval`] forwards,
+    /// or with None forgets a fold; true when the layer did. The graph
+    /// then skips the affine layer in inference and folds again whenever
+    /// weights or statistics may have changed. Training is not affected.
+    /// False by default.
+    fn fold_affine(&mut self, _affine: Option<&Affine>) -> bool {
         false
     }
 

@@ -48,7 +48,7 @@ mod tensor;
 pub use error::{Error, Result};
 pub use file::FILE_VERSION;
 pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
-pub use layer::{Layer, Mode, Param};
+pub use layer::{Affine, Layer, Mode, Param};
 pub use layers::{
     BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Recurrent, Relu,
 };

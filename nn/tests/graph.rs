@@ -489,6 +489,12 @@ fn fused_batch_norm_and_relu_match_the_separate_passes() {
         [y, dx, grads, eval]
     };
     let (a, b) = (run(&mut fused), run(&mut plain));
+    // After an inference forward each batch norm, the only reader of its
+    // convolution's output, is folded into that convolution (also the
+    // second, whose own output two nodes read).
+    let names: Vec<String> = fused.times().into_iter().map(|t| t.name).collect();
+    assert_eq!(names[1], "batchnorm2d 8 (folded)", "{names:?}");
+    assert_eq!(names[4], "batchnorm2d 8 (folded)", "{names:?}");
     for (what, (u, v)) in ["y", "dx", "grads", "eval"].iter().zip(a.iter().zip(&b)) {
         assert_eq!(u.len(), v.len());
         for (p, q) in u.iter().zip(v) {
@@ -598,9 +604,17 @@ fn a_saved_graph_loads_back_and_bad_files_are_named_errors() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("net.bin");
     a.save(&path).unwrap();
-    // Loaded into the same layers built without fusion: the same output.
+    // Loaded into the same layers built without fusion: the same output
+    // (to rounding: inference folds the batch norms in one, not the other),
+    // and exactly the same loaded into a graph built like the saved one.
     b.load(&path).unwrap();
-    assert_eq!(b.forward(&pool, &x, Mode::Eval).unwrap().data(), &want[..]);
+    let got = b.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+    for (p, q) in got.iter().zip(&want) {
+        assert!((p - q).abs() <= 1e-5 * (1.0 + q.abs()), "{p} vs {q}");
+    }
+    let mut c = fusable_net(true);
+    c.load(&path).unwrap();
+    assert_eq!(c.forward(&pool, &x, Mode::Eval).unwrap().data(), &want[..]);
 
     let bytes = std::fs::read(&path).unwrap();
     let err = |bytes: &[u8]| fusable_net(true).from_bytes(bytes).unwrap_err().to_string();
@@ -761,4 +775,46 @@ fn grouped_and_depthwise_gradients_match_finite_differences() {
         .layer(p, Linear::new(6, 3, Activation::Identity, 83))
         .unwrap();
     check_gradients(b.build(out).unwrap(), 41, 10);
+}
+
+#[test]
+fn folds_follow_the_weights_and_statistics_as_they_change() {
+    // Inference after training steps, after a load and after setting
+    // weights by hand must see the current values, not an old fold.
+    let pool = Pool::new(2).unwrap();
+    let (mut a, mut b) = (fusable_net(true), fusable_net(false));
+    let x = Lcg(33).tensor(a.input_shape());
+    let opt = Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+    };
+    let close = |u: &[f32], v: &[f32], what: &str| {
+        for (p, q) in u.iter().zip(v) {
+            assert!(
+                (p - q).abs() <= 1e-4 * (1.0 + p.abs()),
+                "{what}: {p} vs {q}"
+            );
+        }
+    };
+    for step in 0..3 {
+        let ya = a.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+        let yb = b.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+        close(&ya, &yb, &format!("after {step} steps"));
+        a.train_step(&pool, &x, &[0, 1, 2], &opt).unwrap();
+        b.train_step(&pool, &x, &[0, 1, 2], &opt).unwrap();
+    }
+    for p in a.params() {
+        p.value.iter_mut().for_each(|v| *v *= 0.5);
+    }
+    for p in b.params() {
+        p.value.iter_mut().for_each(|v| *v *= 0.5);
+    }
+    let ya = a.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+    let yb = b.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+    close(&ya, &yb, "after halving every parameter");
+    b.from_bytes(&fusable_net(false).to_bytes()).unwrap();
+    a.from_bytes(&fusable_net(false).to_bytes()).unwrap();
+    let ya = a.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+    let yb = b.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
+    close(&ya, &yb, "after a load");
 }

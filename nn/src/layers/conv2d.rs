@@ -4,7 +4,7 @@
 
 use super::{expect_values, need_training, State};
 use crate::error::{Error, Result};
-use crate::layer::{Layer, Mode, Param};
+use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{channels_from_nchw, channels_to_nchw, Buf, Shape, Tensor};
 use brgemm::Activation;
 use brgemm_primitives::init::{weights, Init, Rng};
@@ -33,6 +33,16 @@ pub struct Conv2d {
     /// The weights and bias in PyTorch's order until built; then one plan
     /// per group.
     state: State<Vec<Plan>>,
+    /// The next layer's inference map folded in, for inference forwards.
+    fold: Option<Fold>,
+}
+
+/// Weights and bias with a batch norm folded in: `w * scale`, `b * scale +
+/// shift`, and its ReLU as the convolution's activation.
+struct Fold {
+    conv: Conv,
+    w: Filter,
+    bias: Vec<f32>,
 }
 
 struct Plan {
@@ -85,6 +95,7 @@ impl Conv2d {
             groups: 1,
             act,
             state: State::Plain(Vec::new(), vec![0.0; out_c]),
+            fold: None,
         };
         c.init(seed);
         c
@@ -318,7 +329,12 @@ impl Layer for Conv2d {
                 channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
             }
             let y = p.y.get_mut(p.output, bk)?;
-            p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?;
+            match &self.fold {
+                Some(f) if mode == Mode::Eval => {
+                    f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?
+                }
+                _ => p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?,
+            }
             if let Some(out) = &mut out {
                 channels_to_nchw(y, k_all, j * p.output.c, out);
             }
@@ -362,6 +378,43 @@ impl Layer for Conv2d {
         let want = [("weight", self.weight_len()), ("bias", self.out_c)];
         let v = expect_values(&self.name(), values, &want)?;
         self.set_weights(v[0], v[1])
+    }
+
+    fn fold_affine(&mut self, affine: Option<&Affine>) -> bool {
+        let Some(a) = affine else {
+            self.fold = None;
+            return true;
+        };
+        let (k, act) = (self.out_c, self.act);
+        let Some([p]) = self.state.built().map(|ps| &ps[..]) else {
+            return false; // not built, or grouped
+        };
+        if act != Activation::Identity || a.scale.len() != k || a.shift.len() != k {
+            return false;
+        }
+        let relu = if a.relu {
+            Activation::Relu
+        } else {
+            Activation::Identity
+        };
+        let Ok(conv) = Conv::new(*p.conv.params(), relu) else {
+            return false;
+        };
+        let mut w = p.w.to_kcrs();
+        let per_k = w.len() / k;
+        for (ko, row) in w.chunks_exact_mut(per_k).enumerate() {
+            row.iter_mut().for_each(|v| *v *= a.scale[ko]);
+        }
+        let mut fw = conv.filter();
+        if fw.set_kcrs(&w).is_err() || (conv.tuning().bc, conv.tuning().bk) != p.blocks() {
+            return false;
+        }
+        let mut bias = vec![0.0; conv.padded_k()];
+        for ko in 0..k {
+            bias[ko] = p.bias[ko] * a.scale[ko] + a.shift[ko];
+        }
+        self.fold = Some(Fold { conv, w: fw, bias });
+        true
     }
 
     fn flops(&self) -> f64 {

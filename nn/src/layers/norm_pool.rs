@@ -3,7 +3,7 @@
 
 use super::{expect_values, need_training, unbuilt};
 use crate::error::{Error, Result};
-use crate::layer::{Layer, Mode, Param};
+use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{Buf, Shape, Tensor};
 use brgemm_primitives::{BatchNorm, Pool, Pool2d, PoolKind, Tensor4};
 
@@ -79,6 +79,21 @@ impl Layer for BatchNorm2d {
         p.bn.running_mean_mut()[..c].copy_from_slice(v[2]);
         p.bn.running_var_mut()[..c].copy_from_slice(v[3]);
         Ok(())
+    }
+    fn affine(&self) -> Option<Affine> {
+        let p = self.plan.as_ref()?;
+        let (bn, c) = (&p.bn, self.c);
+        let scale: Vec<f32> = (0..c)
+            .map(|i| bn.gamma()[i] / (bn.running_var()[i] + bn.eps).sqrt())
+            .collect();
+        let shift = (0..c)
+            .map(|i| bn.beta()[i] - bn.running_mean()[i] * scale[i])
+            .collect();
+        Some(Affine {
+            scale,
+            shift,
+            relu: self.relu,
+        })
     }
     fn fuse_relu(&mut self) -> bool {
         self.relu = true;
