@@ -410,8 +410,8 @@ impl Layer for Conv2d {
             return false;
         }
         let mut bias = vec![0.0; conv.padded_k()];
-        for ko in 0..k {
-            bias[ko] = p.bias[ko] * a.scale[ko] + a.shift[ko];
+        for (ko, b) in bias.iter_mut().take(k).enumerate() {
+            *b = p.bias[ko] * a.scale[ko] + a.shift[ko];
         }
         self.fold = Some(Fold { conv, w: fw, bias });
         true
