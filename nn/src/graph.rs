@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{add, Buf, Shape, Tensor};
+use crate::tensor::{add, relu_grad, Buf, Shape, Tensor};
 use brgemm_primitives::optim::{OptState, Optimizer};
 use brgemm_primitives::Pool;
 use std::time::{Duration, Instant};
@@ -29,6 +29,8 @@ struct Node {
     block: Option<usize>,
     /// A ReLU its input layer applies: forward and backward pass through.
     fused: bool,
+    /// An add that applies the ReLU after it (which is then `fused`).
+    relu: bool,
     /// An affine layer (batch norm) whose inference map its input layer
     /// may fold in: the layer at `inputs[0]`.
     foldable: bool,
@@ -37,6 +39,8 @@ struct Node {
     /// The add's output; the sum of the gradients of a node feeding several.
     out: Buf,
     grad: Buf,
+    /// The gradient through an add's fused ReLU.
+    mask: Buf,
 }
 
 impl Node {
@@ -47,10 +51,12 @@ impl Node {
             shape,
             block,
             fused: false,
+            relu: false,
             foldable: false,
             folded: false,
             out: Buf::default(),
             grad: Buf::default(),
+            mask: Buf::default(),
         }
     }
 }
@@ -73,7 +79,8 @@ impl GraphBuilder {
 
     /// Whether [`GraphBuilder::build`] fuses layers where the data allow
     /// it (on by default): a ReLU that alone reads a batch norm's output
-    /// runs inside the batch norm's pass ([`Layer::fuse_relu`]), and in
+    /// runs inside the batch norm's pass ([`Layer::fuse_relu`]), one that
+    /// alone reads a residual join inside the add's pass, and in
     /// inference a batch norm that alone reads a convolution's output is
     /// folded into its weights ([`Layer::fold_affine`]). Off gives the same
     /// results (to rounding) from separate passes, to measure the gain.
@@ -192,10 +199,13 @@ fn fuse_relus(nodes: &mut [Node]) {
         if !relu || readers[j] != 1 || nodes[j].fused {
             continue;
         }
-        if let Op::Layer(producer) = &mut nodes[j].op {
-            if producer.fuse_relu() {
+        match &mut nodes[j].op {
+            Op::Layer(producer) => nodes[i].fused = producer.fuse_relu(),
+            Op::Add => {
+                nodes[j].relu = true;
                 nodes[i].fused = true;
             }
+            Op::Input => {}
         }
     }
 }
@@ -331,6 +341,7 @@ impl Graph {
                     Op::Layer(l) if n.folded => (format!("{} (folded)", l.name()), 0.0),
                     Op::Layer(l) if more => (format!("{} + relu", l.name()), l.flops()),
                     Op::Layer(l) => (l.name(), l.flops()),
+                    _ if n.relu => ("add + relu".into(), 0.0),
                     _ => ("add".into(), 0.0),
                 };
                 NodeTime {
@@ -395,7 +406,7 @@ impl Graph {
                 _ if node.fused => input(0).clone(),
                 _ if node.folded && mode == Mode::Eval => input(0).clone(),
                 Op::Layer(l) => l.forward(pool, input(0), mode)?,
-                Op::Add => add(pool, input(0), input(1), &mut node.out)?,
+                Op::Add => add(pool, input(0), input(1), &mut node.out, node.relu)?,
                 Op::Input => unreachable!("only node 0 is the input"),
             };
             self.times[i][0] += start.elapsed();
@@ -432,7 +443,15 @@ impl Graph {
                     vec![]
                 }
                 Op::Layer(l) => vec![(node.inputs[0], l.backward(pool, &g)?)],
-                Op::Add => vec![(node.inputs[0], g.clone()), (node.inputs[1], g)],
+                Op::Add => {
+                    let g = if node.relu {
+                        let y = self.acts[i].as_ref().expect("checked above");
+                        relu_grad(pool, &g, y, &mut node.mask)?
+                    } else {
+                        g
+                    };
+                    vec![(node.inputs[0], g.clone()), (node.inputs[1], g)]
+                }
                 Op::Input => unreachable!("only node 0 is the input"),
             };
             self.times[i][1] += start.elapsed();
@@ -441,7 +460,7 @@ impl Graph {
                     continue;
                 }
                 grads[j] = Some(match grads[j].take() {
-                    Some(acc) => add(pool, &acc, &d, &mut self.nodes[j].grad)?,
+                    Some(acc) => add(pool, &acc, &d, &mut self.nodes[j].grad, false)?,
                     None => d,
                 });
             }

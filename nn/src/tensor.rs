@@ -7,6 +7,7 @@
 //! step to step once no one else holds them.
 
 use crate::error::{Error, Result};
+use brgemm_primitives::eltwise::relu_backward;
 use brgemm_primitives::{Pool, Tensor4};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -297,26 +298,59 @@ fn reblock(pool: &Pool, src: &Tensor4, dst: &mut Tensor4) {
 
 /// `a + b` into `buf` (blocked when both travel in one blocked layout,
 /// else plain): the residual join, and the sum of the gradients of a
-/// node that feeds several.
-pub(crate) fn add(pool: &Pool, a: &Tensor, b: &Tensor, buf: &mut Buf) -> Result<Tensor> {
+/// node that feeds several. With `relu`, `max(a + b, 0)` in the same pass
+/// (NaN stays NaN).
+pub(crate) fn add(
+    pool: &Pool,
+    a: &Tensor,
+    b: &Tensor,
+    buf: &mut Buf,
+    relu: bool,
+) -> Result<Tensor> {
     debug_assert_eq!(a.shape, b.shape);
+    let f = |u: f32, v: f32| {
+        let s = u + v;
+        if relu && s < 0.0 {
+            0.0
+        } else {
+            s
+        }
+    };
     if let Some(bc) = a.block() {
         if let (Some(x), Some(y)) = (a.blocked_as(bc), b.blocked_as(bc)) {
             let (x, y) = (x.data(), y.data());
             let out = buf.get_mut(a.shape, bc)?;
             pool.for_slices(out.data_mut(), |lo, o| {
                 for ((o, u), v) in o.iter_mut().zip(&x[lo..]).zip(&y[lo..]) {
-                    *o = u + v;
+                    *o = f(*u, *v);
                 }
             });
             return Ok(buf.tensor());
         }
     }
-    let mut out = a.data().to_vec();
-    for (o, v) in out.iter_mut().zip(b.data()) {
-        *o += v;
-    }
+    let out = a
+        .data()
+        .iter()
+        .zip(b.data())
+        .map(|(u, v)| f(*u, *v))
+        .collect();
     Tensor::from_vec(a.shape, out)
+}
+
+/// `g` where `y > 0`, else 0, into `buf` (blocked when both travel in one
+/// blocked layout, else plain): the gradient through a ReLU fused into the
+/// node that wrote `y`.
+pub(crate) fn relu_grad(pool: &Pool, g: &Tensor, y: &Tensor, buf: &mut Buf) -> Result<Tensor> {
+    if let Some(bc) = y.block() {
+        if let (Some(gb), Some(yb)) = (g.blocked_as(bc), y.blocked_as(bc)) {
+            let out = buf.get_mut(g.shape, bc)?;
+            relu_backward(pool, gb.data(), yb.data(), out.data_mut())?;
+            return Ok(buf.tensor());
+        }
+    }
+    let mut out = vec![0.0; g.shape.len()];
+    relu_backward(pool, g.data(), y.data(), &mut out)?;
+    Tensor::from_vec(g.shape, out)
 }
 
 #[cfg(test)]
@@ -372,11 +406,14 @@ mod tests {
         let y = Tensor::from_vec(s, (0..24).map(|i| 2.0 * i as f32).collect()).unwrap();
         let want: Vec<f32> = (0..24).map(|i| 3.0 * i as f32).collect();
         let mut out = Buf::default();
-        assert_eq!(add(&pool, &x, &y, &mut out).unwrap().data(), &want[..]);
+        assert_eq!(
+            add(&pool, &x, &y, &mut out, false).unwrap().data(),
+            &want[..]
+        );
         let (mut bx, mut by) = (Buf::default(), Buf::default());
         x.blocked_into(&pool, 2, &mut bx).unwrap();
         y.blocked_into(&pool, 2, &mut by).unwrap();
-        let sum = add(&pool, &bx.tensor(), &by.tensor(), &mut out).unwrap();
+        let sum = add(&pool, &bx.tensor(), &by.tensor(), &mut out, false).unwrap();
         assert_eq!(sum.block(), Some(2));
         assert_eq!(sum.data(), &want[..]);
     }

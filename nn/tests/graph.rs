@@ -445,8 +445,9 @@ fn outputs_held_by_the_caller_survive_the_next_forward() {
     assert_eq!(held.data(), &before[..]);
 }
 
-/// Conv, batch norm, ReLU (fusable), a residual join, and a second batch
-/// norm whose output two nodes read (not fusable), as `fuse` says.
+/// Conv, batch norm, ReLU (fusable), a second batch norm whose output two
+/// nodes read (its ReLU not fusable), and a residual join with a ReLU
+/// (fusable), fused or not as `fuse` says.
 fn fusable_net(fuse: bool) -> Graph {
     let mut b = GraphBuilder::new(Shape::new(3, 5, 7, 7));
     let x = b.input();
@@ -461,6 +462,8 @@ fn fusable_net(fuse: bool) -> Graph {
     let n2 = b.layer(c2, BatchNorm2d::new(8)).unwrap();
     let r2 = b.layer(n2, Relu::new()).unwrap();
     let s = b.add(r2, n2).unwrap();
+    // Fused into the add's pass.
+    let s = b.layer(s, Relu::new()).unwrap();
     let p = b.layer(s, GlobalAvgPool::new()).unwrap();
     let out = b
         .layer(p, Linear::new(8, 3, Activation::Identity, 53))
@@ -476,6 +479,8 @@ fn fused_batch_norm_and_relu_match_the_separate_passes() {
     assert_eq!(names[2], "relu (fused)", "{names:?}");
     // The second batch norm's output is also read by the add: not fused.
     assert_eq!(names[4], "batchnorm2d 8", "{names:?}");
+    assert_eq!(names[6], "add + relu", "{names:?}");
+    assert_eq!(names[7], "relu (fused)", "{names:?}");
     assert!(plain.times().iter().all(|t| !t.name.contains("fused")));
     let pool = Pool::new(2).unwrap();
     let mut rng = Lcg(9);
