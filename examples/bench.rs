@@ -719,7 +719,7 @@ fn mpi_line<R: brgemm_distributed::Replica>(
         model
             .compute_gradients_with(&pool, x, labels, &mut |_, _| {})
             .expect("gradients");
-        model.apply_gradients(&opt);
+        model.apply_gradients(&opt).expect("optimizer step");
     });
     let standalone = dp.calibrate(7);
     let ddp = timed(&mut || {

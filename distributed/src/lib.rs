@@ -1,7 +1,7 @@
 //! # brgemm-distributed: data-parallel training over MPI
 //!
-//! Each rank holds a full replica of a model (a [`Replica`]: the [`Mlp`] or
-//! the [`Cnn`]); every global minibatch is
+//! Each rank holds a full replica of a model (a [`Replica`]: any layer
+//! [`Graph`], or the [`Mlp`] and [`Cnn`] templates); every global minibatch is
 //! split across the ranks ([`DataParallel::shard`], uneven splits allowed).
 //! [`DataParallel::train_step`] runs forward and backward on the local shard
 //! and, as soon as a layer's weight gradient is complete (the model's
@@ -30,6 +30,7 @@
 pub use mpi;
 
 use brgemm_nn::models::{Cnn, Mlp};
+use brgemm_nn::{Graph, Tensor as NnTensor};
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::{Blocked, Error, Pool, Result, Tensor4};
 use mpi::collective::SystemOperation;
@@ -108,7 +109,7 @@ pub trait Replica {
         ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
     ) -> Result<f32>;
     /// The optimizer step on the stored gradients.
-    fn apply_gradients(&mut self, opt: &Optimizer);
+    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()>;
 }
 
 impl Replica for Mlp {
@@ -135,8 +136,9 @@ impl Replica for Mlp {
             ready(i, &mut [&mut dw.data_mut()[..], db])
         })
     }
-    fn apply_gradients(&mut self, opt: &Optimizer) {
-        Mlp::apply_gradients(self, opt)
+    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()> {
+        Mlp::apply_gradients(self, opt);
+        Ok(())
     }
 }
 
@@ -160,8 +162,49 @@ impl Replica for Cnn {
     ) -> Result<f32> {
         Cnn::compute_gradients_with(self, pool, x, labels, ready)
     }
-    fn apply_gradients(&mut self, opt: &Optimizer) {
-        Cnn::apply_gradients(self, opt)
+    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()> {
+        Cnn::apply_gradients(self, opt);
+        Ok(())
+    }
+}
+
+/// A layer graph's error as the primitives' (the trainer's error type):
+/// the primitive's own error when it is one, else a setting named by it.
+fn from_nn(e: brgemm_nn::Error) -> Error {
+    match e {
+        brgemm_nn::Error::Primitive(p) => p,
+        other => Error::Setting {
+            what: "layer graph".into(),
+            value: other.to_string(),
+            reason: "refused the step".into(),
+        },
+    }
+}
+
+/// Any layer graph, its layers with parameters as the groups (in order of
+/// evaluation; backward completes the highest first).
+impl Replica for Graph {
+    type Input = NnTensor;
+    fn groups(&self) -> usize {
+        self.param_groups()
+    }
+    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        self.group_params_mut(g)
+    }
+    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        self.group_grads_mut(g)
+    }
+    fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &NnTensor,
+        labels: &[usize],
+        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
+    ) -> Result<f32> {
+        Graph::compute_gradients_with(self, pool, x, labels, ready).map_err(from_nn)
+    }
+    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()> {
+        self.step(opt).map_err(from_nn)
     }
 }
 
@@ -274,7 +317,7 @@ impl DataParallel {
             };
             brgemm_primitives::guard::check_step(index, loss, norm)?;
         }
-        model.apply_gradients(opt);
+        model.apply_gradients(opt)?;
         Ok(loss)
     }
 

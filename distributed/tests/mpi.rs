@@ -98,6 +98,16 @@ fn cnn_two_and_three_ranks_end_with_the_weights_of_one() {
 }
 
 #[test]
+fn a_residual_graph_on_two_and_three_ranks_ends_with_the_weights_of_one() {
+    let one = params_of("graph", 1, 24, "even");
+    let two = params_of("graph", 2, 24, "even");
+    assert_close(&two, &one, "graph 2 ranks vs 1");
+    let one = params_of("graph", 1, 25, "uneven");
+    let three = params_of("graph", 3, 25, "uneven");
+    assert_close(&three, &one, "graph 3 ranks (9+8+8 images) vs 1");
+}
+
+#[test]
 fn a_panicking_rank_ends_the_job_quickly() {
     let (ok, text, took) = mpirun(2, &["train", "--steps", "50", "--panic-rank", "1"]);
     assert!(!ok, "job should fail:\n{text}");

@@ -176,7 +176,19 @@ impl GraphBuilder {
             fuse_relus(&mut nodes);
             mark_foldable(&mut nodes);
         }
+        let mut count = 0;
+        let groups = nodes
+            .iter_mut()
+            .map(|n| match &mut n.op {
+                Op::Layer(l) => (!l.params().is_empty()).then(|| {
+                    count += 1;
+                    count - 1
+                }),
+                _ => None,
+            })
+            .collect();
         Ok(Graph {
+            groups,
             nodes,
             acts: vec![None; n],
             opt: Vec::new(),
@@ -237,7 +249,14 @@ pub struct Graph {
     /// Whether the folds of the affine layers may be out of date (weights
     /// or statistics changed since they were made).
     stale: bool,
+    /// Each node's parameter group: the layers with parameters, numbered
+    /// in order of evaluation.
+    groups: Vec<Option<usize>>,
 }
+
+/// The callback of a backward that reports each parameter group's
+/// gradients as they complete.
+type Ready<'a> = &'a mut dyn FnMut(usize, &mut [&mut [f32]]);
 
 /// Where a graph's time went, per node ([`Graph::times`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -418,13 +437,21 @@ impl Graph {
     /// dL/d(input) for dL/d(output) `dy` of the last training forward;
     /// every layer's parameter gradients are written.
     pub fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        self.backward_from(pool, dy, true)
+        self.backward_from(pool, dy, true, None)
             .map(|dx| dx.expect("asked for"))
     }
 
     /// Backward; dL/d(input) only when `input` (a training step skips the
     /// backward-data passes of the layers that read the graph's input).
-    fn backward_from(&mut self, pool: &Pool, dy: &Tensor, input: bool) -> Result<Option<Tensor>> {
+    /// `ready(group, grads)` is called as each layer with parameters
+    /// completes its gradients (see [`Graph::param_groups`]).
+    fn backward_from(
+        &mut self,
+        pool: &Pool,
+        dy: &Tensor,
+        input: bool,
+        mut ready: Option<Ready<'_>>,
+    ) -> Result<Option<Tensor>> {
         dy.expect("output gradient", self.output_shape())?;
         if self.acts[1..].iter().any(Option::is_none) {
             return Err(Error::Graph("backward before any forward".into()));
@@ -455,6 +482,13 @@ impl Graph {
                 Op::Input => unreachable!("only node 0 is the input"),
             };
             self.times[i][1] += start.elapsed();
+            if let (Some(ready), Some(group)) = (ready.as_mut(), self.groups[i]) {
+                if let Op::Layer(l) = &mut self.nodes[i].op {
+                    let mut grads: Vec<&mut [f32]> =
+                        l.params().into_iter().map(|p| p.grad).collect();
+                    ready(group, &mut grads);
+                }
+            }
             for (j, d) in outs {
                 if j == 0 && !input {
                     continue;
@@ -466,6 +500,57 @@ impl Graph {
             }
         }
         Ok(grads[0].take())
+    }
+
+    /// The layers with parameters, numbered in order of evaluation: the
+    /// groups a data-parallel trainer reduces as backward completes them
+    /// (the highest first).
+    pub fn param_groups(&self) -> usize {
+        self.groups.iter().flatten().count()
+    }
+
+    /// The layer of parameter group `g`.
+    fn group_layer(&mut self, g: usize) -> Option<&mut Box<dyn Layer>> {
+        let i = self.groups.iter().position(|x| *x == Some(g))?;
+        match &mut self.nodes[i].op {
+            Op::Layer(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The parameter buffers of group `g` (empty past the last group), in
+    /// the layer's own layout.
+    pub fn group_params_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        self.stale = true;
+        self.group_layer(g)
+            .map(|l| l.params().into_iter().map(|p| p.value).collect())
+            .unwrap_or_default()
+    }
+
+    /// The gradient buffers of group `g`, as [`Graph::group_params_mut`].
+    pub fn group_grads_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
+        self.group_layer(g)
+            .map(|l| l.params().into_iter().map(|p| p.grad).collect())
+            .unwrap_or_default()
+    }
+
+    /// Forward, softmax cross-entropy over the first `labels.len()` rows
+    /// (the rest are padding: no loss, zero gradient), and backward without
+    /// dL/d(input), calling `ready(group, grads)` as each parameter group
+    /// completes (highest first): what a data-parallel trainer overlaps its
+    /// all-reduce with. Returns the mean loss over the labelled rows; the
+    /// optimizer step is left to the caller ([`Graph::step`]).
+    pub fn compute_gradients_with(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        labels: &[usize],
+        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
+    ) -> Result<f32> {
+        let logits = self.forward(pool, x, Mode::Train)?;
+        let (loss, dlogits) = softmax_xent_rows(logits, labels)?;
+        self.backward_from(pool, &dlogits, false, Some(ready))?;
+        Ok(loss)
     }
 
     /// Every parameter with its gradient, in the order backward completes
@@ -516,7 +601,7 @@ impl Graph {
                 "loss is {loss}: weights left unchanged"
             )));
         }
-        self.backward_from(pool, &dlogits, false)?;
+        self.backward_from(pool, &dlogits, false, None)?;
         self.step(opt)?;
         Ok(loss)
     }
@@ -544,11 +629,25 @@ impl Graph {
 /// `labels`, and its gradient with respect to the logits.
 pub fn softmax_cross_entropy(logits: &Tensor, labels: &[usize]) -> Result<(f32, Tensor)> {
     let s = logits.shape();
-    let k = s.features();
     if labels.len() != s.n {
         return Err(Error::Graph(format!(
             "{} labels for a minibatch of {}",
             labels.len(),
+            s.n
+        )));
+    }
+    softmax_xent_rows(logits, labels)
+}
+
+/// [`softmax_cross_entropy`] over the first `labels.len()` rows (at most
+/// the minibatch): the mean over them, and a zero gradient for the rows
+/// after them (padding of a data-parallel shard).
+fn softmax_xent_rows(logits: &Tensor, labels: &[usize]) -> Result<(f32, Tensor)> {
+    let s = logits.shape();
+    let (k, rows) = (s.features(), labels.len());
+    if rows == 0 || rows > s.n {
+        return Err(Error::Graph(format!(
+            "{rows} labels for a minibatch of {}",
             s.n
         )));
     }
@@ -559,14 +658,16 @@ pub fn softmax_cross_entropy(logits: &Tensor, labels: &[usize]) -> Result<(f32, 
     }
     let mut grad = logits.clone();
     let mut loss = 0.0f64;
-    for (row, &l) in grad.data_mut().chunks_exact_mut(k).zip(labels) {
+    let data = grad.data_mut();
+    for (row, &l) in data.chunks_exact_mut(k).zip(labels) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
         loss += f64::from(sum.ln() + max - row[l]);
         for v in row.iter_mut() {
-            *v = (*v - max).exp() / sum / s.n as f32;
+            *v = (*v - max).exp() / sum / rows as f32;
         }
-        row[l] -= 1.0 / s.n as f32;
+        row[l] -= 1.0 / rows as f32;
     }
-    Ok(((loss / s.n as f64) as f32, grad))
+    data[rows * k..].fill(0.0);
+    Ok(((loss / rows as f64) as f32, grad))
 }

@@ -1,14 +1,18 @@
-//! Driver for the MPI tests (run under `mpirun`): trains a small MLP or CNN
+//! Driver for the MPI tests (run under `mpirun`): trains a small MLP, CNN or
+//! residual layer graph
 //! on seeded synthetic data for a few data-parallel steps and writes rank
 //! 0's final parameters, so runs on different rank counts can be compared.
 //!
 //! ```text
-//! ddp_check train [--model mlp|cnn] --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R]
+//! ddp_check train [--model mlp|cnn|graph] --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R]
 //! ddp_check allreduce            (bucketed all-reduce vs the local sum)
 //! ```
 
 use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
 use brgemm_nn::models::{Cnn, CnnSpec, LayerSpec, Mlp, StageSpec};
+use brgemm_nn::{
+    Conv2d, GlobalAvgPool, Graph, GraphBuilder, Linear, Relu, Shape, Tensor as NnTensor,
+};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::{Activation, Pool, Tensor4};
@@ -70,17 +74,32 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
     // the broadcast replaces them with rank 0's weights.
     let local_max = global.div_ceil(size);
     let seed = 100 + world.rank() as u64;
-    let cnn = args
+    let model = args
         .iter()
         .position(|a| a == "--model")
         .and_then(|i| args.get(i + 1))
-        .is_some_and(|m| m == "cnn");
+        .map_or("mlp", |m| m.as_str());
+    let cnn = model == "cnn";
     // Seeded synthetic data: 97 rows of 2x6x6 = 72 features, 5 classes.
     let (rows, feats, classes) = (97usize, 72usize, 5usize);
     let mut r = Rng::new(7);
     let data: Vec<f32> = (0..rows * feats).map(|_| 2.0 * r.uniform() - 1.0).collect();
     let labels: Vec<usize> = (0..rows).map(|_| r.below(classes)).collect();
-    if cnn {
+    if model == "graph" {
+        let g = residual_graph(local_max, classes, seed);
+        let x = NnTensor::zeros(g.input_shape());
+        drive(
+            world,
+            args,
+            g,
+            x,
+            |x: &mut NnTensor, row, i| {
+                x.data_mut()[row * feats..][..feats].copy_from_slice(&data[i * feats..][..feats]);
+            },
+            &labels,
+            rows,
+        );
+    } else if cnn {
         let spec = CnnSpec {
             input: (2, 6, 6),
             stages: vec![
@@ -224,11 +243,40 @@ fn drive<R: Replica>(
     }
 }
 
+/// A residual network on 2x6x6 inputs: conv, conv + the shortcut, ReLU,
+/// global average pooling, a classifier (no batch norm: each rank would
+/// normalise with its own shard's statistics).
+fn residual_graph(batch: usize, classes: usize, seed: u64) -> Graph {
+    let mut b = GraphBuilder::new(Shape::new(batch, 2, 6, 6));
+    let x = b.input();
+    let a = b
+        .layer(x, Conv2d::new(2, 6, (3, 3), 1, 1, Activation::Tanh, seed))
+        .unwrap();
+    let c = b
+        .layer(
+            a,
+            Conv2d::new(6, 6, (3, 3), 1, 1, Activation::Identity, seed + 1),
+        )
+        .unwrap();
+    let s = b.add(c, a).unwrap();
+    let r = b.layer(s, Relu::new()).unwrap();
+    let p = b.layer(r, GlobalAvgPool::new()).unwrap();
+    let out = b
+        .layer(p, Linear::new(6, classes, Activation::Identity, seed + 2))
+        .unwrap();
+    b.build(out).unwrap()
+}
+
 /// Clearing a minibatch buffer.
 trait Zero {
     fn zero(&mut self);
 }
 impl Zero for brgemm_primitives::Blocked {
+    fn zero(&mut self) {
+        self.data_mut().fill(0.0);
+    }
+}
+impl Zero for NnTensor {
     fn zero(&mut self) {
         self.data_mut().fill(0.0);
     }
