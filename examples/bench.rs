@@ -194,10 +194,16 @@ fn bench_fc(o: &Opts) {
     let isa = Isa::selected().expect("ISA");
     let probe = Probes::new(isa, Duration::from_millis(10));
     let samples = if o.quick { 3 } else { 7 };
+    // The last four: the small minibatches where the weight-gradient and
+    // transposed-weight passes do little reduction per load of W.
     for (n, c, k) in [
         (256usize, 1024usize, 1024usize),
         (512, 2048, 2048),
         (64, 4096, 4096),
+        (16, 1024, 1024),
+        (32, 1024, 1024),
+        (16, 4096, 4096),
+        (32, 4096, 4096),
     ] {
         let fc = Fc::new(n, c, k, Activation::Relu).expect("plan");
         let t = fc.tuning().clone();
@@ -390,16 +396,19 @@ const RESNET_LAYERS: [ConvLayer; 7] = [
     ("conv1_7x7", 3, 64, 224, 224, 7, 7, 2),
 ];
 
-/// Convolution passes on the ResNet-50 layers at minibatch 8. `upd` includes
-/// the per-call relayout of X it reads; `fwd` the zero-padded input copy.
+/// Convolution passes on the ResNet-50 layers at minibatches 8 and 16.
+/// `upd` includes the per-call relayout of X it reads; `fwd` the
+/// zero-padded input copy.
 fn bench_conv(o: &Opts) {
     use brgemm_primitives::{Activation, Conv, ConvParams};
     let isa = Isa::selected().expect("ISA");
     let probe = Probes::new(isa, Duration::from_millis(10));
     let samples = if o.quick { 3 } else { 7 };
     let only: Option<String> = std::env::args().skip_while(|a| a != "--layer").nth(1);
-    let n = 8;
-    for (name, c, k, h, w, r, s, stride) in RESNET_LAYERS {
+    for (n, (name, c, k, h, w, r, s, stride)) in [8usize, 16]
+        .into_iter()
+        .flat_map(|n| RESNET_LAYERS.map(|l| (n, l)))
+    {
         if only.as_deref().is_some_and(|l| l != name) {
             continue;
         }
