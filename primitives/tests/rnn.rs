@@ -171,8 +171,8 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
             .collect::<Vec<f32>>()
     };
     Got {
-        h: rnn.sequence(st.h()),
-        dx: rnn.sequence(gr.dx()),
+        h: rnn.sequence(st.h()).unwrap(),
+        dx: rnn.sequence(gr.dx()).unwrap(),
         dw: (0..g).map(|gi| rnn.gate_weights(gr.dw(), gi)).collect(),
         dr: (0..g).map(|gi| rnn.gate_weights(gr.dr(), gi)).collect(),
         db: (0..g)
@@ -438,4 +438,15 @@ proptest! {
         let d = Dims { kind, t, n, c, k };
         check(d, tuning(&d, bn, bc, bk), seed, 2).map_err(TestCaseError::fail)?;
     }
+}
+
+#[test]
+fn reading_the_cell_states_as_a_sequence_is_an_error() {
+    // c_0..c_T has one step more than a sequence: reading it with
+    // `sequence` used to return the wrong T rows silently.
+    let rnn = Rnn::new(CellKind::Lstm, 3, 2, 4, 5).unwrap();
+    let st = rnn.state();
+    let e = rnn.sequence(st.c()).unwrap_err().to_string();
+    assert!(e.contains("sequence rows") && e.contains("3 steps"), "{e}");
+    assert_eq!(rnn.sequence(st.h()).unwrap().len(), 3 * 2 * 5);
 }

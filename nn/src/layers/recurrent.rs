@@ -344,7 +344,7 @@ impl Layer for Recurrent {
             .forward(pool, &p.x, &p.w, &p.r, &p.b, h0, c0, &mut p.st)?;
         p.trained = mode == Mode::Train;
         // [t][n][k] -> (n, k, t) or (n, k, 1).
-        let h = p.rnn.sequence(p.st.h());
+        let h = p.rnn.sequence(p.st.h())?;
         let (first, steps) = if last_only { (t - 1, 1) } else { (0, t) };
         let mut out = vec![0.0; n * k * steps];
         for ni in 0..n {
@@ -391,7 +391,7 @@ impl Layer for Recurrent {
         p.rnn
             .backward_from_state(pool, &p.dh, dc_last, &p.x, &p.w, &p.r, &p.st, &mut p.gr)?;
         // [t][n][c] -> (n, c, t).
-        let dxs = p.rnn.sequence(p.gr.dx());
+        let dxs = p.rnn.sequence(p.gr.dx())?;
         let mut dx = vec![0.0; n * c * t];
         for ni in 0..n {
             for ci in 0..c {

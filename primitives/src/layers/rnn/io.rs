@@ -60,9 +60,23 @@ impl Rnn {
         }
         Ok(())
     }
-    /// The plain `[T][N][cols]` sequence of `seq`.
-    pub fn sequence(&self, seq: &Blocked) -> Vec<f32> {
+    /// The plain `[T][N][cols]` sequence of `seq` (a buffer of
+    /// [`Rnn::x_layout`] or [`Rnn::h_layout`] shape: `T*Np` rows). Another
+    /// buffer (the cell states `c_0..c_T` of [`RnnState::c`] have `T+1`
+    /// steps) is an error naming its rows, not a silent misreading.
+    pub fn sequence(&self, seq: &Blocked) -> Result<Vec<f32>> {
         let (np, cols) = (self.padded_n(), seq.cols);
+        if seq.rows != self.t * np {
+            return Err(shape(
+                "sequence rows",
+                seq.rows,
+                format!(
+                    "a sequence of {} steps has T*Np = {} rows",
+                    self.t,
+                    self.t * np
+                ),
+            ));
+        }
         let mut out = vec![0.0; self.t * self.n * cols];
         for t in 0..self.t {
             for n in 0..self.n {
@@ -71,7 +85,7 @@ impl Rnn {
                 }
             }
         }
-        out
+        Ok(out)
     }
     /// Sets gate `gate`'s block of a stacked weight matrix (W or R) from a
     /// plain row-major `[K][cols]` matrix.
