@@ -120,6 +120,15 @@ impl CudaBackend {
     pub fn arch(&self) -> &'static str {
         self.arch
     }
+    /// Streaming multiprocessors.
+    pub fn multiprocessors(&self) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+        let n = self
+            .ctx
+            .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(cu)?;
+        Ok(n.max(1) as usize)
+    }
     /// cuBLAS `C = A B` (column-major, no transposes) with `dtype` inputs,
     /// f32 output and f32 accumulation (`cublasGemmEx`): the yardstick of
     /// `bench -- gpu`.
@@ -212,7 +221,7 @@ impl CudaBackend {
         key: &str,
         source: impl FnOnce() -> String,
         name: &str,
-        grid: [u32; 2],
+        grid: [u32; 3],
         block: u32,
         args: &[CuArg],
     ) -> Result<()> {
@@ -237,7 +246,7 @@ impl CudaBackend {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: (grid[0], grid[1], 1),
+            grid_dim: (grid[0], grid[1], grid[2]),
             block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         };

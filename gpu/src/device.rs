@@ -32,6 +32,8 @@ pub(crate) enum Inner {
 /// A GPU (or OpenCL device) with its kernel cache.
 pub struct Device {
     pub(crate) inner: Inner,
+    /// Scratch for the partial sums of split launches, grown as needed.
+    scratch: std::sync::Mutex<Option<Buffer>>,
 }
 
 enum BufInner {
@@ -73,7 +75,10 @@ impl Device {
             Backend::Cuda => Inner::Cuda(CudaBackend::new(0)?),
             Backend::OpenCl => Inner::OpenCl(OpenClBackend::new()?),
         };
-        Ok(Device { inner })
+        Ok(Device {
+            inner,
+            scratch: std::sync::Mutex::new(None),
+        })
     }
 
     /// The backend.
@@ -98,6 +103,28 @@ impl Device {
             Inner::Cuda(c) => Some(c),
             Inner::OpenCl(_) => None,
         }
+    }
+
+    /// Multiprocessors (CUDA) or compute units (OpenCL): how many blocks
+    /// run at once, at least.
+    pub fn compute_units(&self) -> Result<usize> {
+        match &self.inner {
+            Inner::Cuda(c) => c.multiprocessors(),
+            Inner::OpenCl(c) => c.compute_units(),
+        }
+    }
+
+    /// The device's scratch buffer, at least `bytes` long (contents
+    /// undefined), locked for the caller.
+    pub(crate) fn scratch(
+        &self,
+        bytes: usize,
+    ) -> Result<std::sync::MutexGuard<'_, Option<Buffer>>> {
+        let mut g = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if g.as_ref().is_none_or(|b| b.bytes() < bytes) {
+            *g = Some(self.alloc(bytes)?);
+        }
+        Ok(g)
     }
 
     /// A zero-filled buffer of `bytes` bytes.
@@ -227,11 +254,11 @@ impl Device {
         key: &str,
         source: impl FnOnce(crate::codegen::Target) -> String,
         name: &str,
-        grid: [usize; 2],
+        grid: [usize; 3],
         block: usize,
         args: &[Arg],
     ) -> Result<()> {
-        if grid[0] == 0 || grid[1] == 0 {
+        if grid.contains(&0) {
             return Ok(());
         }
         match &self.inner {
@@ -258,7 +285,7 @@ impl Device {
                     key,
                     || source(crate::codegen::Target::Cuda),
                     name,
-                    [g(grid[0])?, g(grid[1])?],
+                    [g(grid[0])?, g(grid[1])?, g(grid[2])?],
                     block as u32,
                     &a,
                 )
@@ -285,8 +312,8 @@ impl Device {
                     key,
                     || source(crate::codegen::Target::OpenCl),
                     name,
-                    [grid[0] * block, grid[1]],
-                    [block, 1],
+                    [grid[0] * block, grid[1], grid[2]],
+                    [block, 1, 1],
                     &a,
                 )
             }
@@ -305,7 +332,7 @@ impl Device {
             "elementwise",
             crate::codegen::elementwise_source,
             &k.name(),
-            [n.div_ceil(BLOCK), 1],
+            [n.div_ceil(BLOCK), 1, 1],
             BLOCK,
             args,
         )

@@ -1,9 +1,10 @@
 //! A planned GPU BRGEMM and the device tables of the offset and address forms.
 
-use crate::codegen::{brgemm_source, Target};
+use crate::codegen::{brgemm_source, split_reduce_source, Target};
 use crate::desc::{GpuBatch, GpuDescriptor};
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
+use crate::tiling::Tiling;
 
 /// The A_i/B_i tables of the offset or address form, checked against the
 /// descriptor (bounds and alignment) when built and uploaded once.
@@ -133,6 +134,8 @@ impl BatchTable {
 pub struct GpuBrgemm {
     desc: GpuDescriptor,
     name: String,
+    /// A forced split ([`GpuBrgemm::with_split`]).
+    split: Option<usize>,
 }
 
 impl GpuBrgemm {
@@ -142,6 +145,7 @@ impl GpuBrgemm {
         Ok(GpuBrgemm {
             name: desc.kernel_name(),
             desc,
+            split: None,
         })
     }
 
@@ -258,27 +262,65 @@ impl GpuBrgemm {
         };
         let (ta, tb) = table.map(|t| (&t.a, &t.b)).unwrap_or((a, b));
         let t = d.tiling.expect("validated");
-        let grid = [d.n.div_ceil(t.bn), d.m.div_ceil(t.bm)];
+        let (gx, gy) = (d.n.div_ceil(t.bn), d.m.div_ceil(t.bm));
+        let tiles = batch * d.k.div_ceil(t.bk);
+        let splits = match self.split {
+            Some(s) => s.clamp(1, tiles.max(1)),
+            None => Tiling::split(gx * gy, tiles, dev.compute_units()?),
+        };
         let desc = *d;
         // C is written, but the launch API takes shared references (the
         // kernels write through device pointers); `&mut` here keeps the Rust
         // aliasing honest for callers.
         let c: &Buffer = c;
+        let main = |p: &Buffer| {
+            dev.launch(
+                &self.name,
+                |target| brgemm_source(&desc, target).0,
+                &self.name,
+                [gx, gy, splits],
+                t.threads(),
+                &[
+                    Arg::Buf(a),
+                    Arg::Buf(b),
+                    Arg::Buf(c),
+                    Arg::Buf(bias),
+                    Arg::Buf(ta),
+                    Arg::Buf(tb),
+                    Arg::I32(batch as i32),
+                    Arg::Buf(p),
+                ],
+            )
+        };
+        if splits == 1 {
+            return main(c);
+        }
+        let partials = splits * d.m * d.n;
+        let scratch = dev.scratch(partials * 4)?;
+        let p = scratch.as_ref().expect("sized by scratch()");
+        main(p)?;
+        const BLOCK: usize = 256;
+        let reduce = format!("{}_reduce", self.name);
         dev.launch(
-            &self.name,
-            |target| brgemm_source(&desc, target).0,
-            &self.name,
-            grid,
-            t.threads(),
+            &reduce,
+            |target| split_reduce_source(&desc, target).0,
+            &reduce,
+            [(d.m * d.n).div_ceil(BLOCK), 1, 1],
+            BLOCK,
             &[
-                Arg::Buf(a),
-                Arg::Buf(b),
                 Arg::Buf(c),
                 Arg::Buf(bias),
-                Arg::Buf(ta),
-                Arg::Buf(tb),
-                Arg::I32(batch as i32),
+                Arg::Buf(p),
+                Arg::I32(splits as i32),
             ],
         )
+    }
+
+    /// Forces the number of slices the batch-reduce loop is split into
+    /// (`None`: [`Tiling::split`] for the device, the default); more slices
+    /// than tiles of `bk` are clamped. For tests and measurements.
+    pub fn with_split(mut self, splits: Option<usize>) -> GpuBrgemm {
+        self.split = splits;
+        self
     }
 }

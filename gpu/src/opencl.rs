@@ -76,6 +76,18 @@ impl OpenClBackend {
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// Compute units (`CL_DEVICE_MAX_COMPUTE_UNITS`).
+    pub fn compute_units(&self) -> Result<usize> {
+        let id = *self
+            .context
+            .devices()
+            .first()
+            .ok_or_else(|| Error::NoOpenCl("the context has no device".into()))?;
+        let n = opencl3::device::Device::new(id)
+            .max_compute_units()
+            .map_err(cl)?;
+        Ok((n as usize).max(1))
+    }
 
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Buffer<u8>> {
         // SAFETY: no host pointer; zero-filled below before any use, so a
@@ -127,8 +139,8 @@ impl OpenClBackend {
         key: &str,
         source: impl FnOnce() -> String,
         name: &str,
-        global: [usize; 2],
-        local: [usize; 2],
+        global: [usize; 3],
+        local: [usize; 3],
         args: &[ClArg],
     ) -> Result<()> {
         let kkey = format!("{key}/{name}");

@@ -84,6 +84,17 @@ impl Tiling {
         (65536 / (self.threads() * self.min_blocks(dtype))).min(255)
     }
 
+    /// Slices of the `batch x k` tiles to split a launch into: one while the
+    /// C tiles (`blocks`) already give every one of the device's `units`
+    /// multiprocessors a block, else enough for each to have one (at most
+    /// one slice per tile of `bk`, so every slice has work), capped at 256.
+    pub fn split(blocks: usize, tiles: usize, units: usize) -> usize {
+        if blocks == 0 || blocks >= units || tiles < 2 {
+            return 1;
+        }
+        units.div_ceil(blocks).min(tiles).min(256)
+    }
+
     /// The default for a problem: the largest of 128/64/32 that the problem
     /// fills in each dimension; warps own 64x32 (or 32x32) of C; as many
     /// stages (2..=4) as fit in 48 KiB.
@@ -161,5 +172,40 @@ impl Tiling {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_fills_an_h100_whenever_the_work_allows() {
+        let sms = 132;
+        // The bench's shapes (m, n, k, batch) and a large one.
+        for (m, n, k, batch) in [
+            (128usize, 128usize, 64usize, 64usize),
+            (256, 128, 64, 32),
+            (128, 128, 64, 1),
+            (4096, 4096, 64, 4),
+        ] {
+            let t = Tiling::heuristic(m, n, GpuDtype::Bf16);
+            let blocks = m.div_ceil(t.bm) * n.div_ceil(t.bn);
+            let tiles = batch * k.div_ceil(t.bk);
+            let s = Tiling::split(blocks, tiles, sms);
+            assert!(s >= 1 && s <= tiles.max(1));
+            if blocks >= sms {
+                assert_eq!(s, 1, "{m}x{n}: enough C tiles already");
+            } else {
+                // As many blocks as SMs, or every tile its own slice.
+                assert!(
+                    blocks * s >= sms || s == tiles,
+                    "{m}x{n}x{k} batch {batch}: {blocks} x {s}"
+                );
+            }
+        }
+        assert_eq!(Tiling::split(1, 128, 132), 128);
+        assert_eq!(Tiling::split(2, 64, 132), 64);
+        assert_eq!(Tiling::split(1, 1, 132), 1);
     }
 }

@@ -34,6 +34,25 @@ fn err<T>(r: Result<T, Error>) -> String {
 }
 
 #[test]
+fn split_batch_reduce_matches_reference() {
+    // Slices of the batch x k tiles summed in order by the reduce kernel,
+    // which then applies alpha, beta, bias and activation: every case of
+    // the sweep (all forms, beta 0/1, epilogues, edge tiles, zero batch)
+    // with 2, 3 and 7 slices (clamped to the tiles there are).
+    let Some(dev) = opencl() else { return };
+    for (i, (d, batch)) in sweep().into_iter().enumerate() {
+        let p = Problem::new(&d, batch, i as u64 + 101);
+        for s in [2, 3, 7] {
+            let got = p
+                .run_split(dev, Some(s))
+                .unwrap_or_else(|e| panic!("{d:?} split {s}: {e}"));
+            p.check(&got)
+                .unwrap_or_else(|e| panic!("{d:?} batch {batch} split {s}: {e}"));
+        }
+    }
+}
+
+#[test]
 fn bad_descriptors_and_buffers_are_named() {
     assert!(err(GpuDescriptor::new(0, 4, 4).validate()).contains("m = 0"));
     assert!(err(GpuDescriptor::new(8, 4, 4).lda(7).validate()).contains("lda = 7"));

@@ -9,7 +9,14 @@ use std::fmt::Write;
 ///
 /// Kernel arguments, in order: `A`, `B`, `C` (f32), `bias` (f32, length m;
 /// any buffer when the epilogue has none), `ta`, `tb` (the offset or address
-/// tables; any buffer in the stride form), `batch` (int).
+/// tables; any buffer in the stride form), `batch` (int), `P` (f32).
+///
+/// Split over the batch-reduce axis: the grid's z dimension cuts the
+/// `batch x k` tiles into that many contiguous slices. With one slice the
+/// block stores its C tile through the epilogue; with more, slice z stores
+/// its raw partial sums to `P[z][n][m]` (dense, column-major), and
+/// [`split_reduce_source`]'s kernel adds the slices in order and applies the
+/// epilogue: deterministic, the same for any timing.
 pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     let t = d.tiling.expect("validated descriptor");
     let name = d.kernel_name();
@@ -98,7 +105,8 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     writeln!(
         s,
         "    GLOBAL const {et}* __restrict__ A, GLOBAL const {et}* __restrict__ B, GLOBAL float* __restrict__ C,\n    \
-         GLOBAL const float* __restrict__ bias, GLOBAL const {tab}* __restrict__ ta, GLOBAL const {tab}* __restrict__ tb, int batch)\n{{"
+         GLOBAL const float* __restrict__ bias, GLOBAL const {tab}* __restrict__ ta, GLOBAL const {tab}* __restrict__ tb, int batch,\n    \
+         GLOBAL float* __restrict__ P)\n{{"
     )
     .unwrap();
     s = s.replace(
@@ -113,7 +121,9 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
          const int wm = warp / WARPS_N, wn = warp % WARPS_N;\n  \
          const int g = lane >> 2, tg = lane & 3;\n  \
          const int m0 = BY * BM, n0 = BX * BN;\n  \
-         const int total = batch * KT;\n  \
+         const int all = batch * KT;\n  \
+         const int t_lo = (int)(((idx_t)all * BZ) / GZ);\n  \
+         const int total = (int)(((idx_t)all * (BZ + 1)) / GZ) - t_lo;\n  \
          float acc[FM][FN][4];\n  \
          #pragma unroll\n  for (int i = 0; i < FM; ++i)\n    #pragma unroll\n    for (int j = 0; j < FN; ++j)\n      #pragma unroll\n      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;"
     )
@@ -183,9 +193,46 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
          #pragma unroll\n      for (int h = 0; h < 2; ++h)\n        #pragma unroll\n        for (int e = 0; e < 2; ++e) {{\n          \
          const int r = m0 + wm * WM + fm * 16 + g + 8 * h;\n          \
          const int c = n0 + wn * WN + fn * 8 + 2 * tg + e;\n          \
-         if (r < M && c < N) {{\n            const idx_t ci = r + (idx_t)c * LDC;\n            \
+         if (r < M && c < N) {{\n            if (GZ > 1) {{\n              \
+         P[(idx_t)BZ * M * N + r + (idx_t)c * M] = acc[fm][fn][2 * h + e];\n              continue;\n            }}\n            \
+         const idx_t ci = r + (idx_t)c * LDC;\n            \
          const float v = {v_expr};\n            C[ci] = {};\n          }}\n        }}\n}}",
         activation_expr(d.epilogue.activation, "v")
+    )
+    .unwrap();
+    (s, name)
+}
+
+/// The kernel that finishes a split launch: for each element of C, the
+/// slices' partial sums of `P` added in slice order, then alpha, beta * C,
+/// the bias and the activation, as the unsplit epilogue. Arguments: `C`,
+/// `bias` (any buffer without one), `P`, `splits` (int); one work item per
+/// element of the `m x n` C.
+pub fn split_reduce_source(d: &GpuDescriptor, target: Target) -> (String, String) {
+    let name = format!("{}_reduce", d.kernel_name());
+    let mut s = String::new();
+    s.push_str(prelude(target));
+    writeln!(
+        s,
+        "#define M {}\n#define N {}\n#define LDC {}",
+        d.m, d.n, d.ldc
+    )
+    .unwrap();
+    let mut v = format!("{} * v", float_lit(d.alpha));
+    if matches!(d.beta, Beta::One) {
+        v = format!("{v} + C[ci]");
+    }
+    if d.epilogue.bias {
+        v = format!("{v} + bias[r]");
+    }
+    writeln!(
+        s,
+        "KERNEL {name}(GLOBAL float* C, GLOBAL const float* bias, GLOBAL const float* P, int splits) {{\n  \
+         const idx_t i = GID;\n  if (i >= (idx_t)M * N) return;\n  \
+         const int r = (int)(i % M), c = (int)(i / M);\n  float v = 0.0f;\n  \
+         for (int z = 0; z < splits; ++z) v += P[(idx_t)z * M * N + i];\n  \
+         const idx_t ci = r + (idx_t)c * LDC;\n  const float w = {v};\n  C[ci] = {};\n}}",
+        activation_expr(d.epilogue.activation, "w")
     )
     .unwrap();
     (s, name)
@@ -213,7 +260,7 @@ fn load_tile(
         (GpuBatch::Packed, _) => unreachable!("validation resolves Packed"),
     };
     let mut s = format!(
-        "{{\n      const int bi = ({tt}) / KT, k0 = (({tt}) % KT) * BK, sx = {st};\n      \
+        "{{\n      const int bi = (t_lo + ({tt})) / KT, k0 = ((t_lo + ({tt})) % KT) * BK, sx = {st};\n      \
          GLOBAL const {et}* Ai = {};\n      GLOBAL const {et}* Bi = {};\n",
         base("A", "ta", "SA"),
         base("B", "tb", "SB")

@@ -16,7 +16,7 @@
 mod brgemm_src;
 mod elementwise;
 
-pub use brgemm_src::brgemm_source;
+pub use brgemm_src::{brgemm_source, split_reduce_source};
 pub use elementwise::{elementwise_source, ElementwiseKernel};
 
 /// Which language to emit.
@@ -47,6 +47,7 @@ pub(crate) fn prelude(t: Target) -> &'static str {
              #define SYNC() __syncthreads()\n#define TID ((int)threadIdx.x)\n\
              #define GID ((idx_t)blockIdx.x * blockDim.x + threadIdx.x)\n\
              #define BX ((int)blockIdx.x)\n#define BY ((int)blockIdx.y)\n\
+             #define BZ ((int)blockIdx.z)\n#define GZ ((int)gridDim.z)\n\
              #define EXPF(x) expf(x)\n#define TANHF(x) tanhf(x)\n#define SQRTF(x) sqrtf(x)\n#define LOGF(x) logf(x)\n\
              #define BF16_TO_F32(h) __uint_as_float(((unsigned)(h)) << 16)\n\
              __device__ __forceinline__ float f16_to_f32(u16 h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n\
@@ -58,6 +59,7 @@ pub(crate) fn prelude(t: Target) -> &'static str {
              #define SYNC() barrier(CLK_LOCAL_MEM_FENCE)\n#define TID ((int)get_local_id(0))\n\
              #define GID ((idx_t)get_global_id(0))\n\
              #define BX ((int)get_group_id(0))\n#define BY ((int)get_group_id(1))\n\
+             #define BZ ((int)get_group_id(2))\n#define GZ ((int)get_num_groups(2))\n\
              #define EXPF(x) exp(x)\n#define TANHF(x) tanh(x)\n#define SQRTF(x) sqrt(x)\n#define LOGF(x) log(x)\n\
              #define BF16_TO_F32(h) as_float(((uint)(h)) << 16)\n\
              inline float f16_to_f32(u16 h) { return vload_half(0, (const half*)&h); }\n\

@@ -180,7 +180,13 @@ impl Problem {
 
     /// Runs the generated kernel on `dev`; returns C.
     pub fn run(&self, dev: &Device) -> brgemm_gpu::Result<Vec<f32>> {
-        let k = GpuBrgemm::new(&self.d)?;
+        self.run_split(dev, None)
+    }
+
+    /// [`Problem::run`] with the batch-reduce loop split into `splits`
+    /// slices (`None`: the device's default).
+    pub fn run_split(&self, dev: &Device, splits: Option<usize>) -> brgemm_gpu::Result<Vec<f32>> {
+        let k = GpuBrgemm::new(&self.d)?.with_split(splits);
         let a = upload(dev, self.d.dtype, &self.a);
         let b = upload(dev, self.d.dtype, &self.b);
         let mut c = dev.upload(&self.c0)?;
