@@ -163,19 +163,61 @@ impl Blocked {
             }
     }
 
+    /// Row `r` as runs `(offset, len, step)`, columns 0.. in order: one run
+    /// per column block, its elements `step` apart (1 in row-major blocks).
+    /// The iterator does not borrow the matrix, so a caller may write
+    /// through the runs as it walks them.
+    pub fn row_runs(&self, r: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+        let (i, ri) = (r / self.br, r % self.br);
+        let (br, bc, cols, inner) = (self.br, self.bc, self.cols, self.inner);
+        let (blocks, len) = (self.col_blocks(), self.block_len());
+        (0..blocks).map(move |j| {
+            let (base, n) = ((i * blocks + j) * len, bc.min(cols - j * bc));
+            match inner {
+                Inner::RowMajor => (base + ri * bc, n, 1),
+                Inner::ColMajor => (base + ri, n, br),
+            }
+        })
+    }
+
     /// The offsets of row `r`'s elements, columns 0.. in order: what
     /// [`Blocked::index`] gives for each, without its four divisions per
     /// element.
-    pub fn row_offsets(&self, r: usize) -> impl Iterator<Item = usize> + '_ {
-        let (i, ri) = (r / self.br, r % self.br);
-        (0..self.col_blocks()).flat_map(move |j| {
-            let n = self.bc.min(self.cols - j * self.bc);
-            let (base, step) = match self.inner {
-                Inner::RowMajor => (self.block(i, j) + ri * self.bc, 1),
-                Inner::ColMajor => (self.block(i, j) + ri, self.br),
-            };
-            (0..n).map(move |ci| base + ci * step)
-        })
+    pub fn row_offsets(&self, r: usize) -> impl Iterator<Item = usize> {
+        self.row_runs(r)
+            .flat_map(|(base, n, step)| (0..n).map(move |ci| base + ci * step))
+    }
+
+    /// Writes the logical row `r` from `src` (`cols` values).
+    pub fn put_row(&mut self, r: usize, src: &[f32]) {
+        let mut c = 0;
+        for (off, n, step) in self.row_runs(r) {
+            let src = &src[c..c + n];
+            if step == 1 {
+                self.data[off..off + n].copy_from_slice(src);
+            } else {
+                for (t, v) in src.iter().enumerate() {
+                    self.data[off + t * step] = *v;
+                }
+            }
+            c += n;
+        }
+    }
+
+    /// Reads the logical row `r` into `dst` (`cols` values).
+    pub fn get_row(&self, r: usize, dst: &mut [f32]) {
+        let mut c = 0;
+        for (off, n, step) in self.row_runs(r) {
+            let dst = &mut dst[c..c + n];
+            if step == 1 {
+                dst.copy_from_slice(&self.data[off..off + n]);
+            } else {
+                for (t, v) in dst.iter_mut().enumerate() {
+                    *v = self.data[off + t * step];
+                }
+            }
+            c += n;
+        }
     }
 
     /// Converts a plain row-major `rows x cols` matrix.
@@ -195,11 +237,8 @@ impl Blocked {
     /// Overwrites the logical part from a plain row-major matrix.
     pub fn set_plain(&mut self, plain: &[f32]) -> Result<()> {
         check_buf("plain matrix", plain.len(), self.rows * self.cols)?;
-        for r in 0..self.rows {
-            for c in 0..self.cols {
-                let i = self.index(r, c);
-                self.data[i] = plain[r * self.cols + c];
-            }
+        for (r, row) in plain.chunks_exact(self.cols).enumerate() {
+            self.put_row(r, row);
         }
         Ok(())
     }
@@ -207,10 +246,8 @@ impl Blocked {
     /// The logical part as a plain row-major matrix.
     pub fn to_plain(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.rows * self.cols];
-        for r in 0..self.rows {
-            for c in 0..self.cols {
-                out[r * self.cols + c] = self.data[self.index(r, c)];
-            }
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.get_row(r, row);
         }
         out
     }

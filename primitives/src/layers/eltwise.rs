@@ -137,13 +137,26 @@ pub fn flatten(pool: &Pool, x: &Tensor4, out: &mut Blocked) -> Result<()> {
     let out_ref = &*out;
     let n = x.n;
     pool.for_each(n, |ni| {
+        // SAFETY: row ni of the output belongs to this thread.
+        let put = |to: usize, v: f32| unsafe { *o.get().add(to) = v };
+        if hw == 1 {
+            // Flat: an image's channels are its first c values, in order.
+            let src = &x.data[x.index(ni, 0, 0, 0)..][..x.c];
+            let mut c = 0;
+            for (off, len, step) in out_ref.row_runs(ni) {
+                for (t, v) in src[c..c + len].iter().enumerate() {
+                    put(off + t * step, *v);
+                }
+                c += len;
+            }
+            return;
+        }
         let src = (0..x.c).flat_map(|c| {
             let base = x.index(ni, c, 0, 0);
             (0..hw).map(move |p| base + p * bc)
         });
         for (from, to) in src.zip(out_ref.row_offsets(ni)) {
-            // SAFETY: row ni of the output belongs to this thread.
-            unsafe { *o.get().add(to) = x.data[from] };
+            put(to, x.data[from]);
         }
     });
     Ok(())
@@ -156,6 +169,11 @@ pub fn unflatten(pool: &Pool, d: &Blocked, dx: &mut Tensor4) -> Result<()> {
     let (hw, bc, c) = (dx.h * dx.w, dx.bc, dx.c);
     crate::tensor::par_images(pool, dx, |ni, img| {
         img.fill(0.0);
+        if hw == 1 {
+            // Flat: the image's first c values are its channels, in order.
+            d.get_row(ni, &mut img[..c]);
+            return;
+        }
         let dst = (0..c).flat_map(|ch| {
             let base = (ch / bc) * hw * bc + ch % bc;
             (0..hw).map(move |p| base + p * bc)
