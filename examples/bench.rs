@@ -613,7 +613,8 @@ fn bench_mpi() {
 #[cfg(feature = "mpi")]
 fn bench_mpi() {
     use brgemm_distributed::{install_abort_on_panic, mpi};
-    use brgemm_nn::models::{LayerSpec, Mlp};
+    use brgemm_nn::models::{mlp, LayerSpec};
+    use brgemm_nn::Tensor;
     use brgemm_primitives::Activation;
     use mpi::traits::*;
     let universe = mpi::initialize().expect("MPI");
@@ -638,8 +639,8 @@ fn bench_mpi() {
             act: Activation::Identity,
         },
     ];
-    let mut model = Mlp::new(feats, per_rank, &specs, 1).expect("model");
-    let mut x = model.input_layout();
+    let mut model = mlp(feats, per_rank, &specs, 1).expect("model");
+    let mut x = Tensor::zeros(model.input_shape());
     x.data_mut()
         .iter_mut()
         .enumerate()
@@ -666,8 +667,8 @@ fn bench_mpi() {
         classes,
         dropout: 0.0,
     };
-    let mut cnn = brgemm_nn::models::Cnn::new(&spec, cnn_rank, 1).expect("cnn");
-    let mut xi = cnn.input_tensor();
+    let mut cnn = spec.graph(cnn_rank, 1).expect("cnn");
+    let mut xi = Tensor::zeros(cnn.input_shape());
     xi.data_mut()
         .iter_mut()
         .enumerate()

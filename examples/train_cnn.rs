@@ -1,5 +1,6 @@
 //! Trains a small CNN on Fashion-MNIST: two stages of 3x3 conv + ReLU + 2x2
-//! max pooling (32 and 64 channels), FC 128 + ReLU, FC 10. Prints per-epoch
+//! max pooling (32 and 64 channels), FC 128 + ReLU, FC 10, as a layer graph
+//! (`CnnSpec::graph`), trained with the graph loop (`brgemm_dl::fit`). Prints per-epoch
 //! loss, test accuracy and images/s, and ends with `test_accuracy=<fraction>`.
 //!
 //! ```text
@@ -69,10 +70,9 @@ fn main() {
         cfg.batch,
         pool.threads()
     );
-    let model = args.model(
-        cfg.batch,
-        |m| train_cnn::check_fits(m, &tr),
+    let model = args.graph(
         || train_cnn::build(&cfg, &tr),
+        |g| train_cnn::check_fits(g, &tr),
     );
     let (model, last) = cli::train_or_evaluate(
         "images",
@@ -81,6 +81,6 @@ fn main() {
         |m| train_cnn::accuracy(m, pool, &te),
         |m, report| train_cnn::train_model(&cfg, pool, m, &tr, &te, report),
     );
-    cli::save(&model, save);
+    cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
 }

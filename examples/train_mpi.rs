@@ -14,9 +14,13 @@
 //! under backward. Ends with `test_accuracy=<fraction>` (rank 0).
 
 use brgemm_distributed::mpi;
-use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
-use brgemm_dl::{data, train, train_cnn};
+use brgemm_distributed::{install_abort_on_panic, DataParallel};
+use brgemm_dl::fit::{self, Samples};
+use brgemm_dl::nn::models::{mlp, LayerSpec};
+use brgemm_dl::nn::{Graph, Tensor};
+use brgemm_dl::{data, train_cnn};
 use brgemm_primitives::init::Rng;
+use brgemm_primitives::optim::Optimizer;
 use mpi::traits::*;
 use std::time::Instant;
 
@@ -49,49 +53,24 @@ fn main() {
     }
     let epochs = args.positive("epochs", 20);
     let global = args.positive("batch", 64);
-    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let size = world.size() as usize;
 
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
-    let cfg = train::TrainConfig {
-        batch: global.div_ceil(size),
-        seed: args.get_or("seed", 1),
-        optimizer: brgemm_primitives::optim::Optimizer::adam(args.lr(3e-3)),
-        tuning_file: args.tuning_file(),
-        ..Default::default()
-    };
-    let mut model = train::build(&cfg, &tr).expect("model");
-    let mut dp = DataParallel::new(world, &mut model, 64 << 10);
-    dp.broadcast_parameters(&mut model);
-    dp.calibrate(5);
-    let pool = cli::pool();
-    if rank == 0 {
-        println!(
-            "digits: {} train / {} test; {size} rank(s) x {} thread(s); global batch {global}; {} all-reduce bucket(s)",
-            tr.len(),
-            te.len(),
-            pool.threads(),
-            dp.buckets()
-        );
-    }
-    let x = model.input_layout();
+    let seed = args.get_or("seed", 1);
+    let opt = Optimizer::adam(args.lr(3e-3));
+    let specs = LayerSpec::classifier(&[128, 64], tr.classes);
+    // Every rank plans for the largest shard.
+    let model = mlp(tr.features, global.div_ceil(size), &specs, seed).expect("model");
     let plan = Plan {
         epochs,
         global,
-        len: tr.len(),
         whole_batches: false,
-        seed: cfg.seed ^ 0x5eed,
+        seed: seed ^ 0x5eed,
         unit: "samples",
+        bucket_bytes: 64 << 10,
     };
-    run(
-        &mut dp,
-        &mut model,
-        x,
-        &plan,
-        &cfg.optimizer,
-        |idx, x| tr.fill_batch(idx, x),
-        |m| train::accuracy(m, pool, &te).expect("eval"),
-    );
+    run(world, model, &plan, &opt, &tr, &te, "digits MLP");
 }
 
 /// What a data-parallel run walks.
@@ -99,8 +78,8 @@ struct Plan {
     epochs: usize,
     /// Global minibatch.
     global: usize,
-    /// Training items.
-    len: usize,
+    /// All-reduce bucket size.
+    bucket_bytes: usize,
     /// Leave out a short last global batch (batch norm).
     whole_batches: bool,
     seed: u64,
@@ -111,18 +90,33 @@ struct Plan {
 /// The epoch loop of both models: every rank walks the same shuffled global
 /// batches and trains on its shard; rank 0 reports per epoch, every rank its
 /// throughput and communication, rank 0 the final `test_accuracy=` line.
-fn run<R: Replica>(
-    dp: &mut DataParallel,
-    model: &mut R,
-    mut x: R::Input,
+fn run(
+    world: mpi::topology::SimpleCommunicator,
+    mut model: Graph,
     plan: &Plan,
-    opt: &brgemm_primitives::optim::Optimizer,
-    mut fill: impl FnMut(&[usize], &mut R::Input) -> Vec<usize>,
-    mut evaluate: impl FnMut(&mut R) -> f64,
+    opt: &Optimizer,
+    tr: &impl Samples,
+    te: &impl Samples,
+    what: &str,
 ) {
+    let mut dp = DataParallel::new(world, &mut model, plan.bucket_bytes);
+    dp.broadcast_parameters(&mut model);
+    dp.calibrate(5);
     let (rank, size) = (dp.rank(), dp.size());
     let pool = cli::pool();
-    let mut order: Vec<usize> = (0..plan.len).collect();
+    if rank == 0 {
+        println!(
+            "{what}: {} train / {} test; {size} rank(s) x {} thread(s); global batch {}; {} all-reduce bucket(s)",
+            tr.len(),
+            te.len(),
+            pool.threads(),
+            plan.global,
+            dp.buckets()
+        );
+    }
+    let mut x = Tensor::zeros(model.input_shape());
+
+    let mut order: Vec<usize> = (0..tr.len()).collect();
     let mut rng = Rng::new(plan.seed);
     let (mut samples, mut secs) = (0usize, 0.0f64);
     let mut acc = 0.0;
@@ -137,11 +131,11 @@ fn run<R: Replica>(
                 continue;
             }
             let mine = &batch[dp.shard(batch.len())];
-            let labels = fill(mine, &mut x);
+            let labels = tr.fill(mine, x.data_mut());
             // The guard sees the same global values on every rank, so all
             // ranks stop at the same step.
             let loss = dp
-                .train_step(model, pool, &x, &labels, batch.len(), opt)
+                .train_step(&mut model, pool, &x, &labels, batch.len(), opt)
                 .unwrap_or_else(|e| {
                     eprintln!("rank {rank}: training failed: {e}");
                     dp.world().abort(1)
@@ -151,7 +145,7 @@ fn run<R: Replica>(
             steps += 1;
         }
         secs += t.elapsed().as_secs_f64();
-        acc = evaluate(model);
+        acc = fit::accuracy(&mut model, pool, te).expect("eval");
         if rank == 0 {
             println!(
                 "epoch {epoch:3}  loss {:.4}  test_acc {acc:.4}",
@@ -178,7 +172,7 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
     let epochs = args.positive("epochs", 2);
     let global = args.positive("batch", 64);
     let limit = args.positive("train-limit", usize::MAX);
-    let (rank, size) = (world.rank() as usize, world.size() as usize);
+    let size = world.size() as usize;
     let dir: String = args.get_or("data", data::FASHION_MNIST_DIR.into());
     let (mut tr, te) = data::fashion_mnist(std::path::Path::new(&dir)).unwrap_or_else(|e| {
         eprintln!("{e}");
@@ -190,39 +184,25 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
     let cfg = train_cnn::CnnConfig {
         batch: global.div_ceil(size),
         seed: args.get_or("seed", 1),
-        optimizer: brgemm_primitives::optim::Optimizer::adam(args.lr(1e-3)),
+        optimizer: Optimizer::adam(args.lr(1e-3)),
         ..Default::default()
     };
-    let mut model = train_cnn::build(&cfg, &tr).expect("model");
-    let mut dp = DataParallel::new(world, &mut model, 256 << 10);
-    dp.broadcast_parameters(&mut model);
-    dp.calibrate(5);
-    let pool = cli::pool();
-    if rank == 0 {
-        println!(
-            "fashion-mnist CNN: {} train / {} test; {size} rank(s) x {} thread(s); global batch {global}; {} all-reduce bucket(s)",
-            tr.data.len(),
-            te.data.len(),
-            pool.threads(),
-            dp.buckets()
-        );
-    }
-    let x = model.input_tensor();
+    let model = train_cnn::build(&cfg, &tr).expect("model");
     let plan = Plan {
         epochs,
         global,
-        len: tr.data.len(),
         whole_batches: true,
         seed: cfg.seed ^ 0xc22,
         unit: "images",
+        bucket_bytes: 256 << 10,
     };
     run(
-        &mut dp,
-        &mut model,
-        x,
+        world,
+        model,
         &plan,
         &cfg.optimizer,
-        |idx, x| train_cnn::fill_images(&tr, idx, x),
-        |m| train_cnn::accuracy(m, pool, &te).expect("eval"),
+        &tr,
+        &te,
+        "fashion-mnist CNN",
     );
 }

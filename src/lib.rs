@@ -10,13 +10,16 @@
 //!   losses and optimizers.
 //! - [`nn`] (crate `brgemm-nn`): networks as graphs of layers (a `Layer`
 //!   trait over the primitives, residual joins, shape checks when a graph
-//!   is built, ResNet-50), and the fixed templates [`nn::models::Mlp`],
-//!   [`nn::models::Cnn`] and [`nn::models::SeqClassifier`] with their model
+//!   is built, the CNN, MLP and ResNets as graph builders), and the fixed
+//!   templates [`nn::models::Mlp`] (mixed bf16 precision) and
+//!   [`nn::models::SeqClassifier`] (stacked, bidirectional) with their model
 //!   files.
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
-//! - [`train`], [`train_cnn`], [`train_lstm`]: the MLP, CNN and sequence
-//!   (LSTM/RNN) training loops the examples use.
+//! - [`fit`]: the one training loop of every layer graph, on any
+//!   [`fit::Samples`]; [`train_cnn`] is the CNN example's network on it.
+//! - [`train`], [`train_lstm`]: the MLP and sequence (LSTM/RNN) template
+//!   loops the examples use.
 //!
 //! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
 //! data-parallel training over MPI (needs OpenMPI). Cargo features `cuda`
@@ -36,6 +39,7 @@ pub use brgemm_primitives as primitives;
 
 pub mod data;
 mod error;
+pub mod fit;
 pub mod idx;
 pub mod train;
 pub mod train_cnn;

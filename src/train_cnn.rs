@@ -1,10 +1,14 @@
-//! The CNN training loop shared by `examples/train_cnn` and the tests.
+//! The CNN of `examples/train_cnn` on the layer graph, and its settings;
+//! it trains with [`crate::fit`], the loop of every graph.
 
 use crate::data::ImageSet;
+pub use crate::fit::{accuracy, check_fits};
+use crate::fit::{fit, FitConfig};
 use crate::train::EpochReport;
-use brgemm_nn::models::{Cnn, CnnSpec, StageSpec, Trainable};
+use brgemm_nn::models::{CnnSpec, StageSpec};
+use brgemm_nn::{Graph, Result};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Pool, Result, Tensor4};
+use brgemm_primitives::Pool;
 
 /// What to train, and how.
 #[derive(Debug, Clone)]
@@ -51,103 +55,51 @@ impl Default for CnnConfig {
     }
 }
 
-/// Plans the network of `cfg` for images like `data`'s.
-pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Cnn> {
-    Cnn::new(
-        &CnnSpec {
-            input: data.dims,
-            stages: cfg.stages.clone(),
-            hidden: cfg.hidden.clone(),
-            classes: data.data.classes,
-            dropout: cfg.dropout,
-        },
-        cfg.batch,
-        cfg.seed,
-    )
-}
-
-/// Writes images `idx` into the first images of `x` (the rest zeroed) and
-/// returns their labels.
-pub fn fill_images(set: &ImageSet, idx: &[usize], x: &mut Tensor4) -> Vec<usize> {
-    let f = set.data.features;
-    x.data_mut().fill(0.0);
-    for (r, &i) in idx.iter().enumerate() {
-        let img = &set.data.x[i * f..][..f];
-        for c in 0..x.c() {
-            for p in 0..x.h() * x.w() {
-                let at = x.index(r, c, p / x.w(), p % x.w());
-                x.data_mut()[at] = img[c * x.h() * x.w() + p];
-            }
-        }
+/// Plans the network of `cfg` for images like `data`'s ([`CnnSpec::graph`]).
+pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Graph> {
+    CnnSpec {
+        input: data.dims,
+        stages: cfg.stages.clone(),
+        hidden: cfg.hidden.clone(),
+        classes: data.data.classes,
+        dropout: cfg.dropout,
     }
-    idx.iter().map(|&i| set.data.y[i]).collect()
-}
-
-/// Accuracy of `model` on `set` (inference mode), in minibatches.
-pub fn accuracy(model: &mut Cnn, pool: &Pool, set: &ImageSet) -> Result<f64> {
-    let mut x = model.input_tensor();
-    let batch = model.batch();
-    crate::train::accuracy_in_batches(model, set.data.len(), batch, |m, chunk| {
-        let labels = fill_images(set, chunk, &mut x);
-        Ok((m.predict(pool, &x, chunk.len())?, labels))
-    })
+    .graph(cfg.batch, cfg.seed)
 }
 
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
-/// every epoch. Each epoch is a new shuffle in whole minibatches (the last
-/// partial one is left out: batch-norm statistics need a full batch).
+/// every epoch. Returns the trained network.
 pub fn train(
     cfg: &CnnConfig,
     pool: &Pool,
     train: &ImageSet,
     test: &ImageSet,
     report: impl FnMut(&EpochReport),
-) -> Result<Cnn> {
+) -> Result<Graph> {
     cfg.optimizer.validate()?;
     let model = build(cfg, train)?;
     train_model(cfg, pool, model, train, test, report)
 }
 
-/// An error unless `model` reads `data`'s images and predicts its classes.
-pub fn check_fits(model: &Cnn, data: &ImageSet) -> Result<()> {
-    let s = model.spec();
-    crate::train::check_widths(
-        (format!("{:?}", s.input), s.classes),
-        (format!("{:?}", data.dims), data.data.classes),
-    )
-}
-
-/// [`train`] from a given model (e.g. one loaded to resume): its input
-/// geometry and classes must match the data; `cfg`'s architecture fields
-/// are not used.
+/// [`train`] from a given network (e.g. one with loaded values, to resume):
+/// [`crate::fit::fit`] with `cfg`'s epochs, optimizer, seed and guard, in
+/// whole minibatches (the last partial one is left out: batch-norm
+/// statistics need a full batch); `cfg`'s architecture fields are not used.
 pub fn train_model(
     cfg: &CnnConfig,
     pool: &Pool,
-    mut model: Cnn,
+    mut model: Graph,
     train: &ImageSet,
     test: &ImageSet,
-    mut report: impl FnMut(&EpochReport),
-) -> Result<Cnn> {
-    cfg.optimizer.validate()?;
-    check_fits(&model, train)?;
-    let mut x = model.input_tensor();
-    let plan = crate::train::EpochPlan {
+    report: impl FnMut(&EpochReport),
+) -> Result<Graph> {
+    let fit_cfg = FitConfig {
         epochs: cfg.epochs,
-        len: train.data.len(),
-        batch: cfg.batch,
-        whole_batches: true,
+        optimizer: cfg.optimizer,
         seed: cfg.seed ^ 0xc22,
+        whole_batches: true,
+        check_finite: cfg.check_finite,
     };
-    crate::train::run_epochs(
-        &mut model,
-        plan,
-        |m, chunk, index| {
-            let labels = fill_images(train, chunk, &mut x);
-            let check = cfg.check_finite.then_some(index);
-            m.checked_step(pool, &x, &labels, &cfg.optimizer, check)
-        },
-        |m| accuracy(m, pool, test),
-        &mut report,
-    )?;
+    fit(&mut model, pool, &fit_cfg, train, test, report)?;
     Ok(model)
 }

@@ -1,7 +1,7 @@
 //! # brgemm-distributed: data-parallel training over MPI
 //!
 //! Each rank holds a full replica of a model (a [`Replica`]: any layer
-//! [`Graph`], or the [`Mlp`] and [`Cnn`] templates); every global minibatch is
+//! [`Graph`], or a model of the user's that implements the trait); every global minibatch is
 //! split across the ranks ([`DataParallel::shard`], uneven splits allowed).
 //! [`DataParallel::train_step`] runs forward and backward on the local shard
 //! and, as soon as a layer's weight gradient is complete (the model's
@@ -29,10 +29,9 @@
 /// The rsmpi crate this one is built on (initialise with `mpi::initialize()`).
 pub use mpi;
 
-use brgemm_nn::models::{Cnn, Mlp};
 use brgemm_nn::{Graph, Tensor as NnTensor};
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Blocked, Error, Pool, Result, Tensor4};
+use brgemm_primitives::{Error, Pool, Result};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -110,62 +109,6 @@ pub trait Replica {
     ) -> Result<f32>;
     /// The optimizer step on the stored gradients.
     fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()>;
-}
-
-impl Replica for Mlp {
-    type Input = Blocked;
-    fn groups(&self) -> usize {
-        self.depth()
-    }
-    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
-        let (w, b) = Mlp::parameters_mut(self, g);
-        vec![&mut w.data_mut()[..], b]
-    }
-    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
-        let (w, b) = Mlp::gradients_mut(self, g);
-        vec![&mut w.data_mut()[..], b]
-    }
-    fn compute_gradients_with(
-        &mut self,
-        pool: &Pool,
-        x: &Blocked,
-        labels: &[usize],
-        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
-    ) -> Result<f32> {
-        Mlp::compute_gradients_with(self, pool, x, labels, |i, dw, db| {
-            ready(i, &mut [&mut dw.data_mut()[..], db])
-        })
-    }
-    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()> {
-        Mlp::apply_gradients(self, opt);
-        Ok(())
-    }
-}
-
-impl Replica for Cnn {
-    type Input = Tensor4;
-    fn groups(&self) -> usize {
-        self.param_groups()
-    }
-    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
-        self.group_parameters_mut(g)
-    }
-    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
-        self.group_gradients_mut(g)
-    }
-    fn compute_gradients_with(
-        &mut self,
-        pool: &Pool,
-        x: &Tensor4,
-        labels: &[usize],
-        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
-    ) -> Result<f32> {
-        Cnn::compute_gradients_with(self, pool, x, labels, ready)
-    }
-    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()> {
-        Cnn::apply_gradients(self, opt);
-        Ok(())
-    }
 }
 
 /// A layer graph's error as the primitives' (the trainer's error type):

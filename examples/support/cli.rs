@@ -249,6 +249,46 @@ impl Args {
     }
 }
 
+impl Args {
+    /// A layer graph from `build`, its values replaced by the `--load` file's
+    /// (`Graph::load`: versioned, checked against the graph's shapes), then
+    /// checked against the data by `fits`; a failure ends the process.
+    pub fn graph(
+        &self,
+        build: impl FnOnce() -> brgemm_nn::Result<brgemm_nn::Graph>,
+        fits: impl FnOnce(&brgemm_nn::Graph) -> brgemm_nn::Result<()>,
+    ) -> brgemm_nn::Graph {
+        let mut g = build().unwrap_or_else(|e| {
+            eprintln!("model: {e}");
+            std::process::exit(1)
+        });
+        if let Some(path) = self.values.get("load") {
+            g.load(path).unwrap_or_else(|e| {
+                eprintln!("--load: {e}");
+                std::process::exit(1)
+            });
+            println!("loaded {path}");
+        }
+        fits(&g).unwrap_or_else(|e| {
+            eprintln!("model: {e}");
+            std::process::exit(1)
+        });
+        g
+    }
+}
+
+/// Saves graph `g`'s values to `path` (from [`Args::save_path`], checked
+/// before training); a failure ends the process.
+pub fn save_graph(g: &brgemm_nn::Graph, path: Option<std::path::PathBuf>) {
+    if let Some(path) = path {
+        g.save(&path).unwrap_or_else(|e| {
+            eprintln!("--save: {e}");
+            std::process::exit(1)
+        });
+        println!("saved the model to {}", path.display());
+    }
+}
+
 /// Saves `model` to `path` (from [`Args::save_path`], checked before
 /// training); a failure ends the process.
 pub fn save<M: ModelFile>(model: &M, path: Option<std::path::PathBuf>) {

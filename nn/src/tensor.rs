@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use brgemm_primitives::eltwise::relu_backward;
-use brgemm_primitives::{Pool, Tensor4};
+use brgemm_primitives::{Blocked, Pool, Tensor4};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -70,6 +70,9 @@ pub struct Tensor {
     plain: OnceLock<Vec<f32>>,
     /// The same values in a layer's blocked layout, when a layer wrote them.
     blocked: Option<Arc<Tensor4>>,
+    /// Or, for a flat tensor a linear layer wrote, its rows in the FC
+    /// layout (the next linear layer reads them as they are).
+    rows: Option<Arc<Blocked>>,
 }
 
 impl fmt::Debug for Tensor {
@@ -97,6 +100,7 @@ impl Tensor {
             shape,
             plain: OnceLock::from(data),
             blocked: None,
+            rows: None,
         }
     }
     /// `data` (NCHW) as a tensor of `shape`; an error names both lengths.
@@ -115,17 +119,18 @@ impl Tensor {
     }
     /// The values, NCHW (made from the blocked layout on first use).
     pub fn data(&self) -> &[f32] {
-        self.plain.get_or_init(|| {
-            self.blocked
-                .as_ref()
-                .expect("a tensor holds plain or blocked values")
-                .to_nchw()
-        })
+        self.plain
+            .get_or_init(|| match (&self.blocked, &self.rows) {
+                (Some(t), _) => t.to_nchw(),
+                (None, Some(r)) => r.to_plain(),
+                (None, None) => unreachable!("a tensor holds plain or blocked values"),
+            })
     }
     /// The values, NCHW, to write in place (the length is fixed).
     pub fn data_mut(&mut self) -> &mut [f32] {
         self.data();
         self.blocked = None;
+        self.rows = None;
         self.plain.get_mut().expect("made by data()")
     }
     /// The values.
@@ -162,7 +167,26 @@ impl Tensor {
             shape: Shape::new(n, c, h, w),
             plain: OnceLock::new(),
             blocked: Some(t),
+            rows: None,
         }
+    }
+    /// A flat `(rows, cols, 1, 1)` tensor over a linear layer's FC-layout
+    /// buffer (shared, not copied).
+    pub(crate) fn from_rows(r: Arc<Blocked>) -> Tensor {
+        Tensor {
+            shape: Shape::flat(r.rows(), r.cols()),
+            plain: OnceLock::new(),
+            blocked: None,
+            rows: Some(r),
+        }
+    }
+    /// The values in the FC layout, when a linear layer wrote them.
+    pub(crate) fn rows(&self) -> Option<&Arc<Blocked>> {
+        self.rows.as_ref()
+    }
+    /// The blocked values, when a layer wrote them.
+    pub(crate) fn blocked(&self) -> Option<&Tensor4> {
+        self.blocked.as_deref()
     }
     /// The blocked values when they have channel block `bc`.
     pub(crate) fn blocked_as(&self, bc: usize) -> Option<&Arc<Tensor4>> {
@@ -177,9 +201,10 @@ impl Tensor {
             return Ok(());
         }
         let dst = buf.get_mut(self.shape, bc)?;
-        match &self.blocked {
-            Some(src) => reblock(pool, src, dst),
-            None => from_nchw(pool, self.data(), dst),
+        match (&self.blocked, &self.rows) {
+            (Some(src), _) => reblock(pool, src, dst),
+            (None, Some(r)) => brgemm_primitives::eltwise::unflatten(pool, r, dst)?,
+            (None, None) => from_nchw(pool, self.data(), dst),
         }
         Ok(())
     }
@@ -221,6 +246,51 @@ impl Buf {
     pub(crate) fn tensor(&self) -> Tensor {
         Tensor::from_blocked(Arc::clone(self.0.as_ref().expect("written")))
     }
+}
+
+/// A linear layer's buffer in the FC layout, shared as [`Buf`] is.
+#[derive(Default)]
+pub(crate) struct RowBuf(Option<Arc<Blocked>>);
+
+impl RowBuf {
+    /// The buffer, to write, laid out as `like`: the old one when no one
+    /// else holds it, else a new zero one.
+    pub(crate) fn get_mut(&mut self, like: &Blocked) -> Result<&mut Blocked> {
+        let reuse = self
+            .0
+            .as_mut()
+            .and_then(Arc::get_mut)
+            .is_some_and(|b| same_layout(b, like));
+        if !reuse {
+            let b = Blocked::zeros(like.rows(), like.cols(), like.br(), like.bc(), like.inner())?;
+            self.0 = Some(Arc::new(b));
+        }
+        Ok(Arc::get_mut(self.0.as_mut().expect("set above")).expect("held only here"))
+    }
+    /// Shares `b` (another layer's buffer, read as it is).
+    pub(crate) fn share(&mut self, b: &Arc<Blocked>) {
+        self.0 = Some(Arc::clone(b));
+    }
+    /// The buffer as written or shared last.
+    pub(crate) fn get(&self) -> &Blocked {
+        self.0.as_ref().expect("written before it is read")
+    }
+    /// As [`Buf::release`].
+    pub(crate) fn release(&mut self) {
+        if self.0.as_ref().is_some_and(|t| Arc::strong_count(t) > 1) {
+            self.0 = None;
+        }
+    }
+    /// A flat tensor sharing the buffer.
+    pub(crate) fn tensor(&self) -> Tensor {
+        Tensor::from_rows(Arc::clone(self.0.as_ref().expect("written")))
+    }
+}
+
+/// Whether two FC-layout matrices have the same dims and blocking.
+pub(crate) fn same_layout(a: &Blocked, b: &Blocked) -> bool {
+    (a.rows(), a.cols(), a.br(), a.bc(), a.inner())
+        == (b.rows(), b.cols(), b.br(), b.bc(), b.inner())
 }
 
 /// Runs `f(image, values)` for every image of `data` (`len` values each),

@@ -2,6 +2,7 @@
 //! construction errors, and a small residual network that learns.
 
 use brgemm::Activation;
+use brgemm_nn::models::{mlp, CnnSpec, LayerSpec, StageSpec};
 use brgemm_nn::{
     BatchNorm2d, Conv2d, Error, Flatten, GlobalAvgPool, Graph, GraphBuilder, Layer, Linear, Mode,
     Pool2dLayer, Relu, Shape, Tensor,
@@ -25,7 +26,13 @@ fn loss(g: &mut Graph, pool: &Pool, x: &Tensor, r: &Tensor) -> f64 {
 
 /// Central differences of L against dx and every parameter's gradient, on
 /// `samples` positions of each.
-fn check_gradients(mut g: Graph, seed: u64, samples: usize) {
+fn check_gradients(g: Graph, seed: u64, samples: usize) {
+    check_gradients_eps(g, seed, samples, 1e-2)
+}
+
+/// [`check_gradients`] with step `eps` (ReLU and max-pooling kinks ask for a
+/// smaller one).
+fn check_gradients_eps(mut g: Graph, seed: u64, samples: usize, eps: f32) {
     let pool = Pool::new(2).unwrap();
     let mut rng = Lcg(seed);
     let x = rng.tensor(g.input_shape());
@@ -33,7 +40,6 @@ fn check_gradients(mut g: Graph, seed: u64, samples: usize) {
     g.forward(&pool, &x, Mode::Train).unwrap();
     let dx = g.backward(&pool, &r).unwrap();
     let grads: Vec<Vec<f32>> = g.params().iter().map(|p| p.grad.to_vec()).collect();
-    let eps = 1e-2f32;
     let close = |a: f64, n: f64, what: &str| {
         assert!(
             (a - n).abs() <= 2e-2 * n.abs().max(0.05) + 2e-3,
@@ -244,12 +250,12 @@ fn construction_errors_name_the_layer_and_the_shapes() {
     let mut b = GraphBuilder::new(Shape::new(2, 3, 8, 8));
     let x = b.input();
     let e = b
-        .layer(x, Linear::new(192, 10, Activation::Identity, 0))
+        .layer(x, Linear::new(190, 10, Activation::Identity, 0))
         .err()
         .unwrap()
         .to_string();
     assert!(
-        e.contains("linear 192->10") && e.contains("(2, 3, 8, 8)") && e.contains("Flatten"),
+        e.contains("linear 190->10") && e.contains("(2, 3, 8, 8)") && e.contains("192 features"),
         "{e}"
     );
     let e = b
@@ -822,4 +828,107 @@ fn folds_follow_the_weights_and_statistics_as_they_change() {
     let ya = a.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
     let yb = b.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec();
     close(&ya, &yb, "after a load");
+}
+
+/// The CNN of `train_cnn` as its builder makes it (two stages, with and
+/// without batch norm, pooling, a hidden FC layer).
+fn tiny_cnn(batchnorm: bool) -> Graph {
+    let stage = |channels, pool| StageSpec {
+        channels,
+        kernel: 3,
+        batchnorm,
+        pool,
+    };
+    CnnSpec {
+        input: (2, 6, 6),
+        stages: vec![stage(4, 2), stage(5, 1)],
+        hidden: vec![6],
+        classes: 3,
+        dropout: 0.0,
+    }
+    .graph(4, 3)
+    .unwrap()
+}
+
+#[test]
+fn the_cnn_builder_gradients_match_finite_differences() {
+    // The fused ReLUs and the pooling are kinks a step of 1e-2 crosses.
+    for bn in [false, true] {
+        check_gradients_eps(tiny_cnn(bn), 17, 8, 1e-3);
+    }
+}
+
+#[test]
+fn the_cnn_builder_learns_a_toy_problem() {
+    let pool = Pool::new(2).unwrap();
+    let mut g = tiny_cnn(true);
+    let x = Lcg(8).tensor(g.input_shape());
+    let labels = [0, 2, 1, 2];
+    let opt = Optimizer::adam(0.01);
+    let first = g.train_step(&pool, &x, &labels, &opt).unwrap();
+    let mut last = first;
+    for _ in 0..60 {
+        last = g.train_step(&pool, &x, &labels, &opt).unwrap();
+    }
+    assert!(last < 0.2 * first, "loss {first} -> {last}");
+    assert_eq!(g.predict(&pool, &x).unwrap(), labels);
+}
+
+#[test]
+fn the_mlp_builder_matches_a_plain_reference() {
+    // 5 -> 4 (tanh) -> 3 (identity), in f64 from the layers' own weights.
+    let specs = [
+        LayerSpec {
+            out: 4,
+            act: Activation::Tanh,
+        },
+        LayerSpec {
+            out: 3,
+            act: Activation::Identity,
+        },
+    ];
+    let pool = Pool::new(2).unwrap();
+    let mut g = mlp(5, 2, &specs, 9).unwrap();
+    // The same chain by hand, to read the weights in PyTorch's order.
+    let mut b = GraphBuilder::new(Shape::flat(2, 5));
+    let l1 = b
+        .layer(b.input(), Linear::new(5, 4, Activation::Tanh, 9))
+        .unwrap();
+    let l2 = b
+        .layer(l1, Linear::new(4, 3, Activation::Identity, 10))
+        .unwrap();
+    let h = b.build(l2).unwrap();
+    let x = Lcg(4).tensor(g.input_shape());
+    let mut want: Vec<Vec<f64>> = x
+        .data()
+        .chunks(5)
+        .map(|r| r.iter().map(|&v| f64::from(v)).collect())
+        .collect();
+    for (layer, id) in [l1, l2].into_iter().enumerate() {
+        let lin = h.layer::<Linear>(id).unwrap();
+        let (w, b) = (lin.weights(), lin.bias());
+        for row in &mut want {
+            let out: Vec<f64> = (0..b.len())
+                .map(|o| {
+                    let z = f64::from(b[o])
+                        + row
+                            .iter()
+                            .enumerate()
+                            .map(|(i, v)| v * f64::from(w[o * row.len() + i]))
+                            .sum::<f64>();
+                    if layer == 0 {
+                        z.tanh()
+                    } else {
+                        z
+                    }
+                })
+                .collect();
+            *row = out;
+        }
+    }
+    let y = g.forward(&pool, &x, Mode::Eval).unwrap();
+    for (got, want) in y.data().iter().zip(want.iter().flatten()) {
+        assert!((f64::from(*got) - want).abs() < 1e-5, "{got} vs {want}");
+    }
+    assert!(mlp(5, 2, &[], 9).is_err());
 }

@@ -1,81 +1,14 @@
-//! The fixed model templates (CNN, sequence classifier, MLP in mixed
+//! The fixed model templates (sequence classifier, MLP in mixed
 //! precision): gradients against finite differences, and learning.
 
-use brgemm_nn::models::{Cnn, CnnSpec, LayerSpec, Mlp, SeqClassifier, SeqSpec, StageSpec};
+use brgemm_nn::models::{LayerSpec, Mlp, SeqClassifier, SeqSpec};
 use brgemm_nn::Trainable;
-use brgemm_primitives::{Activation, CellKind, Optimizer, Pool, Tensor4};
+use brgemm_primitives::{Activation, CellKind, Optimizer, Pool};
 
 // The primitives' test helpers, shared rather than copied.
 #[path = "../../primitives/tests/common/mod.rs"]
 mod common;
-use common::{data, data_f64, fd_check};
-
-fn tiny_cnn(batchnorm: bool) -> (Cnn, Tensor4, Vec<usize>) {
-    let spec = CnnSpec {
-        input: (2, 6, 6),
-        stages: vec![
-            StageSpec {
-                channels: 4,
-                kernel: 3,
-                batchnorm,
-                pool: 2,
-            },
-            StageSpec {
-                channels: 5,
-                kernel: 3,
-                batchnorm,
-                pool: 1,
-            },
-        ],
-        hidden: vec![6],
-        classes: 3,
-        dropout: 0.0,
-    };
-    let cnn = Cnn::new(&spec, 4, 3).unwrap();
-    let x = Tensor4::from_nchw(&data(4 * 2 * 36, 8), 4, 2, 6, 6, 2).unwrap();
-    (cnn, x, vec![0, 2, 1, 2])
-}
-
-#[test]
-fn cnn_weight_gradients_match_finite_differences() {
-    let pool = Pool::new(2).unwrap().always_parallel();
-    for bn in [false, true] {
-        let (mut cnn, x, labels) = tiny_cnn(bn);
-        cnn.compute_gradients(&pool, &x, &labels).unwrap();
-        for stage in 0..cnn.depth() {
-            let grad = cnn.conv_gradients(stage).0.data().to_vec();
-            let mut w = cnn.conv_parameters_mut(stage).0.data().to_vec();
-            fd_check(
-                &format!("cnn stage {stage} (bn {bn}) dW"),
-                &mut w,
-                &grad,
-                2e-3,
-                3e-2,
-                |v| {
-                    cnn.conv_parameters_mut(stage)
-                        .0
-                        .data_mut()
-                        .copy_from_slice(v);
-                    cnn.compute_gradients(&pool, &x, &labels).unwrap() as f64
-                },
-            );
-        }
-    }
-}
-
-#[test]
-fn cnn_learns_a_toy_problem() {
-    let pool = Pool::new(2).unwrap().always_parallel();
-    let (mut cnn, x, labels) = tiny_cnn(true);
-    let opt = Optimizer::adam(0.01);
-    let first = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
-    let mut last = first;
-    for _ in 0..60 {
-        last = cnn.train_step(&pool, &x, &labels, &opt).unwrap();
-    }
-    assert!(last < 0.2 * first, "loss {first} -> {last}");
-    assert_eq!(cnn.predict(&pool, &x, 4).unwrap().len(), 4);
-}
+use common::{data, data_f64};
 
 /// The stacked, bidirectional classifier's glue (reversal, concatenation,
 /// final states, gradient routing) against finite differences of its loss.

@@ -1,6 +1,5 @@
 //! Driver for the MPI tests (run under `mpirun`): trains a small MLP, CNN or
-//! residual layer graph
-//! on seeded synthetic data for a few data-parallel steps and writes rank
+//! residual network (all layer graphs) on seeded synthetic data for a few data-parallel steps and writes rank
 //! 0's final parameters, so runs on different rank counts can be compared.
 //!
 //! ```text
@@ -9,13 +8,13 @@
 //! ```
 
 use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
-use brgemm_nn::models::{Cnn, CnnSpec, LayerSpec, Mlp, StageSpec};
+use brgemm_nn::models::{mlp, CnnSpec, LayerSpec, StageSpec};
 use brgemm_nn::{
     Conv2d, GlobalAvgPool, Graph, GraphBuilder, Linear, Relu, Shape, Tensor as NnTensor,
 };
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Activation, Pool, Tensor4};
+use brgemm_primitives::{Activation, Pool};
 use mpi::traits::*;
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {
@@ -46,16 +45,11 @@ fn check_allreduce(world: mpi::topology::SimpleCommunicator) {
     let value = |r: usize, i: usize| ((r * 31 + i * 7) % 17) as f32 - 8.0;
     let n = 10_007;
     let mut buf: Vec<f32> = (0..n).map(|i| value(rank, i)).collect();
-    let mut m = Mlp::new(
-        3,
-        2,
-        &[LayerSpec {
-            out: 2,
-            act: Activation::Identity,
-        }],
-        1,
-    )
-    .unwrap();
+    let spec = LayerSpec {
+        out: 2,
+        act: Activation::Identity,
+    };
+    let mut m = mlp(3, 2, &[spec], 1).unwrap();
     let dp = DataParallel::new(world, &mut m, 1 << 12);
     dp.allreduce_sum(&mut buf, 1000);
     for (i, v) in buf.iter().enumerate() {
@@ -79,28 +73,14 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
         .position(|a| a == "--model")
         .and_then(|i| args.get(i + 1))
         .map_or("mlp", |m| m.as_str());
-    let cnn = model == "cnn";
     // Seeded synthetic data: 97 rows of 2x6x6 = 72 features, 5 classes.
     let (rows, feats, classes) = (97usize, 72usize, 5usize);
     let mut r = Rng::new(7);
     let data: Vec<f32> = (0..rows * feats).map(|_| 2.0 * r.uniform() - 1.0).collect();
     let labels: Vec<usize> = (0..rows).map(|_| r.below(classes)).collect();
-    if model == "graph" {
-        let g = residual_graph(local_max, classes, seed);
-        let x = NnTensor::zeros(g.input_shape());
-        drive(
-            world,
-            args,
-            g,
-            x,
-            |x: &mut NnTensor, row, i| {
-                x.data_mut()[row * feats..][..feats].copy_from_slice(&data[i * feats..][..feats]);
-            },
-            &labels,
-            rows,
-        );
-    } else if cnn {
-        let spec = CnnSpec {
+    let g = match model {
+        "graph" => residual_graph(local_max, classes, seed),
+        "cnn" => CnnSpec {
             input: (2, 6, 6),
             stages: vec![
                 StageSpec {
@@ -119,73 +99,36 @@ fn train(world: mpi::topology::SimpleCommunicator, args: &[String]) {
             hidden: vec![12],
             classes,
             dropout: 0.0,
-        };
-        let model = Cnn::new(&spec, local_max, seed).unwrap();
-        let x = model.input_tensor();
-        drive(
-            world,
-            args,
-            model,
-            x,
-            |x: &mut Tensor4, row, i| {
-                for c in 0..2 {
-                    for p in 0..36 {
-                        let at = x.index(row, c, p / 6, p % 6);
-                        x.data_mut()[at] = data[i * feats + c * 36 + p];
-                    }
-                }
-            },
-            &labels,
-            rows,
-        );
-    } else {
-        let specs = [
-            LayerSpec {
-                out: 48,
-                act: Activation::Tanh,
-            },
-            LayerSpec {
-                out: 40,
-                act: Activation::Relu,
-            },
-            LayerSpec {
-                out: classes,
-                act: Activation::Identity,
-            },
-        ];
-        let model = Mlp::new(feats, local_max, &specs, seed).unwrap();
-        let x = model.input_layout();
-        drive(
-            world,
-            args,
-            model,
-            x,
-            |x: &mut brgemm_primitives::Blocked, row, i| {
-                for c in 0..feats {
-                    let at = x.index(row, c);
-                    x.data_mut()[at] = data[i * feats + c];
-                }
-            },
-            &labels,
-            rows,
-        );
-    }
+        }
+        .graph(local_max, seed)
+        .unwrap(),
+        "mlp" => {
+            let act = |out, act| LayerSpec { out, act };
+            let specs = [
+                act(48, Activation::Tanh),
+                act(40, Activation::Relu),
+                act(classes, Activation::Identity),
+            ];
+            mlp(feats, local_max, &specs, seed).unwrap()
+        }
+        other => panic!("--model {other:?}: expected mlp, cnn or graph"),
+    };
+    drive(world, args, g, &data, feats, &labels);
 }
 
-/// Data-parallel steps of `model` on the synthetic rows; rank 0 writes the
-/// final parameters (every group's buffers, one value per line).
-#[allow(clippy::too_many_arguments)]
-fn drive<R: Replica>(
+/// Data-parallel steps of `model` on the synthetic rows (`feats` values
+/// each); rank 0 writes the final parameters (every group's buffers, one
+/// value per line).
+fn drive(
     world: mpi::topology::SimpleCommunicator,
     args: &[String],
-    mut model: R,
-    mut x: R::Input,
-    fill: impl Fn(&mut R::Input, usize, usize),
+    mut model: Graph,
+    data: &[f32],
+    feats: usize,
     labels: &[usize],
-    rows: usize,
-) where
-    R::Input: Zero,
-{
+) {
+    let rows = labels.len();
+    let mut x = NnTensor::zeros(model.input_shape());
     let steps = arg(args, "--steps", 5);
     let global = arg(args, "--global-batch", 24);
     let bucket = arg(args, "--bucket-kb", 4) << 10;
@@ -209,11 +152,11 @@ fn drive<R: Replica>(
             panic!("deliberate panic on rank {panic_rank} (fault test)");
         }
         let shard = dp.shard(global);
-        x.zero();
+        x.data_mut().fill(0.0);
         let mut lab = Vec::new();
         for (row, g) in shard.clone().enumerate() {
             let i = (step * global + g) % rows;
-            fill(&mut x, row, i);
+            x.data_mut()[row * feats..][..feats].copy_from_slice(&data[i * feats..][..feats]);
             lab.push(labels[i]);
         }
         let loss = dp
@@ -265,24 +208,4 @@ fn residual_graph(batch: usize, classes: usize, seed: u64) -> Graph {
         .layer(p, Linear::new(6, classes, Activation::Identity, seed + 2))
         .unwrap();
     b.build(out).unwrap()
-}
-
-/// Clearing a minibatch buffer.
-trait Zero {
-    fn zero(&mut self);
-}
-impl Zero for brgemm_primitives::Blocked {
-    fn zero(&mut self) {
-        self.data_mut().fill(0.0);
-    }
-}
-impl Zero for NnTensor {
-    fn zero(&mut self) {
-        self.data_mut().fill(0.0);
-    }
-}
-impl Zero for Tensor4 {
-    fn zero(&mut self) {
-        self.data_mut().fill(0.0);
-    }
 }

@@ -1,11 +1,19 @@
-//! Fully connected: `y = act(x W^T + b)` on flattened inputs, over
-//! [`brgemm_primitives::Fc`].
+//! Fully connected: `y = act(x W^T + b)` on inputs flattened in NCHW order,
+//! over [`brgemm_primitives::Fc`].
+//!
+//! The layer flattens by itself: a blocked input (a convolution's or
+//! pooling's output) goes into the FC layout in one pass, and the gradient
+//! goes back in the input's own blocked layout, so `conv -> pool -> linear`
+//! converts nothing twice. The output travels in the FC layout, which the
+//! next linear layer reads as it is when their blockings agree (an MLP's
+//! layers pass buffers, not copies, as the fixed template does).
 
 use super::{expect_values, need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{Shape, Tensor};
+use crate::tensor::{same_layout, Buf, RowBuf, Shape, Tensor};
 use brgemm::Activation;
+use brgemm_primitives::eltwise::{flatten, unflatten};
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Blocked, Fc, Pool};
 
@@ -26,13 +34,42 @@ struct Plan {
     bias: Vec<f32>,
     dw: Blocked,
     db: Vec<f32>,
-    x: Blocked,
-    y: Blocked,
+    /// The FC layouts of the input and the output (shapes to allocate by).
+    x_like: Blocked,
+    y_like: Blocked,
+    /// The input and dL/dy as the passes read them: the previous linear
+    /// layer's buffer itself when its layout matches, else a conversion.
+    x: RowBuf,
+    dy: RowBuf,
+    y: RowBuf,
     z: Blocked,
-    dy: Blocked,
     dz: Blocked,
-    dx: Blocked,
+    dx: RowBuf,
     trained: bool,
+    /// The built input shape, and the layout of the last forward's input
+    /// (an NCHW channel block, FC rows, or plain), for dx to go back in.
+    input: Shape,
+    in_block: Option<usize>,
+    in_rows: bool,
+    /// dx in the input's blocked NCHW layout.
+    dxbuf: Buf,
+}
+
+impl Plan {
+    /// `t` in the FC layout `like`, in `buf`: shared when `t` already is,
+    /// else converted in one pass from its layout.
+    fn take_in(pool: &Pool, t: &Tensor, like: &Blocked, buf: &mut RowBuf) -> Result<()> {
+        if let Some(r) = t.rows().filter(|r| same_layout(r, like)) {
+            buf.share(r);
+            return Ok(());
+        }
+        let dst = buf.get_mut(like)?;
+        match t.blocked() {
+            Some(b) => flatten(pool, b, dst)?,
+            None => dst.set_plain(t.data())?,
+        }
+        Ok(())
+    }
 }
 
 impl Linear {
@@ -114,13 +151,11 @@ impl Layer for Linear {
             input,
             reason,
         };
-        if input.h != 1 || input.w != 1 {
-            return Err(refuse("is not flat: put a Flatten in front".into()));
-        }
-        if input.c != self.inputs {
+        if input.features() != self.inputs {
             return Err(refuse(format!(
-                "has {} features, expected {}",
-                input.c, self.inputs
+                "has {} features per sample, expected {}",
+                input.features(),
+                self.inputs
             )));
         }
         let (w0, b0) = match self.state.take() {
@@ -136,38 +171,68 @@ impl Layer for Linear {
             wt: fc.wt_layout(),
             dw: fc.w_layout(),
             db: vec![0.0; fc.padded_k()],
-            x: fc.x_layout(),
-            y: fc.y_layout(),
+            x_like: fc.x_layout(),
+            y_like: fc.y_layout(),
+            x: RowBuf::default(),
+            y: RowBuf::default(),
             z: fc.y_layout(),
-            dy: fc.y_layout(),
+            dy: RowBuf::default(),
             dz: fc.y_layout(),
-            dx: fc.x_layout(),
+            dx: RowBuf::default(),
             w,
             bias,
             fc,
             trained: false,
+            input,
+            in_block: None,
+            in_rows: false,
+            dxbuf: Buf::default(),
         });
         Ok(Shape::flat(input.n, self.outputs))
     }
 
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let p = self.state.plan("forward")?;
-        p.x.set_plain(x.data())?;
-        p.fc.forward(pool, &p.x, &p.w, &p.bias, &mut p.y, Some(&mut p.z))?;
+        Plan::take_in(pool, x, &p.x_like, &mut p.x)?;
+        (p.in_block, p.in_rows) = (x.block(), x.rows().is_some());
+        // The pre-activation only where its gradient needs it (GELU).
+        let z = (p.fc.act() == Activation::Gelu).then_some(&mut p.z);
+        let y = p.y.get_mut(&p.y_like)?;
+        p.fc.forward(pool, p.x.get(), &p.w, &p.bias, y, z)?;
         p.trained = mode == Mode::Train;
-        Tensor::from_vec(Shape::flat(p.fc.n(), p.fc.k()), p.y.to_plain())
+        if !p.trained {
+            p.x.release();
+        }
+        Ok(p.y.tensor())
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
+        self.backward_params(pool, dy)?;
+        let p = self.state.plan("backward")?;
+        p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
+        let dx = p.dx.get_mut(&p.x_like)?;
+        p.fc.backward_data(pool, &p.dz, &p.wt, dx)?;
+        match (p.in_block, p.in_rows) {
+            (Some(bc), _) => {
+                unflatten(pool, p.dx.get(), p.dxbuf.get_mut(p.input, bc)?)?;
+                Ok(p.dxbuf.tensor())
+            }
+            (None, true) => Ok(p.dx.tensor()),
+            (None, false) => Tensor::from_vec(p.input, p.dx.get().to_plain()),
+        }
+    }
+
+    fn backward_params(&mut self, pool: &Pool, dy: &Tensor) -> Result<()> {
         let p = self.state.plan("backward")?;
         need_training(p.trained, "linear")?;
-        p.dy.set_plain(dy.data())?;
+        Plan::take_in(pool, dy, &p.y_like, &mut p.dy)?;
         let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
-        p.fc.activation_backward(pool, &p.dy, &p.y, z, &mut p.dz)?;
-        p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
-        p.fc.backward_data(pool, &p.dz, &p.wt, &mut p.dx)?;
-        p.fc.backward_weights(pool, &p.dz, &p.x, &mut p.dw, &mut p.db)?;
-        Tensor::from_vec(Shape::flat(p.fc.n(), p.fc.c()), p.dx.to_plain())
+        p.fc.activation_backward(pool, p.dy.get(), p.y.get(), z, &mut p.dz)?;
+        p.fc.backward_weights(pool, &p.dz, p.x.get(), &mut p.dw, &mut p.db)?;
+        // Their writers may fill them again in the next step.
+        p.x.release();
+        p.dy.release();
+        Ok(())
     }
 
     fn flops(&self) -> f64 {

@@ -497,3 +497,33 @@ fn param_count(inputs: usize, specs: &[LayerSpec]) -> usize {
     }
     count
 }
+
+/// The MLP of `specs` on the layer graph, for minibatch `batch` and
+/// `inputs` features per sample: one [`crate::layers::Linear`] per spec (the
+/// activation fused), weights drawn from `seed + layer` (He initialisation
+/// for ReLU and GELU layers, Glorot for the others), zero biases. It trains
+/// with the graph's loop, file and data-parallel replica; [`Mlp`] remains
+/// for mixed bf16 precision and per-layer tunings.
+pub fn mlp(
+    inputs: usize,
+    batch: usize,
+    specs: &[LayerSpec],
+    seed: u64,
+) -> crate::Result<crate::Graph> {
+    if specs.is_empty() {
+        return Err(crate::Error::Graph(
+            "an MLP needs at least one layer".into(),
+        ));
+    }
+    let mut g = crate::GraphBuilder::new(crate::Shape::flat(batch, inputs));
+    let mut x = g.input();
+    let mut c = inputs;
+    for (i, s) in specs.iter().enumerate() {
+        x = g.layer(
+            x,
+            crate::layers::Linear::new(c, s.out, s.act, seed + i as u64),
+        )?;
+        c = s.out;
+    }
+    g.build(x)
+}

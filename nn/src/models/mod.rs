@@ -1,12 +1,14 @@
 //! Ready-made networks.
 //!
 //! - On the layer graph: residual blocks, a small ResNet for 28x28 images,
-//!   ResNet-50 ([`resnet50`]).
+//!   ResNet-50 ([`resnet50`]), the plain CNN of `train_cnn`
+//!   ([`CnnSpec::graph`]) and the MLP ([`mlp`]).
 //! - The fixed templates that own their layers' buffers directly: the MLP
-//!   ([`Mlp`]), the CNN ([`Cnn`]) and the sequence classifier
+//!   ([`Mlp`]: mixed bf16 precision, per-layer tunings, the GPU MLP's
+//!   initialisation) and the stacked, bidirectional sequence classifier
 //!   ([`SeqClassifier`]), each with its parameters, gradients, optimizer
 //!   state and model file ([`crate::modelfile`]); one training contract
-//!   ([`Trainable`]) serves them all, and the data-parallel trainer too.
+//!   ([`Trainable`]) serves both.
 
 mod cnn;
 mod mlp;
@@ -14,8 +16,8 @@ mod resnet;
 mod seqnet;
 mod trainable;
 
-pub use cnn::{Cnn, CnnSpec, StageSpec};
-pub use mlp::{LayerSpec, Mlp};
+pub use cnn::{CnnSpec, StageSpec};
+pub use mlp::{mlp, LayerSpec, Mlp};
 pub use resnet::{basic_block, bottleneck, resnet50, resnet50_layers, small_resnet};
 pub use seqnet::{SeqClassifier, SeqSpec};
 pub use trainable::Trainable;

@@ -1,4 +1,4 @@
-//! What the fixed model templates ([`super::Mlp`], [`super::Cnn`],
+//! What the fixed model templates ([`super::Mlp`] and
 //! [`super::SeqClassifier`]) share: one training-step contract.
 
 use brgemm_primitives::error::Result;
@@ -69,6 +69,5 @@ macro_rules! trainable {
 }
 trainable!(
     super::Mlp => brgemm_primitives::Blocked,
-    super::Cnn => brgemm_primitives::Tensor4,
     super::SeqClassifier => brgemm_primitives::Blocked
 );
