@@ -1,6 +1,7 @@
-//! Trains an MLP (64 -> 128 ReLU -> 64 ReLU -> 10) on the embedded UCI digits
-//! with a fixed seeded 80/20 split; prints per-epoch loss, test accuracy and
-//! samples/s, and ends with `test_accuracy=<fraction>`.
+//! Trains an MLP (64 -> 128 ReLU -> 64 ReLU -> 10, a layer graph of `Linear`
+//! layers) on the embedded UCI digits with a fixed seeded 80/20 split;
+//! prints per-epoch loss, test accuracy and samples/s, and ends with
+//! `test_accuracy=<fraction>`.
 //!
 //! ```text
 //! cargo run --release --example train_mlp [-- --epochs N --batch B --lr LR --seed S
@@ -15,7 +16,7 @@
 //! Data: E. Alpaydin and C. Kaynak (1998), UCI Machine Learning Repository, CC BY 4.0.
 
 use brgemm_dl::{data, train};
-use brgemm_nn::models::Mlp;
+use brgemm_nn::Linear;
 use brgemm_primitives::optim::Optimizer;
 
 #[path = "support/cli.rs"]
@@ -66,11 +67,7 @@ fn main() {
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
     let pool = cli::pool();
-    let model = args.model(
-        cfg.batch,
-        |m: &Mlp| train::check_fits(m, &tr),
-        || train::build(&cfg, &tr),
-    );
+    let model = args.graph(|| train::build(&cfg, &tr), |g| train::check_fits(g, &tr));
     header(
         &cfg,
         &all,
@@ -85,10 +82,14 @@ fn main() {
         |m| train::accuracy(m, pool, &te),
         |m, report| train::train_model(&cfg, pool, m, &tr, &te, report),
     );
-    if let Some(isa) = model.bf16_isa() {
+    if let Some(isa) = model
+        .layers_of::<Linear>()
+        .first()
+        .and_then(|l| l.bf16_isa())
+    {
         println!("bf16 kernel of the first layer: {isa:?}");
     }
-    cli::save(&model, save);
+    cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
 }
 

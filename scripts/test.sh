@@ -167,7 +167,7 @@ if [ "$(uname -m)" = x86_64 ] && grep -m1 '^flags' /proc/cpuinfo | grep -qw avx5
 fi
 for isa in $bf16_isas; do
   BRGEMM_BF16_ISA=$isa run_tests primitives fc_bf16
-  BRGEMM_BF16_ISA=$isa run_tests nn templates
+  BRGEMM_BF16_ISA=$isa run_tests nn mixed_precision
 done
 
 say "BRGEMM_ISA override, one run per ISA"

@@ -11,15 +11,13 @@
 //! - [`nn`] (crate `brgemm-nn`): networks as graphs of layers (a `Layer`
 //!   trait over the primitives, residual joins, shape checks when a graph
 //!   is built, the CNN, MLP and ResNets as graph builders), and the fixed
-//!   templates [`nn::models::Mlp`] (mixed bf16 precision) and
-//!   [`nn::models::SeqClassifier`] (stacked, bidirectional) with their model
-//!   files.
+//!   template [`nn::models::SeqClassifier`] (stacked, bidirectional) with
+//!   its model file.
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
 //! - [`fit`]: the one training loop of every layer graph, on any
-//!   [`fit::Samples`]; [`train_cnn`] is the CNN example's network on it.
-//! - [`train`], [`train_lstm`]: the MLP and sequence (LSTM/RNN) template
-//!   loops the examples use.
+//!   [`fit::Samples`]; [`train`] and [`train_cnn`] are the MLP and CNN
+//!   examples' networks on it, [`train_lstm`] the sequence template's loop.
 //!
 //! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
 //! data-parallel training over MPI (needs OpenMPI). Cargo features `cuda`

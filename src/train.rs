@@ -1,7 +1,11 @@
-//! The MLP training loop shared by `examples/train_mlp` and the tests.
+//! The MLP of `examples/train_mlp` on the layer graph, its settings, and the
+//! epoch machinery every training loop here shares ([`EpochReport`]).
 
 use crate::data::Dataset;
-use brgemm_nn::models::{LayerSpec, Mlp, Trainable};
+pub use crate::fit::{accuracy, check_fits};
+use crate::fit::{fit, FitConfig};
+use brgemm_nn::models::{mlp_with_tunings, LayerSpec};
+use brgemm_nn::Graph;
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::{FcTuning, Pool, Result};
@@ -21,7 +25,7 @@ pub struct TrainConfig {
     /// Seed of the weights and the shuffles.
     pub seed: u64,
     /// Mixed precision: bf16 operands in forward and backward-data, f32
-    /// master weights, optimizer and loss ([`Mlp::set_bf16`]).
+    /// master weights, optimizer and loss ([`Graph::set_bf16`]).
     pub bf16: bool,
     /// Stop with [`Error::NonFinite`](brgemm_primitives::Error::NonFinite)
     /// when a step's loss or gradient norm is not finite (default); `false`
@@ -61,8 +65,10 @@ pub struct EpochReport {
     pub samples_per_s: f64,
 }
 
-/// Builds the model for `cfg` and a data set's shape.
-pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
+/// Builds the MLP graph for `cfg` and a data set's shape
+/// ([`brgemm_nn::models::mlp`]), with the tuning file's blocking for the
+/// layers it holds, in mixed precision when `cfg.bf16`.
+pub fn build(cfg: &TrainConfig, data: &Dataset) -> brgemm_nn::Result<Graph> {
     let specs = LayerSpec::classifier(&cfg.hidden, data.classes);
     let mut tunings = Vec::new();
     if let Some(path) = &cfg.tuning_file {
@@ -73,17 +79,9 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> Result<Mlp> {
             c = s.out;
         }
     }
-    let mut m = Mlp::with_tunings(data.features, cfg.batch, &specs, cfg.seed, &tunings)?;
-    m.set_bf16(cfg.bf16)?;
-    Ok(m)
-}
-
-/// An error unless `model` reads `data`'s features and predicts its classes.
-pub fn check_fits(model: &Mlp, data: &Dataset) -> Result<()> {
-    check_widths(
-        (format!("{} features", model.inputs()), model.outputs()),
-        (format!("{} features", data.features), data.classes),
-    )
+    let mut g = mlp_with_tunings(data.features, cfg.batch, &specs, cfg.seed, &tunings)?;
+    g.set_bf16(cfg.bf16)?;
+    Ok(g)
 }
 
 /// An error unless a model's input (described in the data's terms) and
@@ -99,16 +97,6 @@ pub(crate) fn check_widths(model: (String, usize), data: (String, usize)) -> Res
         });
     }
     Ok(())
-}
-
-/// Accuracy of `model` on `data`, in minibatches.
-pub fn accuracy(model: &mut Mlp, pool: &Pool, data: &Dataset) -> Result<f64> {
-    let mut x = model.input_layout();
-    let batch = model.batch();
-    accuracy_in_batches(model, data.len(), batch, |m, chunk| {
-        let labels = data.fill_batch(chunk, &mut x);
-        Ok((m.predict(pool, &x, chunk.len())?, labels))
-    })
 }
 
 /// Share of right predictions over `len` items in chunks of `batch`;
@@ -138,20 +126,6 @@ pub(crate) struct EpochPlan {
     pub whole_batches: bool,
     /// Seed of the shuffles.
     pub seed: u64,
-}
-
-impl EpochPlan {
-    /// The MLP loops' plan: every item each epoch, partial last minibatch
-    /// included, shuffles seeded from the config.
-    pub(crate) fn mlp(cfg: &TrainConfig, len: usize) -> Self {
-        EpochPlan {
-            epochs: cfg.epochs,
-            len,
-            batch: cfg.batch,
-            whole_batches: false,
-            seed: cfg.seed ^ 0x5eed,
-        }
-    }
 }
 
 /// The epoch loop the training loops share: a new shuffle per epoch,
@@ -201,36 +175,31 @@ pub fn train(
     train: &Dataset,
     test: &Dataset,
     report: impl FnMut(&EpochReport),
-) -> Result<Mlp> {
+) -> brgemm_nn::Result<Graph> {
     let model = build(cfg, train)?;
     train_model(cfg, pool, model, train, test, report)
 }
 
-/// [`train`] from a given model (e.g. one [`ModelFile::load`](brgemm_nn::ModelFile::load) read, to resume):
-/// its input and output widths must match the data.
+/// [`train`] from a given model (e.g. one with values loaded by
+/// [`Graph::load`], to resume): [`crate::fit::fit`] with `cfg`'s epochs,
+/// optimizer, seed and guard, every sample each epoch (the last minibatch
+/// may be partial); the model's precision follows `cfg.bf16`.
 pub fn train_model(
     cfg: &TrainConfig,
     pool: &Pool,
-    mut model: Mlp,
+    mut model: Graph,
     train: &Dataset,
     test: &Dataset,
-    mut report: impl FnMut(&EpochReport),
-) -> Result<Mlp> {
-    cfg.optimizer.validate()?;
-    check_fits(&model, train)?;
+    report: impl FnMut(&EpochReport),
+) -> brgemm_nn::Result<Graph> {
     model.set_bf16(cfg.bf16)?;
-    let mut x = model.input_layout();
-    let plan = EpochPlan::mlp(cfg, train.len());
-    run_epochs(
-        &mut model,
-        plan,
-        |m, chunk, index| {
-            let labels = train.fill_batch(chunk, &mut x);
-            let check = cfg.check_finite.then_some(index);
-            m.checked_step(pool, &x, &labels, &cfg.optimizer, check)
-        },
-        |m| accuracy(m, pool, test),
-        &mut report,
-    )?;
+    let fit_cfg = FitConfig {
+        epochs: cfg.epochs,
+        optimizer: cfg.optimizer,
+        seed: cfg.seed ^ 0x5eed,
+        whole_batches: false,
+        check_finite: cfg.check_finite,
+    };
+    fit(&mut model, pool, &fit_cfg, train, test, report)?;
     Ok(model)
 }

@@ -47,7 +47,13 @@ pub fn train(
     })?;
     let specs = LayerSpec::classifier(&cfg.hidden, train.classes);
     let mut model = GpuMlp::from_cpu(&dev, &cpu, &specs, dtype)?;
-    let plan = EpochPlan::mlp(cfg, train.len());
+    let plan = EpochPlan {
+        epochs: cfg.epochs,
+        len: train.len(),
+        batch: cfg.batch,
+        whole_batches: false,
+        seed: cfg.seed ^ 0x5eed,
+    };
     run_epochs(
         &mut model,
         plan,

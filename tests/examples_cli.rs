@@ -143,9 +143,9 @@ fn the_mlp_saves_and_evaluates_the_same_after_loading() {
     let trained = accuracy(&run("train_mlp", &["--epochs", "2", "--save", path], &[]));
     let loaded = accuracy(&run("train_mlp", &["--epochs", "0", "--load", path], &[]));
     assert_eq!(trained, loaded);
-    // The MLP template's file is not a layer graph's: refused, saying so.
+    // The MLP's file does not fit the CNN: refused, naming both shapes.
     let out = run("train_cnn", &["--epochs", "0", "--load", path], &[]);
-    fails(&out, 1, "not a brgemm-nn file");
+    fails(&out, 1, "the file is for inputs of (c, h, w) = [64, 1, 1]");
 }
 
 /// A tiny Fashion-MNIST-shaped IDX set: 28x28 images whose class is the

@@ -2,6 +2,7 @@
 //! learning rate and a NaN input batch stop training with an error naming
 //! the step; ReLU, max-pooling and the loss propagate NaN.
 
+use brgemm_dl::nn::Error as NnError;
 use brgemm_dl::{data, train};
 use brgemm_primitives::eltwise::relu_forward;
 use brgemm_primitives::optim::Optimizer;
@@ -42,7 +43,7 @@ fn a_nan_input_batch_stops_training_at_its_step() {
         .err()
         .unwrap();
     match &e {
-        Error::NonFinite { step, what, .. } => {
+        NnError::Primitive(Error::NonFinite { step, what, .. }) => {
             assert!(*step < 4, "the first epoch's 4 steps hold image 5: {e}");
             assert_eq!(what, "loss", "{e}");
         }
@@ -66,7 +67,7 @@ fn a_huge_learning_rate_that_diverges_is_stopped_with_its_step() {
     c.epochs = 5;
     let e = train::train(&c, &pool, &tr, &te, |_| {}).err().unwrap();
     assert!(
-        matches!(e, Error::NonFinite { step, .. } if step > 0),
+        matches!(e, NnError::Primitive(Error::NonFinite { step, .. }) if step > 0),
         "{e}"
     );
     assert!(e.to_string().contains("training stopped at step"), "{e}");

@@ -3,6 +3,7 @@
 //! read), and `train::build` plans every layer with the stored tuning for
 //! its shape, the heuristic for shapes the file lacks.
 
+use brgemm_dl::nn::Linear;
 use brgemm_dl::{data, train};
 use brgemm_primitives::tuning::TunedFc;
 use brgemm_primitives::{FcTuning, PassConfig};
@@ -36,10 +37,10 @@ fn the_mlp_plans_with_the_tuning_file_of_the_config() {
         ..cfg.clone()
     };
     let m = train::build(&with, &tr).unwrap();
-    let layers: Vec<_> = m.layers().collect();
-    assert_eq!(layers[0].tuning(), &tuned);
+    let layers = m.layers_of::<Linear>();
+    assert_eq!(layers[0].tuning(), Some(&tuned));
     let (c1, k1) = (k, cfg.hidden[1]);
-    assert_eq!(layers[1].tuning(), &FcTuning::heuristic(n, c1, k1));
+    assert_eq!(layers[1].tuning(), Some(&FcTuning::heuristic(n, c1, k1)));
     // A malformed file is an error naming it, not a silent default.
     std::fs::write(&path, "[{").unwrap();
     let e = train::build(&with, &tr).err().unwrap().to_string();

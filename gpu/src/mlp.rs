@@ -7,7 +7,8 @@ use crate::desc::GpuDtype;
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
 use crate::fc::GpuFc;
-use brgemm_nn::models::{LayerSpec, Mlp};
+use brgemm_nn::models::LayerSpec;
+use brgemm_nn::{Graph, Linear};
 use brgemm_primitives::optim::Optimizer;
 
 struct Layer {
@@ -38,28 +39,35 @@ pub struct GpuMlp {
 }
 
 impl GpuMlp {
-    /// A model with the CPU [`Mlp`]'s shape and weights (so both start from
-    /// the same seeded initialisation), GEMM inputs in `dtype`.
+    /// A model with the shape and weights of a CPU MLP graph
+    /// ([`brgemm_nn::models::mlp`]: its [`Linear`] layers, in order, are the
+    /// layers of `specs`), so both start from the same seeded
+    /// initialisation; GEMM inputs in `dtype`.
     pub fn from_cpu(
         dev: &Device,
-        cpu: &Mlp,
+        cpu: &Graph,
         specs: &[LayerSpec],
         dtype: GpuDtype,
     ) -> Result<GpuMlp> {
-        if specs.len() != cpu.depth() {
+        let linears = cpu.layers_of::<Linear>();
+        if specs.len() != linears.len() || linears.len() != cpu.layer_names().len() {
             return Err(invalid(
                 "specs",
                 specs.len(),
-                format!("the CPU model has {} layers", cpu.depth()),
+                format!(
+                    "the CPU model has {} layers, {} of them linear",
+                    cpu.layer_names().len(),
+                    linears.len()
+                ),
             ));
         }
-        let (inputs, batch) = (cpu.inputs(), cpu.batch());
+        let (inputs, batch) = (cpu.input_shape().features(), cpu.input_shape().n);
         let mut layers = Vec::with_capacity(specs.len());
         let mut c = inputs;
         for (i, s) in specs.iter().enumerate() {
             let k = s.out;
             let fc = GpuFc::new(dev, c, k, batch, s.act, dtype)?;
-            let (w_rm, b) = cpu.parameters(i);
+            let (w_rm, b) = (linears[i].weights(), linears[i].bias());
             if w_rm.len() != k * c {
                 return Err(invalid(
                     format!("layer {i} weights"),
@@ -105,7 +113,7 @@ impl GpuMlp {
         self.inputs
     }
 
-    /// Weights (host row-major `[K][C]`, as [`Mlp::parameters`]) and biases
+    /// Weights (host row-major `[K][C]`, as [`Linear::weights`]) and biases
     /// of layer `i`.
     pub fn parameters(&self, dev: &Device, i: usize) -> Result<(Vec<f32>, Vec<f32>)> {
         let l = self

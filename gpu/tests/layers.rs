@@ -4,7 +4,8 @@
 mod common;
 use brgemm::Activation;
 use brgemm_gpu::{Device, GpuDtype, GpuFc, GpuMlp};
-use brgemm_nn::models::{LayerSpec, Mlp, Trainable};
+use brgemm_nn::models::{mlp, LayerSpec};
+use brgemm_nn::{Linear, Tensor};
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
 use common::*;
@@ -110,11 +111,10 @@ fn fc_passes(dev: &Device, dt: GpuDtype, act: Activation) {
 fn mlp_steps(dev: &Device, dt: GpuDtype, opt: Optimizer) {
     let (inputs, batch) = (64, 32);
     let specs = LayerSpec::classifier(&[40, 24], 10);
-    let mut cpu = Mlp::new(inputs, batch, &specs, 3).unwrap();
+    let mut cpu = mlp(inputs, batch, &specs, 3).unwrap();
     let mut gpu = GpuMlp::from_cpu(dev, &cpu, &specs, dt).unwrap();
     let pool = Pool::global();
     let mut r = Lcg(9);
-    let mut xb = cpu.input_layout();
     for step in 0..3 {
         // The last step is a partial minibatch (rows < batch).
         let rows = if step == 2 { 19 } else { batch };
@@ -122,8 +122,11 @@ fn mlp_steps(dev: &Device, dt: GpuDtype, opt: Optimizer) {
         let labels: Vec<usize> = (0..rows).map(|_| r.below(10)).collect();
         let mut padded = x.clone();
         padded.resize(batch * inputs, 0.0);
-        xb.set_plain(&padded).unwrap();
-        let lc = cpu.train_step(pool, &xb, &labels, &opt).unwrap();
+        let xb = Tensor::from_vec(cpu.input_shape(), padded).unwrap();
+        let lc = cpu
+            .compute_gradients_with(pool, &xb, &labels, &mut |_, _| {})
+            .unwrap();
+        cpu.step(&opt).unwrap();
         let lg = gpu.train_step(dev, &x, &labels, &opt).unwrap();
         let tol = if dt == GpuDtype::F32 { 1e-4 } else { 3e-2 };
         assert!(
@@ -132,8 +135,8 @@ fn mlp_steps(dev: &Device, dt: GpuDtype, opt: Optimizer) {
         );
     }
     if dt == GpuDtype::F32 {
-        for i in 0..cpu.depth() {
-            let (wc, bc) = cpu.parameters(i);
+        for (i, l) in cpu.layers_of::<Linear>().into_iter().enumerate() {
+            let (wc, bc) = (l.weights(), l.bias());
             let (wg, bg) = gpu.parameters(dev, i).unwrap();
             let wc: Vec<f64> = wc.iter().map(|&v| v as f64).collect();
             let bc: Vec<f64> = bc.iter().map(|&v| v as f64).collect();
@@ -144,7 +147,7 @@ fn mlp_steps(dev: &Device, dt: GpuDtype, opt: Optimizer) {
 }
 
 /// Every layer's dW and db from one device backward pass against the CPU
-/// primitives' (`Mlp::compute_gradients`), hidden layers sigmoid and tanh.
+/// CPU graph's (`nn::models::mlp`), hidden layers sigmoid and tanh.
 fn mlp_gradients(dev: &Device) {
     let (inputs, batch) = (37, 24);
     let specs = [
@@ -161,7 +164,7 @@ fn mlp_gradients(dev: &Device) {
             act: Activation::Identity,
         },
     ];
-    let mut cpu = Mlp::new(inputs, batch, &specs, 11).unwrap();
+    let mut cpu = mlp(inputs, batch, &specs, 11).unwrap();
     let mut gpu = GpuMlp::from_cpu(dev, &cpu, &specs, GpuDtype::F32).unwrap();
     let mut r = Lcg(4);
     let rows = 21;
@@ -169,16 +172,17 @@ fn mlp_gradients(dev: &Device) {
     let labels: Vec<usize> = (0..rows).map(|_| r.below(7)).collect();
     let mut padded = x.clone();
     padded.resize(batch * inputs, 0.0);
-    let mut xb = cpu.input_layout();
-    xb.set_plain(&padded).unwrap();
-    let lc = cpu.compute_gradients(Pool::global(), &xb, &labels).unwrap();
+    let xb = Tensor::from_vec(cpu.input_shape(), padded).unwrap();
+    let lc = cpu
+        .compute_gradients_with(Pool::global(), &xb, &labels, &mut |_, _| {})
+        .unwrap();
     let lg = gpu.compute_gradients(dev, &x, &labels).unwrap();
     assert!(
         (lc - lg).abs() <= 1e-5 * lc.abs().max(1.0),
         "loss cpu {lc} gpu {lg}"
     );
-    for i in 0..specs.len() {
-        let (wc, bc) = cpu.gradients(i);
+    for (i, l) in cpu.layers_of::<Linear>().into_iter().enumerate() {
+        let (wc, bc) = l.gradients();
         let (wg, bg) = gpu.gradients(dev, i).unwrap();
         let f = |v: Vec<f32>| v.into_iter().map(|x| x as f64).collect::<Vec<f64>>();
         close(&format!("layer {i} dW"), &wg, &f(wc), 1e-4);

@@ -20,8 +20,33 @@ const MAGIC: &[u8] = b"BRGEMM-NN\n";
 /// The version of the file format this library writes and reads.
 pub const FILE_VERSION: u32 = 1;
 
-fn file_error(path: &Path, reason: impl std::fmt::Display) -> Error {
+/// `e` with the file named in front (a graph error's own "graph: " prefix
+/// not repeated).
+fn file_error(path: &Path, e: impl Into<FileReason>) -> Error {
+    let reason = match e.into() {
+        FileReason::Graph(Error::Graph(msg)) => msg,
+        FileReason::Graph(other) => other.to_string(),
+        FileReason::Io(io) => io.to_string(),
+    };
     Error::Graph(format!("{}: {reason}", path.display()))
+}
+
+/// What went wrong with a file: the reader's error, or the file system's.
+enum FileReason {
+    Graph(Error),
+    Io(std::io::Error),
+}
+
+impl From<Error> for FileReason {
+    fn from(e: Error) -> Self {
+        FileReason::Graph(e)
+    }
+}
+
+impl From<std::io::Error> for FileReason {
+    fn from(e: std::io::Error) -> Self {
+        FileReason::Io(e)
+    }
 }
 
 impl Graph {

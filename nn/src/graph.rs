@@ -290,6 +290,14 @@ impl Graph {
         }
     }
 
+    /// Every layer of type `T`, in order of evaluation (e.g. an MLP's
+    /// [`crate::Linear`] layers, to read their weights).
+    pub fn layers_of<T: Layer>(&self) -> Vec<&T> {
+        self.layers()
+            .filter_map(|l| (l as &dyn std::any::Any).downcast_ref())
+            .collect()
+    }
+
     /// [`Graph::layer`], to change.
     pub fn layer_mut<T: Layer>(&mut self, node: NodeId) -> Option<&mut T> {
         self.stale = true;
@@ -500,6 +508,17 @@ impl Graph {
             }
         }
         Ok(grads[0].take())
+    }
+
+    /// Mixed precision on or off for every layer that has bf16 passes
+    /// ([`Layer::set_bf16`]); returns how many run them. A layer that cannot
+    /// is an error naming it (the layers before it are switched already).
+    pub fn set_bf16(&mut self, on: bool) -> Result<usize> {
+        let mut n = 0;
+        for l in self.layers_mut() {
+            n += usize::from(l.set_bf16(on)?);
+        }
+        Ok(n)
     }
 
     /// The layers with parameters, numbered in order of evaluation: the

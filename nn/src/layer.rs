@@ -72,6 +72,15 @@ pub trait Layer: std::any::Any + Send {
         self.backward(pool, dy).map(drop)
     }
 
+    /// Mixed precision on or off: bf16 operands in the layer's forward and
+    /// backward-data passes, f32 master weights, weight gradients and
+    /// optimizer. Ok(true) when the layer now runs them, Ok(false) when it
+    /// has no such passes or none in bf16 yet (it stays f32, the default),
+    /// an error naming why when it cannot (e.g. odd blocks, GELU).
+    fn set_bf16(&mut self, _on: bool) -> Result<bool> {
+        Ok(false)
+    }
+
     /// The parameters and their gradients, in the order backward completes
     /// them (weights, then bias). None by default.
     fn params(&mut self) -> Vec<Param<'_>> {

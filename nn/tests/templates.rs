@@ -1,14 +1,12 @@
-//! The fixed model templates (sequence classifier, MLP in mixed
-//! precision): gradients against finite differences, and learning.
+//! The sequence classifier template: gradients against finite differences, and learning.
 
-use brgemm_nn::models::{LayerSpec, Mlp, SeqClassifier, SeqSpec};
-use brgemm_nn::Trainable;
-use brgemm_primitives::{Activation, CellKind, Optimizer, Pool};
+use brgemm_nn::models::{SeqClassifier, SeqSpec};
+use brgemm_primitives::{CellKind, Pool};
 
 // The primitives' test helpers, shared rather than copied.
 #[path = "../../primitives/tests/common/mod.rs"]
 mod common;
-use common::{data, data_f64};
+use common::data_f64;
 
 /// The stacked, bidirectional classifier's glue (reversal, concatenation,
 /// final states, gradient routing) against finite differences of its loss.
@@ -71,49 +69,4 @@ fn stacked_bidirectional_classifier_gradients() {
         }
         assert!(checked >= 12, "only {checked} entries checked");
     }
-}
-
-/// bf16 training follows f32 training closely on a separable toy problem.
-#[test]
-fn mixed_precision_mlp_trains_like_f32() {
-    let pool = Pool::new(2).unwrap().always_parallel();
-    let (n, c, classes) = (64usize, 32usize, 4usize);
-    let xs = data(n * c, 9);
-    let labels: Vec<usize> = (0..n)
-        .map(|r| {
-            (0..classes)
-                .max_by(|&a, &b| xs[r * c + a].total_cmp(&xs[r * c + b]))
-                .unwrap()
-        })
-        .collect();
-    let specs = [
-        LayerSpec {
-            out: 64,
-            act: Activation::Relu,
-        },
-        LayerSpec {
-            out: classes,
-            act: Activation::Identity,
-        },
-    ];
-    let mut losses = vec![];
-    for bf in [false, true] {
-        let mut m = Mlp::new(c, n, &specs, 5).unwrap();
-        m.set_bf16(bf).unwrap();
-        let mut x = m.input_layout();
-        x.set_plain(&xs).unwrap();
-        let opt = Optimizer::adam(1e-2);
-        let mut last = 0.0;
-        for _ in 0..80 {
-            last = m.train_step(&pool, &x, &labels, &opt).unwrap();
-        }
-        let pred = m.predict(&pool, &x, n).unwrap();
-        let acc = pred.iter().zip(&labels).filter(|(p, l)| p == l).count() as f64 / n as f64;
-        assert!(acc > 0.95, "bf16 {bf}: accuracy {acc}");
-        losses.push(last);
-    }
-    assert!(
-        losses[1] < 0.1 && losses[0] < 0.1,
-        "losses f32/bf16 {losses:?}"
-    );
 }

@@ -12,10 +12,12 @@ use super::{expect_values, need_training, weight_and_bias, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{same_layout, Buf, RowBuf, Shape, Tensor};
-use brgemm::Activation;
+use brgemm::bf16::{bf16, Bf16Isa};
+use brgemm::{Activation, AlignedVec};
 use brgemm_primitives::eltwise::{flatten, unflatten};
+use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
-use brgemm_primitives::{Blocked, Fc, Pool};
+use brgemm_primitives::{Blocked, Fc, FcTuning, Pool};
 
 /// A fully connected layer with a fused activation. Weights are PyTorch's
 /// `nn.Linear.weight` order, `[outputs][inputs]` row-major; the bias is
@@ -24,7 +26,39 @@ pub struct Linear {
     inputs: usize,
     outputs: usize,
     act: Activation,
+    /// Mixed precision asked for ([`Layer::set_bf16`]).
+    bf16: bool,
+    /// Blocking and loop orders (None: the heuristic for the shape).
+    tuning: Option<FcTuning>,
     state: State<Plan>,
+}
+
+/// The bf16 side of mixed precision: the passes, bf16 copies of the
+/// weights (forward and transposed) packed from the f32 masters, and the
+/// bf16 operands of the step.
+struct Bf16Side {
+    fc: FcBf16,
+    wv: AlignedVec<bf16>,
+    wtv: AlignedVec<bf16>,
+    xb: AlignedVec<bf16>,
+    dzb: AlignedVec<bf16>,
+    /// Whether `wv`/`wtv` hold the current weights (reset whenever the
+    /// parameters are handed out for writing).
+    packed: bool,
+}
+
+impl Bf16Side {
+    fn new(fc: &Fc) -> brgemm_primitives::Result<Bf16Side> {
+        let buf = || AlignedVec::new(brgemm::buffer::ALIGN);
+        Ok(Bf16Side {
+            fc: FcBf16::new(fc)?,
+            wv: buf(),
+            wtv: buf(),
+            xb: buf(),
+            dzb: buf(),
+            packed: false,
+        })
+    }
 }
 
 struct Plan {
@@ -53,6 +87,8 @@ struct Plan {
     in_rows: bool,
     /// dx in the input's blocked NCHW layout.
     dxbuf: Buf,
+    /// Mixed precision, when on.
+    bf: Option<Bf16Side>,
 }
 
 impl Plan {
@@ -86,8 +122,28 @@ impl Linear {
             inputs,
             outputs,
             act,
+            bf16: false,
+            tuning: None,
             state: State::Plain(w, vec![0.0; outputs]),
         }
+    }
+
+    /// Plans the passes with blocking and loop orders `t` (e.g. from a
+    /// tuning file of `examples/tune`) instead of the heuristic's.
+    pub fn with_tuning(mut self, t: FcTuning) -> Linear {
+        self.tuning = Some(t);
+        self
+    }
+
+    /// The blocking and loop orders the built layer runs with.
+    pub fn tuning(&self) -> Option<&FcTuning> {
+        self.state.built().map(|p| p.fc.tuning())
+    }
+
+    /// The bf16 kernel of the forward pass when mixed precision is on
+    /// (e.g. `Amx`).
+    pub fn bf16_isa(&self) -> Option<Bf16Isa> {
+        self.state.built()?.bf.as_ref().map(|b| b.fc.isa())
     }
 
     /// The weights, `[outputs][inputs]` row-major (PyTorch's order).
@@ -102,6 +158,14 @@ impl Linear {
         match &self.state {
             State::Built(p) => p.bias[..self.outputs].to_vec(),
             State::Plain(_, b) => b.clone(),
+        }
+    }
+    /// The gradients of the last backward, as [`Linear::weights`] and
+    /// [`Linear::bias`] (empty before the layer is built).
+    pub fn gradients(&self) -> (Vec<f32>, Vec<f32>) {
+        match &self.state {
+            State::Built(p) => (p.dw.to_plain(), p.db[..self.outputs].to_vec()),
+            State::Plain(..) => (Vec::new(), Vec::new()),
         }
     }
     /// Sets weights (`[outputs][inputs]`, PyTorch's `weight`) and bias.
@@ -120,6 +184,9 @@ impl Linear {
             State::Built(p) => {
                 p.w.set_plain(w)?;
                 p.bias[..b.len()].copy_from_slice(b);
+                if let Some(bf) = &mut p.bf {
+                    bf.packed = false;
+                }
             }
             State::Plain(..) => self.state = State::Plain(w.to_vec(), b.to_vec()),
         }
@@ -146,8 +213,9 @@ impl Layer for Linear {
     }
 
     fn build(&mut self, input: Shape) -> Result<Shape> {
+        let name = self.name();
         let refuse = |reason: String| Error::Shape {
-            layer: self.name(),
+            layer: name.clone(),
             input,
             reason,
         };
@@ -158,11 +226,29 @@ impl Layer for Linear {
                 self.inputs
             )));
         }
+        let t = self.tuning.clone().unwrap_or_else(|| {
+            let mut t = FcTuning::heuristic(input.n, self.inputs, self.outputs);
+            if self.bf16 {
+                // The bf16 passes pair values along the reduction (VNNI):
+                // an odd block grows by one, a padded lane.
+                t.bc += t.bc % 2;
+                t.bk += t.bk % 2;
+            }
+            t
+        });
+        let fc = Fc::with_tuning(input.n, self.inputs, self.outputs, self.act, t)
+            .map_err(|e| refuse(e.to_string()))?;
+        let bf = self
+            .bf16
+            .then(|| Bf16Side::new(&fc))
+            .transpose()
+            .map_err(|e| refuse(format!("cannot run in bf16: {e}")))?;
+        // The values move over only once the new plan stands: a refused
+        // plan leaves the layer as it was.
         let (w0, b0) = match self.state.take() {
             State::Built(p) => (p.w.to_plain(), p.bias[..self.outputs].to_vec()),
             State::Plain(w, b) => (w, b),
         };
-        let fc = Fc::new(input.n, self.inputs, self.outputs, self.act)?;
         let mut w = fc.w_layout();
         w.set_plain(&w0)?;
         let mut bias = vec![0.0; fc.padded_k()];
@@ -187,6 +273,7 @@ impl Layer for Linear {
             in_block: None,
             in_rows: false,
             dxbuf: Buf::default(),
+            bf,
         });
         Ok(Shape::flat(input.n, self.outputs))
     }
@@ -195,10 +282,22 @@ impl Layer for Linear {
         let p = self.state.plan("forward")?;
         Plan::take_in(pool, x, &p.x_like, &mut p.x)?;
         (p.in_block, p.in_rows) = (x.block(), x.rows().is_some());
-        // The pre-activation only where its gradient needs it (GELU).
-        let z = (p.fc.act() == Activation::Gelu).then_some(&mut p.z);
         let y = p.y.get_mut(&p.y_like)?;
-        p.fc.forward(pool, p.x.get(), &p.w, &p.bias, y, z)?;
+        match &mut p.bf {
+            Some(b) => {
+                if !b.packed {
+                    b.fc.pack_weights(pool, &p.w, &mut b.wv, &mut b.wtv)?;
+                    b.packed = true;
+                }
+                to_bf16(pool, p.x.get().data(), &mut b.xb);
+                b.fc.forward(pool, &b.xb, &b.wv, &p.bias, y)?;
+            }
+            None => {
+                // The pre-activation only where its gradient needs it (GELU).
+                let z = (p.fc.act() == Activation::Gelu).then_some(&mut p.z);
+                p.fc.forward(pool, p.x.get(), &p.w, &p.bias, y, z)?;
+            }
+        }
         p.trained = mode == Mode::Train;
         if !p.trained {
             p.x.release();
@@ -209,9 +308,18 @@ impl Layer for Linear {
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         self.backward_params(pool, dy)?;
         let p = self.state.plan("backward")?;
-        p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
         let dx = p.dx.get_mut(&p.x_like)?;
-        p.fc.backward_data(pool, &p.dz, &p.wt, dx)?;
+        match &mut p.bf {
+            // The transposed weights were packed with the forward's.
+            Some(b) => {
+                to_bf16(pool, p.dz.data(), &mut b.dzb);
+                b.fc.backward_data(pool, &b.dzb, &b.wtv, dx)?;
+            }
+            None => {
+                p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
+                p.fc.backward_data(pool, &p.dz, &p.wt, dx)?;
+            }
+        }
         match (p.in_block, p.in_rows) {
             (Some(bc), _) => {
                 unflatten(pool, p.dx.get(), p.dxbuf.get_mut(p.input, bc)?)?;
@@ -239,9 +347,26 @@ impl Layer for Linear {
         self.state.built().map_or(0.0, |p| p.fc.flops())
     }
 
+    fn set_bf16(&mut self, on: bool) -> Result<bool> {
+        let was = std::mem::replace(&mut self.bf16, on);
+        // Planned again: the blocks may change with the precision.
+        if let Some(input) = self.state.built().map(|p| p.input) {
+            if let Err(e) = self.build(input) {
+                self.bf16 = was;
+                self.build(input)?;
+                return Err(e);
+            }
+        }
+        Ok(on)
+    }
+
     fn params(&mut self) -> Vec<Param<'_>> {
         match &mut self.state {
             State::Built(p) => {
+                // The caller may write them: the bf16 copies repack.
+                if let Some(b) = &mut p.bf {
+                    b.packed = false;
+                }
                 weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db)
             }
             State::Plain(..) => Vec::new(),

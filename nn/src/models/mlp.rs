@@ -1,16 +1,16 @@
-//! A multi-layer perceptron: a sequence of [`Fc`] layers owning their blocked
-//! weights, gradients, activations and optimizer state.
+//! The MLP as a layer graph ([`mlp`]), and the fixed template [`Mlp`] (a
+//! sequence of [`Fc`] layers owning their blocked weights, gradients,
+//! activations and optimizer state) that remains as the head of
+//! [`super::SeqClassifier`].
 //!
 //! The minibatch size is fixed when the model is planned (the layouts and
 //! loop nests depend on it); a shorter last batch uses the first rows only.
 
 use super::shape;
 use crate::modelfile::{check_counts, get_size, put_u64, Bytes, ModelFile, Values};
-use brgemm::bf16::bf16;
-use brgemm::{Activation, AlignedVec};
+use brgemm::Activation;
 use brgemm_primitives::error::{Error, Result};
 use brgemm_primitives::fc::{Fc, FcTuning};
-use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::init::{self, Init, Rng};
 use brgemm_primitives::layout::Blocked;
 use brgemm_primitives::loss;
@@ -56,19 +56,6 @@ struct Layer {
     dx: Blocked,
     ow: OptState,
     ob: OptState,
-    /// Mixed precision (see [`Mlp::set_bf16`]).
-    bf: Option<Bf16Layer>,
-}
-
-/// The bf16 side of a layer: its passes and bf16 copies of the operands.
-struct Bf16Layer {
-    fc: FcBf16,
-    wv: AlignedVec<bf16>,
-    wtv: AlignedVec<bf16>,
-    xb: AlignedVec<bf16>,
-    dzb: AlignedVec<bf16>,
-    /// Whether `wv`/`wtv` match the f32 master weights.
-    packed: bool,
 }
 
 /// A multi-layer perceptron on blocked layouts.
@@ -164,7 +151,6 @@ impl Mlp {
                 dx: fc.x_layout(),
                 ow: OptState::default(),
                 ob: OptState::default(),
-                bf: None,
                 w,
                 fc,
             });
@@ -205,53 +191,13 @@ impl Mlp {
         self.layers.iter().map(|l| 3.0 * l.fc.flops()).sum()
     }
 
-    /// Mixed precision: with `on`, forward and backward-data run on bf16
-    /// operands (AMX tiles where the blocks allow, else AVX512-BF16, else
-    /// the reference kernel), from f32 master weights packed once per step;
-    /// losses, gradients, weight gradients and the optimizer stay f32 (see
-    /// [`brgemm_primitives::fc_bf16`]). Errors if a layer cannot (odd blocks, GELU).
-    pub fn set_bf16(&mut self, on: bool) -> Result<()> {
-        for l in &mut self.layers {
-            l.bf = if on {
-                Some(Bf16Layer {
-                    fc: FcBf16::new(&l.fc)?,
-                    wv: AlignedVec::new(brgemm::buffer::ALIGN),
-                    wtv: AlignedVec::new(brgemm::buffer::ALIGN),
-                    xb: AlignedVec::new(brgemm::buffer::ALIGN),
-                    dzb: AlignedVec::new(brgemm::buffer::ALIGN),
-                    packed: false,
-                })
-            } else {
-                None
-            };
-        }
-        Ok(())
-    }
-
-    /// The bf16 kernel of the first layer when mixed precision is on.
-    pub fn bf16_isa(&self) -> Option<brgemm::bf16::Bf16Isa> {
-        self.layers[0].bf.as_ref().map(|b| b.fc.isa())
-    }
-
     /// Forward pass; returns the logits (N x classes, blocked).
     pub fn forward(&mut self, pool: &Pool, x: &Blocked) -> Result<&Blocked> {
         for i in 0..self.layers.len() {
             let (done, rest) = self.layers.split_at_mut(i);
             let l = &mut rest[0];
             let input = if i == 0 { x } else { &done[i - 1].y };
-            match &mut l.bf {
-                Some(b) => {
-                    if !b.packed {
-                        b.fc.pack_weights(pool, &l.w, &mut b.wv, &mut b.wtv)?;
-                        b.packed = true;
-                    }
-                    to_bf16(pool, input.data(), &mut b.xb);
-                    b.fc.forward(pool, &b.xb, &b.wv, &l.b, &mut l.y)?;
-                }
-                None => {
-                    l.fc.forward(pool, input, &l.w, &l.b, &mut l.y, l.z.as_mut())?
-                }
-            }
+            l.fc.forward(pool, input, &l.w, &l.b, &mut l.y, l.z.as_mut())?;
         }
         Ok(&self.layers.last().unwrap().y)
     }
@@ -279,16 +225,8 @@ impl Mlp {
             l.fc.backward_weights(pool, &l.dz, input, &mut l.dw, &mut l.db)?;
             ready(i, &mut l.dw, &mut l.db);
             if i > 0 || self.input_grad {
-                match &mut l.bf {
-                    Some(b) => {
-                        to_bf16(pool, l.dz.data(), &mut b.dzb);
-                        b.fc.backward_data(pool, &b.dzb, &b.wtv, &mut l.dx)?;
-                    }
-                    None => {
-                        l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
-                        l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
-                    }
-                }
+                l.fc.transpose_weights(pool, &l.w, &mut l.wt)?;
+                l.fc.backward_data(pool, &l.dz, &l.wt, &mut l.dx)?;
             }
         }
         Ok(())
@@ -343,9 +281,6 @@ impl Mlp {
     /// e.g. to broadcast them.
     pub fn parameters_mut(&mut self, i: usize) -> (&mut Blocked, &mut [f32]) {
         let l = &mut self.layers[i];
-        if let Some(b) = &mut l.bf {
-            b.packed = false;
-        }
         (&mut l.w, &mut l.b)
     }
 
@@ -354,9 +289,6 @@ impl Mlp {
         for l in &mut self.layers {
             l.ow.step(opt, l.w.data_mut(), l.dw.data());
             l.ob.step(opt, &mut l.b, &l.db);
-            if let Some(b) = &mut l.bf {
-                b.packed = false;
-            }
         }
     }
 
@@ -396,9 +328,6 @@ impl Mlp {
             ));
         }
         l.w.set_plain(w)?;
-        if let Some(b) = &mut l.bf {
-            b.packed = false;
-        }
         l.b[..b.len()].copy_from_slice(b);
         Ok(())
     }
@@ -502,13 +431,25 @@ fn param_count(inputs: usize, specs: &[LayerSpec]) -> usize {
 /// `inputs` features per sample: one [`crate::layers::Linear`] per spec (the
 /// activation fused), weights drawn from `seed + layer` (He initialisation
 /// for ReLU and GELU layers, Glorot for the others), zero biases. It trains
-/// with the graph's loop, file and data-parallel replica; [`Mlp`] remains
-/// for mixed bf16 precision and per-layer tunings.
+/// with the graph's loop, file and data-parallel replica, in mixed bf16
+/// precision after [`crate::Graph::set_bf16`].
 pub fn mlp(
     inputs: usize,
     batch: usize,
     specs: &[LayerSpec],
     seed: u64,
+) -> crate::Result<crate::Graph> {
+    mlp_with_tunings(inputs, batch, specs, seed, &[])
+}
+
+/// [`mlp`] with the blocking and loop orders of layer `i` from
+/// `tunings[i]` (missing entries: the heuristic's).
+pub fn mlp_with_tunings(
+    inputs: usize,
+    batch: usize,
+    specs: &[LayerSpec],
+    seed: u64,
+    tunings: &[FcTuning],
 ) -> crate::Result<crate::Graph> {
     if specs.is_empty() {
         return Err(crate::Error::Graph(
@@ -519,10 +460,11 @@ pub fn mlp(
     let mut x = g.input();
     let mut c = inputs;
     for (i, s) in specs.iter().enumerate() {
-        x = g.layer(
-            x,
-            crate::layers::Linear::new(c, s.out, s.act, seed + i as u64),
-        )?;
+        let mut l = crate::layers::Linear::new(c, s.out, s.act, seed + i as u64);
+        if let Some(t) = tunings.get(i) {
+            l = l.with_tuning(t.clone());
+        }
+        x = g.layer(x, l)?;
         c = s.out;
     }
     g.build(x)

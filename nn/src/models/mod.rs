@@ -3,12 +3,12 @@
 //! - On the layer graph: residual blocks, a small ResNet for 28x28 images,
 //!   ResNet-50 ([`resnet50`]), the plain CNN of `train_cnn`
 //!   ([`CnnSpec::graph`]) and the MLP ([`mlp`]).
-//! - The fixed templates that own their layers' buffers directly: the MLP
-//!   ([`Mlp`]: mixed bf16 precision, per-layer tunings, the GPU MLP's
-//!   initialisation) and the stacked, bidirectional sequence classifier
-//!   ([`SeqClassifier`]), each with its parameters, gradients, optimizer
-//!   state and model file ([`crate::modelfile`]); one training contract
-//!   ([`Trainable`]) serves both.
+//! - The fixed templates that own their layers' buffers directly: the
+//!   stacked, bidirectional sequence classifier ([`SeqClassifier`]) and the
+//!   MLP it uses as its head ([`Mlp`]), each with its parameters,
+//!   gradients, optimizer state and model file ([`crate::modelfile`]); one
+//!   training contract ([`Trainable`]) serves both. New code builds MLPs
+//!   with [`mlp`].
 
 mod cnn;
 mod mlp;
@@ -17,7 +17,7 @@ mod seqnet;
 mod trainable;
 
 pub use cnn::{CnnSpec, StageSpec};
-pub use mlp::{mlp, LayerSpec, Mlp};
+pub use mlp::{mlp, mlp_with_tunings, LayerSpec, Mlp};
 pub use resnet::{basic_block, bottleneck, resnet50, resnet50_layers, small_resnet};
 pub use seqnet::{SeqClassifier, SeqSpec};
 pub use trainable::Trainable;

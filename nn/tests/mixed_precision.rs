@@ -1,0 +1,164 @@
+//! Mixed bf16 precision on the layer graph (`Graph::set_bf16`): bf16
+//! operands in the linear layers' forward and backward-data passes, f32
+//! master weights, weight gradients and optimizer. Run once per bf16 kernel
+//! by `scripts/test.sh` (`BRGEMM_BF16_ISA`).
+
+use brgemm_nn::models::{mlp, CnnSpec, LayerSpec, StageSpec};
+use brgemm_nn::{Graph, GraphBuilder, Linear, Shape, Tensor};
+use brgemm_primitives::{Activation, Optimizer, Pool};
+
+mod support;
+use support::Lcg;
+
+fn specs(hidden: usize, classes: usize) -> [LayerSpec; 2] {
+    [
+        LayerSpec {
+            out: hidden,
+            act: Activation::Relu,
+        },
+        LayerSpec {
+            out: classes,
+            act: Activation::Identity,
+        },
+    ]
+}
+
+/// Samples whose class is the arg max of their first `classes` features.
+fn toy(n: usize, c: usize, classes: usize) -> (Tensor, Vec<usize>) {
+    let x = Lcg(9).tensor(Shape::flat(n, c));
+    let labels = x
+        .data()
+        .chunks(c)
+        .map(|r| (0..classes).max_by(|&a, &b| r[a].total_cmp(&r[b])).unwrap())
+        .collect();
+    (x, labels)
+}
+
+fn train(g: &mut Graph, pool: &Pool, x: &Tensor, labels: &[usize], steps: usize) -> f32 {
+    let opt = Optimizer::adam(1e-2);
+    let mut last = 0.0;
+    for _ in 0..steps {
+        last = g.train_step(pool, x, labels, &opt).unwrap();
+    }
+    last
+}
+
+#[test]
+fn a_bf16_mlp_trains_like_the_f32_one() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let (n, c, classes) = (64, 32, 4);
+    let (x, labels) = toy(n, c, classes);
+    let mut losses = vec![];
+    for bf in [false, true] {
+        let mut g = mlp(c, n, &specs(64, classes), 5).unwrap();
+        assert_eq!(g.set_bf16(bf).unwrap(), if bf { 2 } else { 0 });
+        let isa = g.layers_of::<Linear>()[0].bf16_isa();
+        assert_eq!(isa.is_some(), bf);
+        losses.push(train(&mut g, &pool, &x, &labels, 80));
+        let pred = g.predict(&pool, &x).unwrap();
+        let acc = pred.iter().zip(&labels).filter(|(p, l)| p == l).count() as f64 / n as f64;
+        assert!(acc > 0.95, "bf16 {bf} ({isa:?}): accuracy {acc}");
+    }
+    assert!(
+        losses.iter().all(|&l| l < 0.1),
+        "losses f32/bf16 {losses:?}"
+    );
+}
+
+#[test]
+fn bf16_gradients_are_the_f32_ones_to_bf16_rounding() {
+    let pool = Pool::new(2).unwrap();
+    let (n, c, classes) = (32, 48, 6);
+    let (x, labels) = toy(n, c, classes);
+    let grads = |bf: bool| {
+        let mut g = mlp(c, n, &specs(40, classes), 3).unwrap();
+        g.set_bf16(bf).unwrap();
+        let loss = g
+            .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
+            .unwrap();
+        let gs: Vec<(Vec<f32>, Vec<f32>)> = g
+            .layers_of::<Linear>()
+            .iter()
+            .map(|l| l.gradients())
+            .collect();
+        (loss, gs)
+    };
+    let (l32, g32) = grads(false);
+    let (l16, g16) = grads(true);
+    assert!((l32 - l16).abs() < 1e-2 * l32.abs(), "loss {l32} vs {l16}");
+    for (i, ((w32, b32), (w16, b16))) in g32.iter().zip(&g16).enumerate() {
+        for (what, a, b) in [("dW", w32, w16), ("db", b32, b16)] {
+            let norm = a.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(p, q)| (p - q) * (p - q))
+                .sum::<f32>()
+                .sqrt();
+            // bf16 keeps 8 bits of mantissa: a few parts in a thousand per
+            // operand, more after a backward-data pass.
+            assert!(
+                diff <= 3e-2 * norm,
+                "layer {i} {what}: |diff| {diff}, |grad| {norm}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cnn_head_runs_in_bf16_on_the_convolutions_blocked_output() {
+    let pool = Pool::new(2).unwrap();
+    let stage = |channels| StageSpec {
+        channels,
+        kernel: 3,
+        batchnorm: false,
+        pool: 2,
+    };
+    let spec = CnnSpec {
+        input: (2, 8, 8),
+        stages: vec![stage(8)],
+        hidden: vec![16],
+        classes: 3,
+        dropout: 0.0,
+    };
+    let x = Lcg(2).tensor(Shape::new(8, 2, 8, 8));
+    let labels = [0, 1, 2, 0, 1, 2, 0, 1];
+    let out = |bf: bool| {
+        let mut g = spec.graph(8, 4).unwrap();
+        // The convolution has no bf16 passes yet: only the two linear layers.
+        assert_eq!(g.set_bf16(bf).unwrap(), if bf { 2 } else { 0 });
+        let l = g
+            .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
+            .unwrap();
+        let y = g.predict(&pool, &x).unwrap();
+        (l, y)
+    };
+    let (l32, _) = out(false);
+    let (l16, _) = out(true);
+    assert!((l32 - l16).abs() < 2e-2 * l32.abs(), "loss {l32} vs {l16}");
+}
+
+#[test]
+fn gelu_refuses_bf16_by_name_and_f32_comes_back_exactly() {
+    let mut b = GraphBuilder::new(Shape::flat(4, 8));
+    let h = b
+        .layer(b.input(), Linear::new(8, 16, Activation::Gelu, 1))
+        .unwrap();
+    let mut g = b.build(h).unwrap();
+    let e = g.set_bf16(true).err().unwrap().to_string();
+    assert!(e.contains("linear 8->16") && e.contains("Gelu"), "{e}");
+
+    // On, then off again: the f32 passes give the fresh f32 graph's loss.
+    let pool = Pool::new(1).unwrap();
+    let (x, labels) = toy(16, 24, 5);
+    let loss = |g: &mut Graph| {
+        g.compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
+            .unwrap()
+    };
+    let mut a = mlp(24, 16, &specs(32, 5), 7).unwrap();
+    let mut b = mlp(24, 16, &specs(32, 5), 7).unwrap();
+    b.set_bf16(true).unwrap();
+    loss(&mut b);
+    b.set_bf16(false).unwrap();
+    assert_eq!(loss(&mut a), loss(&mut b));
+}
