@@ -95,10 +95,9 @@ fn main() {
         cfg.batch,
         pool.threads()
     );
-    let model = args.model(
-        cfg.batch,
-        |m| train_lstm::check_fits(m, &tr),
+    let model = args.graph(
         || train_lstm::build(&cfg, &tr),
+        |g| train_lstm::check_fits(g, &tr),
     );
     let (model, last) = cli::train_or_evaluate(
         "sequences",
@@ -107,6 +106,6 @@ fn main() {
         |m| train_lstm::accuracy(m, pool, &te),
         |m, report| train_lstm::train_model(&cfg, pool, m, &tr, &te, report),
     );
-    cli::save(&model, save);
+    cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
 }

@@ -53,18 +53,55 @@ impl Samples for Dataset {
     }
 }
 
+/// The counts of a wrapper around a [`Dataset`] in `self.data`.
+macro_rules! counts_of_data {
+    () => {
+        fn len(&self) -> usize {
+            self.data.len()
+        }
+        fn features(&self) -> usize {
+            self.data.features
+        }
+        fn classes(&self) -> usize {
+            self.data.classes
+        }
+    };
+}
+
 impl Samples for ImageSet {
-    fn len(&self) -> usize {
-        self.data.len()
-    }
-    fn features(&self) -> usize {
-        self.data.features
-    }
-    fn classes(&self) -> usize {
-        self.data.classes
-    }
+    counts_of_data!();
     fn fill(&self, idx: &[usize], x: &mut [f32]) -> Vec<usize> {
         self.data.fill(idx, x)
+    }
+}
+
+/// Images (or any rows of `steps x features` values) read as sequences:
+/// row t of a sample is step t. Fills the recurrent layers' input
+/// `(n, features, steps, 1)`, a transpose of each sample.
+#[derive(Debug, Clone, Copy)]
+pub struct RowSequences<'a> {
+    /// The samples, `steps * features` values each, row by row.
+    pub data: &'a Dataset,
+    /// Rows per sample.
+    pub steps: usize,
+}
+
+impl Samples for RowSequences<'_> {
+    counts_of_data!();
+    fn fill(&self, idx: &[usize], x: &mut [f32]) -> Vec<usize> {
+        let (t, all) = (self.steps.max(1), self.data.features);
+        let f = all / t;
+        x.fill(0.0);
+        for (row, &i) in idx.iter().enumerate() {
+            let img = &self.data.x[i * all..][..all];
+            let out = &mut x[row * all..][..all];
+            for (s, step) in img.chunks_exact(f).enumerate() {
+                for (c, v) in step.iter().enumerate() {
+                    out[c * t + s] = *v;
+                }
+            }
+        }
+        idx.iter().map(|&i| self.data.y[i]).collect()
     }
 }
 

@@ -10,14 +10,13 @@
 //!   losses and optimizers.
 //! - [`nn`] (crate `brgemm-nn`): networks as graphs of layers (a `Layer`
 //!   trait over the primitives, residual joins, shape checks when a graph
-//!   is built, the CNN, MLP and ResNets as graph builders), and the fixed
-//!   template [`nn::models::SeqClassifier`] (stacked, bidirectional) with
-//!   its model file.
+//!   is built, versioned files; the MLP, CNN, stacked bidirectional
+//!   LSTM/RNN classifier and ResNets as graph builders).
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
 //! - [`fit`]: the one training loop of every layer graph, on any
-//!   [`fit::Samples`]; [`train`] and [`train_cnn`] are the MLP and CNN
-//!   examples' networks on it, [`train_lstm`] the sequence template's loop.
+//!   [`fit::Samples`]; [`train`], [`train_cnn`] and [`train_lstm`] are the
+//!   MLP, CNN and sequence examples' networks on it.
 //!
 //! Cargo feature `mpi`: [`distributed`] (crate `brgemm-distributed`),
 //! data-parallel training over MPI (needs OpenMPI). Cargo features `cuda`

@@ -8,7 +8,7 @@ use brgemm_nn::models::{mlp_with_tunings, LayerSpec};
 use brgemm_nn::Graph;
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{FcTuning, Pool, Result};
+use brgemm_primitives::{FcTuning, Pool};
 use std::time::Instant;
 
 /// What to train, and how.
@@ -82,38 +82,6 @@ pub fn build(cfg: &TrainConfig, data: &Dataset) -> brgemm_nn::Result<Graph> {
     let mut g = mlp_with_tunings(data.features, cfg.batch, &specs, cfg.seed, &tunings)?;
     g.set_bf16(cfg.bf16)?;
     Ok(g)
-}
-
-/// An error unless a model's input (described in the data's terms) and
-/// class count match the data's.
-pub(crate) fn check_widths(model: (String, usize), data: (String, usize)) -> Result<()> {
-    let (min, mout) = model;
-    let (din, classes) = data;
-    if min != din || mout != classes {
-        return Err(brgemm_primitives::Error::Shape {
-            what: "model".into(),
-            value: format!("{min} -> {mout} classes"),
-            reason: format!("the data have {din} and {classes} classes"),
-        });
-    }
-    Ok(())
-}
-
-/// Share of right predictions over `len` items in chunks of `batch`;
-/// `predict(model, chunk)` returns the predictions and the labels.
-pub(crate) fn accuracy_in_batches<M, E>(
-    model: &mut M,
-    len: usize,
-    batch: usize,
-    mut predict: impl FnMut(&mut M, &[usize]) -> std::result::Result<(Vec<usize>, Vec<usize>), E>,
-) -> std::result::Result<f64, E> {
-    let idx: Vec<usize> = (0..len).collect();
-    let mut right = 0usize;
-    for chunk in idx.chunks(batch) {
-        let (pred, labels) = predict(model, chunk)?;
-        right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
-    }
-    Ok(right as f64 / len.max(1) as f64)
 }
 
 /// How the epochs of a training run walk the training set.

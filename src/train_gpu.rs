@@ -3,7 +3,7 @@
 //! with forward, loss, backward and optimizer on the device.
 
 use crate::data::Dataset;
-use crate::train::{accuracy_in_batches, run_epochs, EpochPlan, EpochReport, TrainConfig};
+use crate::train::{run_epochs, EpochPlan, EpochReport, TrainConfig};
 use brgemm_gpu::{Backend, Device, GpuDtype, GpuMlp, Result};
 use brgemm_nn::models::LayerSpec;
 
@@ -75,4 +75,21 @@ pub fn train(
         &mut report,
     )?;
     Ok((model, dev))
+}
+
+/// Share of right predictions over `len` items in chunks of `batch`;
+/// `predict(model, chunk)` returns the predictions and the labels.
+fn accuracy_in_batches<M, E>(
+    model: &mut M,
+    len: usize,
+    batch: usize,
+    mut predict: impl FnMut(&mut M, &[usize]) -> std::result::Result<(Vec<usize>, Vec<usize>), E>,
+) -> std::result::Result<f64, E> {
+    let idx: Vec<usize> = (0..len).collect();
+    let mut right = 0usize;
+    for chunk in idx.chunks(batch) {
+        let (pred, labels) = predict(model, chunk)?;
+        right += pred.iter().zip(&labels).filter(|(p, l)| p == l).count();
+    }
+    Ok(right as f64 / len.max(1) as f64)
 }

@@ -1,11 +1,15 @@
-//! The sequence-classifier training loop shared by `examples/train_lstm` and
-//! the tests: images read row by row (one row per step).
+//! The sequence classifier of `examples/train_lstm` on the layer graph
+//! ([`SeqSpec::graph`]): images read row by row (one row per step), trained
+//! by [`crate::fit`].
 
 use crate::data::Dataset;
+pub use crate::fit::RowSequences;
+use crate::fit::{fit, FitConfig};
 use crate::train::EpochReport;
-use brgemm_nn::models::{SeqClassifier, SeqSpec, Trainable};
+use brgemm_nn::models::SeqSpec;
+use brgemm_nn::Graph;
 use brgemm_primitives::optim::Optimizer;
-use brgemm_primitives::{Blocked, CellKind, Pool, Result};
+use brgemm_primitives::{CellKind, Pool};
 
 /// What to train, and how.
 #[derive(Debug, Clone)]
@@ -56,61 +60,46 @@ impl SeqConfig {
 }
 
 /// Plans the classifier of `cfg` for `data` (whose features are `steps`
-/// rows of equal length).
-pub fn build(cfg: &SeqConfig, data: &Dataset) -> Result<SeqClassifier> {
+/// rows of equal length) as a layer graph ([`SeqSpec::graph`]).
+pub fn build(cfg: &SeqConfig, data: &Dataset) -> brgemm_nn::Result<Graph> {
     if cfg.steps == 0 || !data.features.is_multiple_of(cfg.steps) {
-        return Err(brgemm_primitives::Error::Shape {
-            what: "steps".into(),
-            value: cfg.steps.to_string(),
-            reason: format!("must divide the {} features of an image", data.features),
-        });
+        return Err(brgemm_nn::Error::Graph(format!(
+            "steps {}: must divide the {} features of an image",
+            cfg.steps, data.features
+        )));
     }
-    SeqClassifier::new(
-        &SeqSpec {
-            kind: cfg.kind,
-            steps: cfg.steps,
-            features: data.features / cfg.steps,
-            hidden: cfg.hidden,
-            layers: cfg.layers,
-            bidirectional: cfg.bidirectional,
-            head: cfg.head.clone(),
-            classes: data.classes,
-        },
-        cfg.batch,
-        cfg.seed,
-    )
+    SeqSpec {
+        kind: cfg.kind,
+        steps: cfg.steps,
+        features: data.features / cfg.steps,
+        hidden: cfg.hidden,
+        layers: cfg.layers,
+        bidirectional: cfg.bidirectional,
+        head: cfg.head.clone(),
+        classes: data.classes,
+    }
+    .graph(cfg.batch, cfg.seed)
 }
 
-/// Writes images `idx` (row t = step t) into `x`; returns their labels.
-pub fn fill_sequences(
-    model: &SeqClassifier,
-    data: &Dataset,
-    idx: &[usize],
-    plain: &mut Vec<f32>,
-    x: &mut Blocked,
-) -> Result<Vec<usize>> {
-    let (t, f, n) = (model.spec().steps, model.spec().features, model.batch());
-    plain.clear();
-    plain.resize(t * n * f, 0.0);
-    for (r, &i) in idx.iter().enumerate() {
-        let img = &data.x[i * data.features..][..data.features];
-        for s in 0..t {
-            plain[(s * n + r) * f..][..f].copy_from_slice(&img[s * f..][..f]);
-        }
+/// `data`'s images as sequences for `g`: row t of an image is step t
+/// ([`RowSequences`], as many steps as the graph's input has).
+pub fn sequences<'a>(g: &Graph, data: &'a Dataset) -> RowSequences<'a> {
+    RowSequences {
+        data,
+        steps: g.input_shape().h,
     }
-    model.set_input(x, plain)?;
-    Ok(idx.iter().map(|&i| data.y[i]).collect())
 }
 
-/// Accuracy of `model` on `data`, in minibatches.
-pub fn accuracy(model: &mut SeqClassifier, pool: &Pool, data: &Dataset) -> Result<f64> {
-    let mut x = model.input_layout();
-    let mut plain = vec![];
-    let batch = model.batch();
-    crate::train::accuracy_in_batches(model, data.len(), batch, |m, chunk| {
-        let labels = fill_sequences(m, data, chunk, &mut plain, &mut x)?;
-        Ok((m.predict(pool, &x, chunk.len())?, labels))
-    })
+/// Accuracy of `g` on `data` read row by row.
+pub fn accuracy(g: &mut Graph, pool: &Pool, data: &Dataset) -> brgemm_nn::Result<f64> {
+    let seqs = sequences(g, data);
+    crate::fit::accuracy(g, pool, &seqs)
+}
+
+/// An error unless `g` reads `data`'s images row by row and predicts its
+/// classes.
+pub fn check_fits(g: &Graph, data: &Dataset) -> brgemm_nn::Result<()> {
+    crate::fit::check_fits(g, &sequences(g, data))
 }
 
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees
@@ -121,54 +110,31 @@ pub fn train(
     train: &Dataset,
     test: &Dataset,
     report: impl FnMut(&EpochReport),
-) -> Result<SeqClassifier> {
+) -> brgemm_nn::Result<Graph> {
     cfg.optimizer.validate()?;
     let model = build(cfg, train)?;
     train_model(cfg, pool, model, train, test, report)
 }
 
-/// An error unless `model` reads `data`'s features (as its steps x
-/// features) and predicts its classes.
-pub fn check_fits(model: &SeqClassifier, data: &Dataset) -> Result<()> {
-    let s = model.spec();
-    crate::train::check_widths(
-        (format!("{} features", s.steps * s.features), s.classes),
-        (format!("{} features", data.features), data.classes),
-    )
-}
-
-/// [`train`] from a given model (e.g. one loaded to resume): its input
-/// width and classes must match the data; `cfg`'s architecture fields are
-/// not used.
+/// [`train`] from a given graph (e.g. one with loaded values, to resume):
+/// [`crate::fit::fit`] with `cfg`'s epochs, optimizer, seed and guard;
+/// `cfg`'s architecture fields are not used.
 pub fn train_model(
     cfg: &SeqConfig,
     pool: &Pool,
-    mut model: SeqClassifier,
+    mut model: Graph,
     train: &Dataset,
     test: &Dataset,
-    mut report: impl FnMut(&EpochReport),
-) -> Result<SeqClassifier> {
-    cfg.optimizer.validate()?;
-    check_fits(&model, train)?;
-    let mut x = model.input_layout();
-    let mut plain = vec![];
-    let plan = crate::train::EpochPlan {
+    report: impl FnMut(&EpochReport),
+) -> brgemm_nn::Result<Graph> {
+    let fit_cfg = FitConfig {
         epochs: cfg.epochs,
-        len: train.len(),
-        batch: cfg.batch,
-        whole_batches: false,
+        optimizer: cfg.optimizer,
         seed: cfg.seed ^ 0x157,
+        whole_batches: false,
+        check_finite: cfg.check_finite,
     };
-    crate::train::run_epochs(
-        &mut model,
-        plan,
-        |m, chunk, index| {
-            let labels = fill_sequences(m, train, chunk, &mut plain, &mut x)?;
-            let check = cfg.check_finite.then_some(index);
-            m.checked_step(pool, &x, &labels, &cfg.optimizer, check)
-        },
-        |m| accuracy(m, pool, test),
-        &mut report,
-    )?;
+    let (tr, te) = (sequences(&model, train), sequences(&model, test));
+    fit(&mut model, pool, &fit_cfg, &tr, &te, report)?;
     Ok(model)
 }

@@ -9,7 +9,6 @@
 #![allow(dead_code)] // each example uses its own subset
 
 use brgemm_dl::train::EpochReport;
-use brgemm_nn::ModelFile;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
@@ -187,7 +186,7 @@ impl Args {
     /// `--save FILE`, checked writable now (not after training).
     pub fn save_path(&self) -> Option<std::path::PathBuf> {
         let p = std::path::PathBuf::from(self.values.get("save")?);
-        if let Err(e) = brgemm_nn::modelfile::check_writable(&p) {
+        if let Err(e) = brgemm_nn::file::check_writable(&p) {
             usage_error(format!("--save: {e}"));
         }
         Some(p)
@@ -213,39 +212,6 @@ impl Args {
             usage_error("--epochs 0: nothing to train; add --load FILE to evaluate a saved model");
         }
         e
-    }
-    /// `--load FILE`: the saved model planned for minibatch `batch`, checked
-    /// against the data by `fits`; `None` without `--load`. A bad file ends
-    /// the process with the error naming it.
-    pub fn load<M: ModelFile>(
-        &self,
-        batch: usize,
-        fits: impl FnOnce(&M) -> brgemm_primitives::Result<()>,
-    ) -> Option<M> {
-        let path = self.values.get("load")?;
-        let m = M::load(std::path::Path::new(path), batch)
-            .and_then(|m| fits(&m).map(|_| m))
-            .unwrap_or_else(|e| {
-                eprintln!("--load: {e}");
-                std::process::exit(1)
-            });
-        println!("loaded {path}");
-        Some(m)
-    }
-    /// The `--load` model (see [`Args::load`]), else a new one from `build`;
-    /// a failure ends the process.
-    pub fn model<M: ModelFile>(
-        &self,
-        batch: usize,
-        fits: impl FnOnce(&M) -> brgemm_primitives::Result<()>,
-        build: impl FnOnce() -> brgemm_primitives::Result<M>,
-    ) -> M {
-        self.load(batch, fits)
-            .map_or_else(build, Ok)
-            .unwrap_or_else(|e| {
-                eprintln!("model: {e}");
-                std::process::exit(1)
-            })
     }
 }
 
@@ -282,18 +248,6 @@ impl Args {
 pub fn save_graph(g: &brgemm_nn::Graph, path: Option<std::path::PathBuf>) {
     if let Some(path) = path {
         g.save(&path).unwrap_or_else(|e| {
-            eprintln!("--save: {e}");
-            std::process::exit(1)
-        });
-        println!("saved the model to {}", path.display());
-    }
-}
-
-/// Saves `model` to `path` (from [`Args::save_path`], checked before
-/// training); a failure ends the process.
-pub fn save<M: ModelFile>(model: &M, path: Option<std::path::PathBuf>) {
-    if let Some(path) = path {
-        model.save(&path).unwrap_or_else(|e| {
             eprintln!("--save: {e}");
             std::process::exit(1)
         });

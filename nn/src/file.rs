@@ -6,10 +6,14 @@
 //! ([`FILE_VERSION`]), the input's channels, height and width (3 `u64`;
 //! not the minibatch, so a file fits a graph of any batch size), the layer
 //! count (`u32`), then per layer its name and tensor count (`u32`), per
-//! tensor its name and length (`u64`) and the `f32` values. Strings are a
-//! `u32` length and UTF-8 bytes. A load checks all of it against the graph and names
-//! the first difference; a short file is an error naming the byte where
-//! it ends.
+//! tensor its name and length (`u64`) and the `f32` values, and last the
+//! CRC-32 (IEEE) of every byte before it (`u32`). Strings are a `u32`
+//! length and UTF-8 bytes. A load checks all of it against the graph and
+//! names the first difference: a wrong magic or version, a checksum that
+//! does not match (a flipped bit anywhere), a short file (naming the byte
+//! where it ends), other layers or shapes, a value that is not finite,
+//! trailing bytes. A save checks nothing it need not: it writes a
+//! temporary file next to the target, syncs it and renames it.
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -18,7 +22,7 @@ use std::path::Path;
 
 const MAGIC: &[u8] = b"BRGEMM-NN\n";
 /// The version of the file format this library writes and reads.
-pub const FILE_VERSION: u32 = 1;
+pub const FILE_VERSION: u32 = 2;
 
 /// `e` with the file named in front (a graph error's own "graph: " prefix
 /// not repeated).
@@ -74,6 +78,8 @@ impl Graph {
                 v.iter().for_each(|x| out.extend(x.to_le_bytes()));
             }
         }
+        let crc = crc32fast::hash(&out);
+        out.extend(crc.to_le_bytes());
         out
     }
 
@@ -81,11 +87,11 @@ impl Graph {
     /// graph of the same layers and input shape; anything else is an error
     /// naming what differs, and leaves the values as they were. The
     /// optimizer state starts again.
-    pub fn from_bytes(&mut self, bytes: &[u8]) -> Result<()> {
-        let mut r = Reader { bytes, at: 0 };
-        if !bytes.starts_with(MAGIC) && !MAGIC.starts_with(bytes) {
+    pub fn from_bytes(&mut self, file: &[u8]) -> Result<()> {
+        if !file.starts_with(MAGIC) && !MAGIC.starts_with(file) {
             return Err(Error::Graph("not a brgemm-nn file (no magic)".into()));
         }
+        let mut r = Reader { bytes: file, at: 0 };
         r.take(MAGIC.len())?;
         let version = r.u32()?;
         if version != FILE_VERSION {
@@ -93,6 +99,22 @@ impl Graph {
                 "file version {version}; this library reads version {FILE_VERSION}"
             )));
         }
+        // The checksum first: a damaged file is named as such, not by the
+        // first field the damage happens to break.
+        if file.len() < r.at + 4 {
+            return Err(r.short());
+        }
+        let (bytes, crc) = file.split_at(file.len() - 4);
+        let (want, got) = (
+            u32::from_le_bytes(crc.try_into().expect("4 bytes")),
+            crc32fast::hash(bytes),
+        );
+        if want != got {
+            return Err(Error::Graph(format!(
+                "checksum {got:08x} does not match the file's {want:08x}: the file is damaged or truncated"
+            )));
+        }
+        let mut r = Reader { bytes, at: r.at };
         let s = self.input_shape();
         let chw = [r.u64()?, r.u64()?, r.u64()?];
         if chw != [s.c, s.h, s.w].map(|d| d as u64) {
@@ -123,10 +145,16 @@ impl Graph {
                 let what = r.text()?;
                 let len = r.u64()? as usize;
                 let raw = r.take(len.checked_mul(4).ok_or_else(|| r.short())?)?;
-                let v = raw
+                let v: Vec<f32> = raw
                     .chunks_exact(4)
                     .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
                     .collect();
+                if let Some(j) = v.iter().position(|x| !x.is_finite()) {
+                    return Err(Error::Graph(format!(
+                        "layer {i} (`{name}`) {what}[{j}] is {}",
+                        v[j]
+                    )));
+                }
                 values.push((what, v));
             }
             all.push(values);
@@ -162,11 +190,19 @@ impl Graph {
     /// Writes [`Graph::to_bytes`] to `path` atomically: a temporary file
     /// next to it, then a rename, so a crash never leaves half a file.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        use std::io::Write;
         let path = path.as_ref();
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        std::fs::write(&tmp, self.to_bytes()).map_err(|e| file_error(path, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
+        let tmp = temp_path(path);
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&self.to_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            std::fs::remove_file(&tmp).ok();
+            file_error(path, e)
+        })
     }
 
     /// Reads a file of [`Graph::save`] into this graph
@@ -176,6 +212,27 @@ impl Graph {
         let bytes = std::fs::read(path).map_err(|e| file_error(path, e))?;
         self.from_bytes(&bytes).map_err(|e| file_error(path, e))
     }
+}
+
+/// The temporary file a save writes before its rename: next to `path`, so
+/// the rename stays on one file system.
+fn temp_path(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".tmp-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Checks that a file can be saved at `path` (its directory exists and
+/// takes a new file) without touching `path` itself: run before a long
+/// training run, so a typo costs seconds, not the run.
+pub fn check_writable(path: &Path) -> Result<()> {
+    if path.file_name().is_none() || path.is_dir() {
+        return Err(file_error(path, Error::Graph("not a file name".into())));
+    }
+    let tmp = temp_path(path);
+    std::fs::File::create(&tmp)
+        .map_err(|e| file_error(path, Error::Graph(format!("cannot save here: {e}"))))?;
+    std::fs::remove_file(&tmp).map_err(|e| file_error(&tmp, e))
 }
 
 struct Reader<'a> {

@@ -37,11 +37,10 @@
 #![deny(missing_docs)]
 
 mod error;
-mod file;
+pub mod file;
 mod graph;
 mod layer;
 mod layers;
-pub mod modelfile;
 pub mod models;
 mod tensor;
 
@@ -50,8 +49,7 @@ pub use file::FILE_VERSION;
 pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
 pub use layer::{Affine, Layer, Mode, Param};
 pub use layers::{
-    BatchNorm2d, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer, Recurrent, Relu,
+    BatchNorm2d, Bidirectional, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer,
+    Recurrent, Relu,
 };
-pub use modelfile::ModelFile;
-pub use models::Trainable;
 pub use tensor::{Shape, Tensor};

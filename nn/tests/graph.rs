@@ -11,76 +11,7 @@ use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
 
 mod support;
-use support::Lcg;
-
-/// L = sum(y * r): dL/dy = r. In training mode, so batch norm uses the
-/// batch's statistics, as the backward under test does.
-fn loss(g: &mut Graph, pool: &Pool, x: &Tensor, r: &Tensor) -> f64 {
-    let y = g.forward(pool, x, Mode::Train).unwrap();
-    y.data()
-        .iter()
-        .zip(r.data())
-        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-        .sum()
-}
-
-/// Central differences of L against dx and every parameter's gradient, on
-/// `samples` positions of each.
-fn check_gradients(g: Graph, seed: u64, samples: usize) {
-    check_gradients_eps(g, seed, samples, 1e-2)
-}
-
-/// [`check_gradients`] with step `eps` (ReLU and max-pooling kinks ask for a
-/// smaller one).
-fn check_gradients_eps(mut g: Graph, seed: u64, samples: usize, eps: f32) {
-    let pool = Pool::new(2).unwrap();
-    let mut rng = Lcg(seed);
-    let x = rng.tensor(g.input_shape());
-    let r = rng.tensor(g.output_shape());
-    g.forward(&pool, &x, Mode::Train).unwrap();
-    let dx = g.backward(&pool, &r).unwrap();
-    let grads: Vec<Vec<f32>> = g.params().iter().map(|p| p.grad.to_vec()).collect();
-    let close = |a: f64, n: f64, what: &str| {
-        assert!(
-            (a - n).abs() <= 2e-2 * n.abs().max(0.05) + 2e-3,
-            "{what}: analytic {a}, numeric {n}"
-        );
-    };
-    let mut x2 = x.clone();
-    for k in 0..samples {
-        let i = (k * 7919 + 13) % x.shape().len();
-        let v = x2.data()[i];
-        x2.data_mut()[i] = v + eps;
-        let lp = loss(&mut g, &pool, &x2, &r);
-        x2.data_mut()[i] = v - eps;
-        let lm = loss(&mut g, &pool, &x2, &r);
-        x2.data_mut()[i] = v;
-        close(
-            f64::from(dx.data()[i]),
-            (lp - lm) / f64::from(2.0 * eps),
-            &format!("dx[{i}]"),
-        );
-    }
-    for (pi, grad) in grads.iter().enumerate() {
-        for k in 0..samples {
-            let i = (k * 104729 + 3) % grad.len();
-            let perturb = |g: &mut Graph, d: f32| {
-                let mut ps = g.params();
-                ps[pi].value[i] += d;
-            };
-            perturb(&mut g, eps);
-            let lp = loss(&mut g, &pool, &x, &r);
-            perturb(&mut g, -2.0 * eps);
-            let lm = loss(&mut g, &pool, &x, &r);
-            perturb(&mut g, eps);
-            close(
-                f64::from(grad[i]),
-                (lp - lm) / f64::from(2.0 * eps),
-                &format!("param {pi} [{i}]"),
-            );
-        }
-    }
-}
+use support::{check_gradients, check_gradients_eps, Lcg};
 
 #[test]
 fn conv_and_linear_chain_gradients_match_finite_differences() {
@@ -632,14 +563,19 @@ fn a_saved_graph_loads_back_and_bad_files_are_named_errors() {
     let e = err(&bytes[..bytes.len() - 3]);
     assert!(e.contains("truncated"), "{e}");
     let mut newer = bytes.clone();
-    newer[10] = 2;
+    newer[10] = 9;
     let e = err(&newer);
-    assert!(e.contains("version 2") && e.contains("version 1"), "{e}");
+    assert!(
+        e.contains("version 9") && e.contains(&format!("version {}", brgemm_nn::FILE_VERSION)),
+        "{e}"
+    );
     let e = err(b"PNG");
     assert!(e.contains("not a brgemm-nn file"), "{e}");
+    // A byte more, or one flipped: the checksum no longer matches (the
+    // corruption tests in model_file.rs reseal it to reach each check).
     let mut longer = bytes.clone();
     longer.push(0);
-    assert!(err(&longer).contains("1 bytes after"));
+    assert!(err(&longer).contains("checksum"));
     // Another architecture: the first differing layer is named.
     let mut other = GraphBuilder::new(a.input_shape());
     let i = other.input();
@@ -931,4 +867,19 @@ fn the_mlp_builder_matches_a_plain_reference() {
         assert!((f64::from(*got) - want).abs() < 1e-5, "{got} vs {want}");
     }
     assert!(mlp(5, 2, &[], 9).is_err());
+}
+
+#[test]
+fn the_mlp_builder_gradients_match_finite_differences() {
+    // Smooth activations (no kinks), and a ReLU layer with a smaller step;
+    // the middle layer reads the first one's FC-layout output as it is.
+    let act = |out, act| LayerSpec { out, act };
+    let smooth = [
+        act(9, Activation::Tanh),
+        act(7, Activation::Sigmoid),
+        act(4, Activation::Identity),
+    ];
+    check_gradients(mlp(6, 5, &smooth, 21).unwrap(), 3, 10);
+    let relu = [act(8, Activation::Relu), act(3, Activation::Identity)];
+    check_gradients_eps(mlp(6, 5, &relu, 22).unwrap(), 4, 10, 1e-3);
 }

@@ -1,11 +1,13 @@
 //! The layers: thin wrappers over the primitives' passes.
 
+mod bidir;
 mod conv2d;
 mod linear;
 mod norm_pool;
 mod recurrent;
 mod simple;
 
+pub use bidir::Bidirectional;
 pub use conv2d::Conv2d;
 pub use linear::Linear;
 pub use norm_pool::{BatchNorm2d, Pool2dLayer};

@@ -319,17 +319,17 @@ impl Layer for Recurrent {
         let (k, last_only) = (self.hidden, self.last_only);
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
         let (n, t, c) = (p.n, p.steps, x.shape().c);
-        // (n, c, t) NCHW -> [t][n][c].
-        let src = x.data();
-        let mut seq = vec![0.0; t * n * c];
-        for ni in 0..n {
-            for ci in 0..c {
-                for ti in 0..t {
-                    seq[(ti * n + ni) * c + ci] = src[(ni * c + ci) * t + ti];
+        // (n, c, t) NCHW -> row (t, n) of the blocked sequence.
+        let (src, np) = (x.data(), p.rnn.padded_n());
+        let mut row = vec![0.0; c];
+        for ti in 0..t {
+            for ni in 0..n {
+                for (ci, v) in row.iter_mut().enumerate() {
+                    *v = src[(ni * c + ci) * t + ti];
                 }
+                p.x.put_row(ti * np + ni, &row);
             }
         }
-        p.rnn.set_sequence(&mut p.x, &seq)?;
         let (h0, c0) = match &self.initial {
             Some((h, cs)) => {
                 set_rows(&mut p.h0, h, k)?;
@@ -343,14 +343,15 @@ impl Layer for Recurrent {
         p.rnn
             .forward(pool, &p.x, &p.w, &p.r, &p.b, h0, c0, &mut p.st)?;
         p.trained = mode == Mode::Train;
-        // [t][n][k] -> (n, k, t) or (n, k, 1).
-        let h = p.rnn.sequence(p.st.h())?;
+        // Rows (t, n) of h -> (n, k, t), or (n, k, 1) from the last step only.
         let (first, steps) = if last_only { (t - 1, 1) } else { (0, t) };
         let mut out = vec![0.0; n * k * steps];
-        for ni in 0..n {
-            for ki in 0..k {
-                for s in 0..steps {
-                    out[(ni * k + ki) * steps + s] = h[((first + s) * n + ni) * k + ki];
+        let mut row = vec![0.0; k];
+        for s in 0..steps {
+            for ni in 0..n {
+                p.st.h().get_row((first + s) * np + ni, &mut row);
+                for (ki, v) in row.iter().enumerate() {
+                    out[(ni * k + ki) * steps + s] = *v;
                 }
             }
         }
@@ -362,41 +363,44 @@ impl Layer for Recurrent {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
         need_training(p.trained, "recurrent")?;
         let (n, t) = (p.n, p.steps);
-        // (n, k, steps) -> [t][n][k], zero where the output does not read h_t.
+        // (n, k, steps) -> rows (t, n) of dh, zero where the output does
+        // not read h_t; the final state's gradient joins step T-1.
         let (first, steps) = if last_only { (t - 1, 1) } else { (0, t) };
-        let g = dy.data();
-        let mut dh = vec![0.0; t * n * k];
-        for ni in 0..n {
-            for ki in 0..k {
-                for s in 0..steps {
-                    dh[((first + s) * n + ni) * k + ki] = g[(ni * k + ki) * steps + s];
+        let (g, np) = (dy.data(), p.rnn.padded_n());
+        p.dh.data_mut().fill(0.0);
+        let mut row = vec![0.0; k];
+        for s in 0..steps {
+            for ni in 0..n {
+                for (ki, v) in row.iter_mut().enumerate() {
+                    *v = g[(ni * k + ki) * steps + s];
                 }
+                if first + s == t - 1 {
+                    if let Some((dht, _)) = &self.final_grad {
+                        for (v, d) in row.iter_mut().zip(&dht[ni * k..][..k]) {
+                            *v += d;
+                        }
+                    }
+                }
+                p.dh.put_row((first + s) * np + ni, &row);
             }
         }
         let dc_last = match &self.final_grad {
-            Some((dht, dct)) => {
-                for (d, v) in dh[(t - 1) * n * k..].iter_mut().zip(dht) {
-                    *d += v;
-                }
-                if dct.is_empty() {
-                    None
-                } else {
-                    set_rows(&mut p.dc_last, dct, k)?;
-                    Some(&p.dc_last)
-                }
+            Some((_, dct)) if !dct.is_empty() => {
+                set_rows(&mut p.dc_last, dct, k)?;
+                Some(&p.dc_last)
             }
-            None => None,
+            _ => None,
         };
-        p.rnn.set_sequence(&mut p.dh, &dh)?;
         p.rnn
             .backward_from_state(pool, &p.dh, dc_last, &p.x, &p.w, &p.r, &p.st, &mut p.gr)?;
-        // [t][n][c] -> (n, c, t).
-        let dxs = p.rnn.sequence(p.gr.dx())?;
+        // Rows (t, n) of dx -> (n, c, t).
         let mut dx = vec![0.0; n * c * t];
-        for ni in 0..n {
-            for ci in 0..c {
-                for ti in 0..t {
-                    dx[(ni * c + ci) * t + ti] = dxs[(ti * n + ni) * c + ci];
+        let mut row = vec![0.0; c];
+        for ti in 0..t {
+            for ni in 0..n {
+                p.gr.dx().get_row(ti * np + ni, &mut row);
+                for (ci, v) in row.iter().enumerate() {
+                    dx[(ni * c + ci) * t + ti] = *v;
                 }
             }
         }

@@ -50,13 +50,9 @@ impl Rnn {
         let cols = seq.cols;
         check_buf("plain sequence", plain.len(), self.t * self.n * cols)?;
         let np = self.padded_n();
-        for t in 0..self.t {
-            for n in 0..self.n {
-                for c in 0..cols {
-                    let i = seq.index(t * np + n, c);
-                    seq.data[i] = plain[(t * self.n + n) * cols + c];
-                }
-            }
+        for (r, row) in plain.chunks_exact(cols).enumerate() {
+            let (t, n) = (r / self.n, r % self.n);
+            seq.put_row(t * np + n, row);
         }
         Ok(())
     }
@@ -78,12 +74,9 @@ impl Rnn {
             ));
         }
         let mut out = vec![0.0; self.t * self.n * cols];
-        for t in 0..self.t {
-            for n in 0..self.n {
-                for c in 0..cols {
-                    out[(t * self.n + n) * cols + c] = seq.data[seq.index(t * np + n, c)];
-                }
-            }
+        for (r, row) in out.chunks_exact_mut(cols).enumerate() {
+            let (t, n) = (r / self.n, r % self.n);
+            seq.get_row(t * np + n, row);
         }
         Ok(out)
     }
