@@ -9,7 +9,10 @@
 #     tests, and the cargo fuzz targets for 20 s each (both on nightly);
 #   - the GPU crate: generated kernels executed on OpenCL (PoCL, on the CPU),
 #     every CUDA variant compiled by NVRTC and assembled by ptxas (both from
-#     PyPI wheels), numeric CUDA tests where a GPU is present.
+#     PyPI wheels), numeric CUDA tests where a GPU is present;
+#   - the emulated cluster (scripts/cluster.sh): two network namespaces on
+#     rate-limited links, train_mpi over TCP between them, where this
+#     machine lets the script make namespaces (root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +37,9 @@ ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 && [ -n "$(find /usr/lib/llv
 ls /usr/lib/*/libOpenCL.so.1 >/dev/null 2>&1 || pkgs+=(ocl-icd-libopencl1)
 # A virtualenv for the NVRTC/ptxas wheels (Debian's python3 lacks ensurepip).
 python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
+# The emulated cluster: ip/tc (iproute2) and taskset (util-linux).
+command -v ip >/dev/null && command -v tc >/dev/null || pkgs+=(iproute2)
+command -v taskset >/dev/null || pkgs+=(util-linux)
 # Fashion-MNIST (IDX files in /usr/share/datasets/fashion-mnist) for the CNN tests.
 [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || pkgs+=(dataset-fashion-mnist)
 if [ ${#pkgs[@]} -gt 0 ]; then
@@ -89,6 +95,12 @@ fi
 export BRGEMM_REQUIRE_ISAS=$req
 # The CNN test on Fashion-MNIST fails instead of skipping without the data.
 export BRGEMM_REQUIRE_FASHION=1
+# The emulated cluster's test (tests/cluster.rs) runs, and must pass,
+# wherever this script can make a network namespace.
+if ip netns add brgc-probe 2>/dev/null; then
+  ip netns del brgc-probe
+  export BRGEMM_REQUIRE_CLUSTER=1
+fi
 
 # ---- tests on this machine -------------------------------------------------
 # One build serves every step below. A `cargo test -p X` or a second feature

@@ -1,0 +1,144 @@
+//! The emulated cluster (`scripts/cluster.sh`): two network namespaces
+//! joined by rate-limited veth links come up, `train_mpi` runs one rank in
+//! each over TCP through `mpirun`, and everything is torn down again.
+//!
+//! It changes the machine's network configuration for a second (names
+//! starting `brgc`, removed at the end), so it runs only when asked:
+//! `BRGEMM_REQUIRE_CLUSTER=1` (the test script sets it where it can create
+//! a namespace; a missing capability is then a failure) or
+//! `BRGEMM_CLUSTER_TEST=1` (skipped without root). Needs OpenMPI and the
+//! `train_mpi` example built with `--features mpi`.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
+
+/// The built example `name` (built by the test script or `cargo test
+/// --features mpi --examples`).
+fn example(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    deps.parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name)
+}
+
+fn sh(args: &[&str]) -> (bool, String) {
+    let out = Command::new("bash")
+        .arg(SCRIPT)
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// Tears the cluster down when dropped, also when the test panics.
+struct Cluster;
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let (ok, text) = sh(&["down"]);
+        assert!(ok || std::thread::panicking(), "cluster.sh down: {text}");
+    }
+}
+
+/// Whether this process may make network namespaces.
+fn capable() -> bool {
+    let probe = Command::new("ip")
+        .args(["netns", "add", "brgc-probe"])
+        .output();
+    let ok = probe.is_ok_and(|o| o.status.success());
+    if ok {
+        Command::new("ip")
+            .args(["netns", "del", "brgc-probe"])
+            .status()
+            .ok();
+    }
+    ok
+}
+
+fn bytes_sent(dev: &str) -> u64 {
+    let p = Path::new("/sys/class/net")
+        .join(dev)
+        .join("statistics/rx_bytes");
+    std::fs::read_to_string(p).map_or(0, |s| s.trim().parse().unwrap_or(0))
+}
+
+#[test]
+fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
+    let required = std::env::var_os("BRGEMM_REQUIRE_CLUSTER").is_some();
+    if !required && std::env::var_os("BRGEMM_CLUSTER_TEST").is_none() {
+        eprintln!("SKIPPED: set BRGEMM_CLUSTER_TEST=1 (root) to bring up the emulated cluster");
+        return;
+    }
+    if !capable() {
+        assert!(
+            !required,
+            "BRGEMM_REQUIRE_CLUSTER is set but this process cannot create a network namespace"
+        );
+        eprintln!("SKIPPED: no network namespaces here (needs root / CAP_NET_ADMIN)");
+        return;
+    }
+    let bin = example("train_mpi");
+    assert!(
+        bin.exists(),
+        "{} not built (cargo build --features mpi --examples)",
+        bin.display()
+    );
+    let cluster = Cluster;
+    let (ok, text) = sh(&["up", "2", "--gbps", "1"]);
+    assert!(ok, "cluster.sh up: {text}");
+    let args = text
+        .lines()
+        .last()
+        .and_then(|l| l.strip_prefix("mpirun_args="))
+        .unwrap_or_else(|| panic!("no mpirun_args= line last: {text}"))
+        .to_string();
+    // The links carry the ranks' traffic: what the bridge ports received
+    // from the two nodes before and after.
+    let before: u64 = ["brgc-v1", "brgc-v2"].iter().map(|d| bytes_sent(d)).sum();
+    let out = Command::new("mpirun")
+        .args(args.split_whitespace())
+        .args(["--timeout", "120", "-np", "2"])
+        .arg(&bin)
+        .args(["--epochs", "2"])
+        .env("BRGEMM_NUM_THREADS", "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "mpirun over the cluster: {text}");
+    assert!(text.contains("2 rank(s)"), "{text}");
+    let acc: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("test_accuracy="))
+        .unwrap_or_else(|| panic!("no test_accuracy line: {text}"))
+        .parse()
+        .unwrap();
+    assert!(acc > 0.8, "accuracy {acc}: {text}");
+    let after: u64 = ["brgc-v1", "brgc-v2"].iter().map(|d| bytes_sent(d)).sum();
+    // 2 epochs of all-reduces of the MLP's ~17k parameters per step.
+    assert!(
+        after - before > 1 << 20,
+        "only {} bytes crossed the links",
+        after - before
+    );
+    drop(cluster);
+    let left = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(!left.contains("brgc"), "links left behind: {left}");
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ns.stdout).contains("brgc"),
+        "namespaces left behind"
+    );
+}
