@@ -107,7 +107,12 @@ host=\$1; shift
 line=\$(grep "^\$host " "$STATE/nodes") || { echo "cluster agent: unknown node \$host" >&2; exit 1; }
 set -- \$line "\$@"
 ns=\$2; core=\$3; shift 3
-exec ip netns exec "\$ns" taskset -c "\$core" /bin/sh -c "\$*"
+# A node of its own: its network namespace, its host name (a UTS
+# namespace: daemons that share a host name race for the same session
+# files) and its temporary directory.
+mkdir -p "$STATE/\$ns"
+exec ip netns exec "\$ns" unshare --uts env TMPDIR="$STATE/\$ns" taskset -c "\$core" \\
+  /bin/sh -c "hostname \$ns && \$*"
 EOF
   chmod +x "$STATE/agent"
 
