@@ -12,9 +12,16 @@
 //! while backward runs. Rank 0 prints per-epoch loss and test accuracy; every
 //! rank prints its throughput, all-reduce time and the share of it hidden
 //! under backward. Ends with `test_accuracy=<fraction>` (rank 0).
+//!
+//! `--checkpoint DIR`: after every epoch rank 0 writes `DIR/checkpoint.bin`
+//! (model, optimizer state, epoch, step, shuffle state; atomically).
+//! `--resume DIR` goes on from it to `--epochs` in all, on any rank count,
+//! and ends with the weights of a run that never stopped (to rounding when
+//! the rank count changes the reduction order).
 
 use brgemm_distributed::mpi;
 use brgemm_distributed::{install_abort_on_panic, DataParallel};
+use brgemm_dl::checkpoint::Checkpoint;
 use brgemm_dl::fit::{self, Samples};
 use brgemm_dl::nn::models::{mlp, LayerSpec};
 use brgemm_dl::nn::{Graph, Tensor};
@@ -22,13 +29,15 @@ use brgemm_dl::{data, train_cnn};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
 use mpi::traits::*;
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[path = "support/cli.rs"]
 mod cli;
 
 const USAGE: &str = "train_mpi: data-parallel training under mpirun\n\
-    usage: mpirun -np N train_mpi [--model mlp|cnn --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N]";
+    usage: mpirun -np N train_mpi [--model mlp|cnn --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N\n\
+    --checkpoint DIR --resume DIR]";
 
 fn main() {
     // Options first: a usage error ends every rank alike, before MPI starts.
@@ -37,6 +46,21 @@ fn main() {
         &[
             cli::value("model", "M", "mlp (digits, default) or cnn (Fashion-MNIST)"),
             cli::value("train-limit", "N", "cnn: train on the first N images only"),
+            cli::value(
+                "checkpoint",
+                "DIR",
+                "rank 0 writes DIR/checkpoint.bin (model, optimizer, epoch, step, shuffle state) after every epoch",
+            ),
+            cli::value(
+                "resume",
+                "DIR",
+                "go on from DIR/checkpoint.bin (same --batch and --seed, any rank count) to --epochs in all",
+            ),
+            cli::value(
+                "kill-after-epoch",
+                "K",
+                "fault test: the last rank aborts right after epoch K's checkpoint",
+            ),
         ],
     );
     args.no_model_files("data-parallel run");
@@ -69,6 +93,7 @@ fn main() {
         seed: seed ^ 0x5eed,
         unit: "samples",
         bucket_bytes: 64 << 10,
+        resume: Resume::from_args(&args),
     };
     run(world, model, &plan, &opt, &tr, &te, "digits MLP");
 }
@@ -85,6 +110,34 @@ struct Plan {
     seed: u64,
     /// What the items are called in the throughput line.
     unit: &'static str,
+    /// Checkpoints written and read.
+    resume: Resume,
+}
+
+/// `--checkpoint`, `--resume` and the fault-test hook.
+struct Resume {
+    save: Option<PathBuf>,
+    from: Option<PathBuf>,
+    kill_after: Option<usize>,
+}
+
+impl Resume {
+    fn from_args(args: &cli::Args) -> Resume {
+        let file = |o: &str| {
+            args.get::<String>(o).map(|d| {
+                let dir = PathBuf::from(d);
+                if !dir.is_dir() {
+                    cli::usage_error(format!("--{o} {}: not a directory", dir.display()));
+                }
+                dir.join("checkpoint.bin")
+            })
+        };
+        Resume {
+            save: file("checkpoint"),
+            from: file("resume"),
+            kill_after: args.get("kill-after-epoch"),
+        }
+    }
 }
 
 /// The epoch loop of both models: every rank walks the same shuffled global
@@ -118,9 +171,36 @@ fn run(
 
     let mut order: Vec<usize> = (0..tr.len()).collect();
     let mut rng = Rng::new(plan.seed);
+    let (mut first, mut done_steps) = (1, 0u64);
+    if let Some(path) = &plan.resume.from {
+        // Every rank reads the same file: all go on from the same place.
+        let ck = Checkpoint::load(path).unwrap_or_else(|e| {
+            eprintln!("rank {rank}: --resume: {e}");
+            dp.world().abort(1)
+        });
+        if (ck.global_batch, ck.seed) != (plan.global as u64, plan.seed) {
+            eprintln!(
+                "rank {rank}: --resume: the checkpoint is of a run with global batch {} (seed {:#x}), this one has {} ({:#x})",
+                ck.global_batch, ck.seed, plan.global, plan.seed
+            );
+            dp.world().abort(1)
+        }
+        ck.restore(&mut model).unwrap_or_else(|e| {
+            eprintln!("rank {rank}: --resume: {e}");
+            dp.world().abort(1)
+        });
+        rng = Rng::new(ck.rng);
+        (first, done_steps) = (ck.epoch as usize + 1, ck.steps);
+        if rank == 0 {
+            println!("resumed after epoch {} (step {})", ck.epoch, ck.steps);
+        }
+    }
     let (mut samples, mut secs) = (0usize, 0.0f64);
     let mut acc = 0.0;
-    for epoch in 1..=plan.epochs {
+    for epoch in first..=plan.epochs {
+        // Each epoch shuffles the items in their own order, so the
+        // generator's state alone says what comes next (a checkpoint).
+        order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
         rng.shuffle(&mut order);
         let t = Instant::now();
         let (mut loss_sum, mut steps) = (0.0f64, 0usize);
@@ -143,6 +223,7 @@ fn run(
             loss_sum += loss as f64;
             samples += mine.len();
             steps += 1;
+            done_steps += 1;
         }
         secs += t.elapsed().as_secs_f64();
         acc = fit::accuracy(&mut model, pool, te).expect("eval");
@@ -151,6 +232,29 @@ fn run(
                 "epoch {epoch:3}  loss {:.4}  test_acc {acc:.4}",
                 loss_sum / steps.max(1) as f64
             );
+        }
+        if let Some(path) = &plan.resume.save {
+            if rank == 0 {
+                Checkpoint::of(
+                    &mut model,
+                    epoch as u64,
+                    done_steps,
+                    rng.state(),
+                    plan.global as u64,
+                    plan.seed,
+                )
+                .and_then(|ck| ck.save(path))
+                .unwrap_or_else(|e| {
+                    eprintln!("rank 0: --checkpoint: {e}");
+                    dp.world().abort(1)
+                });
+            }
+            // No rank runs ahead of a checkpoint being written.
+            dp.world().barrier();
+        }
+        if plan.resume.kill_after == Some(epoch) && rank == size - 1 {
+            eprintln!("rank {rank}: aborting after epoch {epoch} (--kill-after-epoch)");
+            std::process::abort();
         }
     }
     let s = dp.stats;
@@ -195,6 +299,7 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
         seed: cfg.seed ^ 0xc22,
         unit: "images",
         bucket_bytes: 256 << 10,
+        resume: Resume::from_args(args),
     };
     run(
         world,

@@ -12,6 +12,8 @@
 //!   trait over the primitives, residual joins, shape checks when a graph
 //!   is built, versioned files; the MLP, CNN, stacked bidirectional
 //!   LSTM/RNN classifier and ResNets as graph builders).
+//! - [`checkpoint`]: a graph's values, optimizer state and place in a run,
+//!   to resume it (`train_mpi --checkpoint/--resume`).
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
 //! - [`fit`]: the one training loop of every layer graph, on any
@@ -34,6 +36,7 @@ pub use brgemm_gpu as gpu;
 pub use brgemm_nn as nn;
 pub use brgemm_primitives as primitives;
 
+pub mod checkpoint;
 pub mod data;
 mod error;
 pub mod fit;

@@ -10,22 +10,12 @@
 //! `train_mpi` example built with `--features mpi`.
 #![cfg(feature = "mpi")]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
+mod support;
 
-/// The built example `name` (built by the test script or `cargo test
-/// --features mpi --examples`).
-fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().unwrap();
-    deps.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name)
-}
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
 
 fn sh(args: &[&str]) -> (bool, String) {
     let out = Command::new("bash")
@@ -85,12 +75,6 @@ fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
         eprintln!("SKIPPED: no network namespaces here (needs root / CAP_NET_ADMIN)");
         return;
     }
-    let bin = example("train_mpi");
-    assert!(
-        bin.exists(),
-        "{} not built (cargo build --features mpi --examples)",
-        bin.display()
-    );
     let cluster = Cluster;
     let (ok, text) = sh(&["up", "2", "--gbps", "1"]);
     assert!(ok, "cluster.sh up: {text}");
@@ -103,17 +87,9 @@ fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
     // The links carry the ranks' traffic: what the bridge ports received
     // from the two nodes before and after.
     let before: u64 = ["brgc-v1", "brgc-v2"].iter().map(|d| bytes_sent(d)).sum();
-    let out = Command::new("mpirun")
-        .args(args.split_whitespace())
-        .args(["--timeout", "120", "-np", "2"])
-        .arg(&bin)
-        .args(["--epochs", "2"])
-        .env("BRGEMM_NUM_THREADS", "1")
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "mpirun over the cluster: {text}");
+    let margs: Vec<&str> = args.split_whitespace().collect();
+    let (ok, text, _) = support::train_mpi(&margs, 2, &["--epochs", "2"]);
+    assert!(ok, "mpirun over the cluster: {text}");
     assert!(text.contains("2 rank(s)"), "{text}");
     let acc: f64 = text
         .lines()
@@ -129,6 +105,28 @@ fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
         "only {} bytes crossed the links",
         after - before
     );
+    // A rank killed after epoch 1 ends the job promptly; the run resumes
+    // from epoch 1's checkpoint, on the cluster again.
+    let dir = std::env::temp_dir().join(format!("brgemm-cluster-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let kill = [
+        "--epochs",
+        "3",
+        "--checkpoint",
+        d,
+        "--kill-after-epoch",
+        "1",
+    ];
+    let (ok, text, took) = support::train_mpi(&margs, 2, &kill);
+    assert!(!ok, "the job survived its killed rank: {text}");
+    assert!(
+        took.as_secs() < 20,
+        "the job took {took:?} to end after a rank died"
+    );
+    let (ok, text, _) = support::train_mpi(&margs, 2, &["--epochs", "2", "--resume", d]);
+    assert!(ok && text.contains("resumed after epoch 1"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
     drop(cluster);
     let left = Command::new("ip")
         .args(["-o", "link", "show"])

@@ -190,19 +190,8 @@ impl Graph {
     /// Writes [`Graph::to_bytes`] to `path` atomically: a temporary file
     /// next to it, then a rename, so a crash never leaves half a file.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        use std::io::Write;
         let path = path.as_ref();
-        let tmp = temp_path(path);
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&self.to_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().map_err(|e| {
-            std::fs::remove_file(&tmp).ok();
-            file_error(path, e)
-        })
+        write_atomically(path, &self.to_bytes()).map_err(|e| file_error(path, e))
     }
 
     /// Reads a file of [`Graph::save`] into this graph
@@ -220,6 +209,23 @@ fn temp_path(path: &Path) -> std::path::PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_owned();
     name.push(format!(".tmp-{}", std::process::id()));
     path.with_file_name(name)
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new
+/// one, never half of one: a temporary file next to it, synced, then
+/// renamed over it (the temporary is removed on an error).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = temp_path(path);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        std::fs::remove_file(&tmp).ok();
+    })
 }
 
 /// Checks that a file can be saved at `path` (its directory exists and

@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NodeId(usize);
 
+/// One parameter's optimizer state as [`Graph::optimizer_state`] gives it:
+/// the step count, then the first and second moments in the layer's export
+/// layout (empty before the first step).
+pub type ParamState = (u32, Vec<f32>, Vec<f32>);
+
 enum Op {
     Input,
     Layer(Box<dyn Layer>),
@@ -588,6 +593,55 @@ impl Graph {
             .collect()
     }
 
+    /// The optimizer's state per parameter, in [`Graph::params`] order:
+    /// the step count and the moments (empty before the first step), the
+    /// moments in the layout the layer exports its values in (PyTorch's),
+    /// so that a checkpoint depends neither on this CPU's blocking nor on
+    /// the minibatch.
+    pub fn optimizer_state(&mut self) -> Result<Vec<ParamState>> {
+        let mut out = Vec::new();
+        for l in layers_by_params(&mut self.nodes) {
+            for j in 0..l.params().len() {
+                let st = self.opt.get(out.len()).cloned().unwrap_or_default();
+                let (m, v, t) = st.parts();
+                let m = nonempty(m, |b| as_exported(&mut **l, j, b))?;
+                let v = nonempty(v, |b| as_exported(&mut **l, j, b))?;
+                out.push((t, m, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets the optimizer's state from [`Graph::optimizer_state`] (of a graph
+    /// of the same layers, any minibatch); a count or length that does not
+    /// fit is an error naming the layer, and changes nothing.
+    pub fn set_optimizer_state(&mut self, state: &[ParamState]) -> Result<()> {
+        let mut states = Vec::with_capacity(state.len());
+        let mut it = state.iter();
+        for l in layers_by_params(&mut self.nodes) {
+            for j in 0..l.params().len() {
+                let (t, m, v) = it.next().ok_or_else(|| {
+                    Error::Graph(format!(
+                        "optimizer state: too few parameters for {}",
+                        l.name()
+                    ))
+                })?;
+                let m = nonempty(m, |b| from_exported(&mut **l, j, b))?;
+                let v = nonempty(v, |b| from_exported(&mut **l, j, b))?;
+                states.push(OptState::from_parts(m, v, *t));
+            }
+        }
+        if it.next().is_some() {
+            return Err(Error::Graph(format!(
+                "optimizer state: {} parameters, the graph has {}",
+                state.len(),
+                states.len()
+            )));
+        }
+        self.opt = states;
+        Ok(())
+    }
+
     /// One optimizer step on every parameter with the gradients of the last
     /// backward. A bad hyper-parameter is an error naming it.
     pub fn step(&mut self, opt: &Optimizer) -> Result<()> {
@@ -689,4 +743,69 @@ fn softmax_xent_rows(logits: &Tensor, labels: &[usize]) -> Result<(f32, Tensor)>
     }
     data[rows * k..].fill(0.0);
     Ok(((loss / rows as f64) as f32, grad))
+}
+
+/// `buf` (laid out as parameter `j` of `l`) in the layout `l` exports that
+/// parameter in: the layer's own conversion, run on `buf` in the
+/// parameter's place. A layer exports its parameters first, in their order.
+fn as_exported(l: &mut dyn Layer, j: usize, buf: &[f32]) -> Result<Vec<f32>> {
+    let orig = swap_in(l, j, buf)?;
+    let out = l.export().into_iter().nth(j).map(|(_, v)| v);
+    swap_in(l, j, &orig)?;
+    out.ok_or_else(|| Error::Graph(format!("{}: exports no value {j}", l.name())))
+}
+
+/// The inverse of [`as_exported`]: `plain` (as `l` exports parameter `j`)
+/// in the parameter's own layout.
+fn from_exported(l: &mut dyn Layer, j: usize, plain: &[f32]) -> Result<Vec<f32>> {
+    let values: Vec<(String, Vec<f32>)> = l
+        .export()
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+    match values.get(j) {
+        Some((_, v)) if v.len() == plain.len() => {}
+        _ => {
+            return Err(Error::Graph(format!(
+                "{}: optimizer state of {} values for parameter {j}",
+                l.name(),
+                plain.len()
+            )))
+        }
+    }
+    let mut edited = values.clone();
+    edited[j].1 = plain.to_vec();
+    l.import(&edited)?;
+    let out = l.params()[j].value.to_vec();
+    l.import(&values)?;
+    Ok(out)
+}
+
+/// Puts `buf` in parameter `j`'s place; returns what was there.
+fn swap_in(l: &mut dyn Layer, j: usize, buf: &[f32]) -> Result<Vec<f32>> {
+    let mut ps = l.params();
+    let p = ps
+        .get_mut(j)
+        .filter(|p| p.value.len() == buf.len())
+        .ok_or_else(|| Error::Graph(format!("parameter {j} does not take {} values", buf.len())))?;
+    let orig = p.value.to_vec();
+    p.value.copy_from_slice(buf);
+    Ok(orig)
+}
+
+/// The layers, in [`Graph::params`] order (the last layer first).
+fn layers_by_params(nodes: &mut [Node]) -> impl Iterator<Item = &mut Box<dyn Layer>> {
+    nodes.iter_mut().rev().filter_map(|n| match &mut n.op {
+        Op::Layer(l) => Some(l),
+        _ => None,
+    })
+}
+
+/// `f(b)`, or nothing for an empty `b` (no step taken yet).
+fn nonempty(b: &[f32], f: impl FnOnce(&[f32]) -> Result<Vec<f32>>) -> Result<Vec<f32>> {
+    if b.is_empty() {
+        Ok(Vec::new())
+    } else {
+        f(b)
+    }
 }

@@ -46,7 +46,7 @@ mod tensor;
 
 pub use error::{Error, Result};
 pub use file::FILE_VERSION;
-pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId};
+pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId, ParamState};
 pub use layer::{Affine, Layer, Mode, Param};
 pub use layers::{
     BatchNorm2d, Bidirectional, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer,

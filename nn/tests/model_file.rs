@@ -281,3 +281,72 @@ fn a_stacked_bidirectional_lstm_round_trips_at_another_batch() {
     let e = uni.graph(3, 8).unwrap().load(&p).err().unwrap().to_string();
     assert!(e.contains("bilstm 3->4") && e.contains("lstm 3->4"), "{e}");
 }
+
+/// A checkpoint's optimizer state: read out in the layers' export layouts,
+/// set into a graph of another minibatch and read back the same; a graph
+/// given the values and optimizer state of another after k steps trains on
+/// exactly as that one does.
+#[test]
+fn optimizer_state_moves_between_graphs_and_training_goes_on_identically() {
+    let stage = |channels, batchnorm| StageSpec {
+        channels,
+        kernel: 3,
+        batchnorm,
+        pool: 2,
+    };
+    let spec = CnnSpec {
+        input: (2, 8, 8),
+        stages: vec![stage(5, true), stage(6, false)],
+        hidden: vec![7],
+        classes: 3,
+        dropout: 0.0,
+    };
+    let pool = Pool::new(2).unwrap();
+    let opt = Optimizer::adam(0.01);
+    let mut a = spec.graph(4, 1).unwrap();
+    let x = Tensor::from_vec(a.input_shape(), random(4 * 2 * 64, 5)).unwrap();
+    let labels = [0, 1, 2, 1];
+    // Before any step: counts 0, no moments.
+    assert!(a
+        .optimizer_state()
+        .unwrap()
+        .iter()
+        .all(|(t, m, v)| *t == 0 && m.is_empty() && v.is_empty()));
+    for _ in 0..3 {
+        a.train_step(&pool, &x, &labels, &opt).unwrap();
+    }
+    let (values, state) = (a.to_bytes(), a.optimizer_state().unwrap());
+    assert!(state.iter().all(|(t, m, _)| *t == 3 && !m.is_empty()));
+
+    // Another minibatch (other layouts of the activations): the same state.
+    let mut other = spec.graph(2, 9).unwrap();
+    other.set_optimizer_state(&state).unwrap();
+    assert_eq!(other.optimizer_state().unwrap(), state);
+
+    // Same minibatch: values and state moved over, then three more steps
+    // each, bit for bit the same.
+    let mut b = spec.graph(4, 2).unwrap();
+    b.from_bytes(&values).unwrap();
+    b.set_optimizer_state(&state).unwrap();
+    for _ in 0..3 {
+        let la = a.train_step(&pool, &x, &labels, &opt).unwrap();
+        let lb = b.train_step(&pool, &x, &labels, &opt).unwrap();
+        assert_eq!(la, lb);
+    }
+    assert_eq!(a.to_bytes(), b.to_bytes());
+
+    // A state of another graph is refused and changes nothing.
+    let mut small = mlp(
+        7,
+        4,
+        &[LayerSpec {
+            out: 3,
+            act: Activation::Identity,
+        }],
+        1,
+    )
+    .unwrap();
+    let before = small.to_bytes();
+    assert!(small.set_optimizer_state(&state).is_err());
+    assert_eq!(small.to_bytes(), before);
+}

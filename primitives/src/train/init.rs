@@ -9,6 +9,11 @@ impl Rng {
     pub fn new(seed: u64) -> Self {
         Rng(seed)
     }
+    /// The generator's state: `Rng::new(r.state())` continues where `r`
+    /// stands (a checkpoint keeps it).
+    pub fn state(&self) -> u64 {
+        self.0
+    }
     /// 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);

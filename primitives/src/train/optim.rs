@@ -102,6 +102,18 @@ pub struct OptState {
 }
 
 impl OptState {
+    /// The state as it stands: first and second moments (empty before the
+    /// first step; SGD keeps its momentum in the first) and the step count.
+    pub fn parts(&self) -> (&[f32], &[f32], u32) {
+        (&self.m, &self.v, self.t)
+    }
+
+    /// A state from [`OptState::parts`] (a checkpoint's). The moments must
+    /// have the length of the parameter they follow, or be empty.
+    pub fn from_parts(m: Vec<f32>, v: Vec<f32>, t: u32) -> OptState {
+        OptState { m, v, t }
+    }
+
     /// Applies one step of `opt` to `param` with gradient `grad`.
     ///
     /// # Panics
