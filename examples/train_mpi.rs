@@ -20,7 +20,7 @@
 //! the rank count changes the reduction order).
 
 use brgemm_distributed::mpi;
-use brgemm_distributed::{install_abort_on_panic, DataParallel};
+use brgemm_distributed::{install_abort_on_panic, DataParallel, GradDtype};
 use brgemm_dl::checkpoint::Checkpoint;
 use brgemm_dl::fit::{self, Samples};
 use brgemm_dl::nn::models::{mlp, LayerSpec};
@@ -37,7 +37,7 @@ mod cli;
 
 const USAGE: &str = "train_mpi: data-parallel training under mpirun\n\
     usage: mpirun -np N train_mpi [--model mlp|cnn --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N\n\
-    --checkpoint DIR --resume DIR]";
+    --checkpoint DIR --resume DIR --grad-dtype f32|bf16]";
 
 fn main() {
     // Options first: a usage error ends every rank alike, before MPI starts.
@@ -55,6 +55,11 @@ fn main() {
                 "resume",
                 "DIR",
                 "go on from DIR/checkpoint.bin (same --batch and --seed, any rank count) to --epochs in all",
+            ),
+            cli::value(
+                "grad-dtype",
+                "T",
+                "f32 (default) or bf16: gradients rounded to bf16 on the wire, half the bytes",
             ),
             cli::value(
                 "kill-after-epoch",
@@ -114,11 +119,12 @@ struct Plan {
     resume: Resume,
 }
 
-/// `--checkpoint`, `--resume` and the fault-test hook.
+/// `--checkpoint`, `--resume`, the fault-test hook and the wire's dtype.
 struct Resume {
     save: Option<PathBuf>,
     from: Option<PathBuf>,
     kill_after: Option<usize>,
+    grad_dtype: GradDtype,
 }
 
 impl Resume {
@@ -136,6 +142,11 @@ impl Resume {
             save: file("checkpoint"),
             from: file("resume"),
             kill_after: args.get("kill-after-epoch"),
+            grad_dtype: match args.get_or("grad-dtype", "f32".to_string()).as_str() {
+                "f32" => GradDtype::F32,
+                "bf16" => GradDtype::Bf16,
+                other => cli::usage_error(format!("--grad-dtype {other:?}: expected f32 or bf16")),
+            },
         }
     }
 }
@@ -153,18 +164,20 @@ fn run(
     what: &str,
 ) {
     let mut dp = DataParallel::new(world, &mut model, plan.bucket_bytes);
+    dp.set_grad_dtype(plan.resume.grad_dtype);
     dp.broadcast_parameters(&mut model);
     dp.calibrate(5);
     let (rank, size) = (dp.rank(), dp.size());
     let pool = cli::pool();
     if rank == 0 {
         println!(
-            "{what}: {} train / {} test; {size} rank(s) x {} thread(s); global batch {}; {} all-reduce bucket(s)",
+            "{what}: {} train / {} test; {size} rank(s) x {} thread(s); global batch {}; {} all-reduce bucket(s) of {:?} gradients",
             tr.len(),
             te.len(),
             pool.threads(),
             plan.global,
-            dp.buckets()
+            dp.buckets(),
+            dp.grad_dtype()
         );
     }
     let mut x = Tensor::zeros(model.input_shape());

@@ -167,6 +167,50 @@ impl Slot {
     }
 }
 
+/// How gradients travel between ranks ([`DataParallel::set_grad_dtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GradDtype {
+    /// As computed: f32.
+    #[default]
+    F32,
+    /// Rounded to bf16 (nearest even), summed in bf16 steps (each partial
+    /// sum widened, added in f32, rounded again), widened at the end: half
+    /// the bytes on the wire, 8 bits of mantissa in the sum.
+    Bf16,
+}
+
+/// The MPI reduction of [`GradDtype::Bf16`]: `inout[i] = bf16(in[i] + inout[i])`
+/// on bf16 bit patterns carried as 16-bit integers.
+///
+/// # Safety
+/// MPI calls it with `invec` and `inoutvec` pointing at `*len` elements of
+/// the datatype of the reduction, which [`DataParallel`] makes `u16`
+/// (`MPI_UNSIGNED_SHORT`) for every reduction it uses this operation in;
+/// the two buffers do not overlap (MPI's contract for user operations).
+unsafe extern "C" fn bf16_sum(
+    invec: *mut std::ffi::c_void,
+    inoutvec: *mut std::ffi::c_void,
+    len: *mut std::ffi::c_int,
+    _datatype: *mut mpi::ffi::MPI_Datatype,
+) {
+    let n = usize::try_from(*len).unwrap_or(0);
+    let a = std::slice::from_raw_parts(invec as *const u16, n);
+    let b = std::slice::from_raw_parts_mut(inoutvec as *mut u16, n);
+    for (x, y) in a.iter().zip(b) {
+        *y = to_bf16(widen(*x) + widen(*y));
+    }
+}
+
+/// bf16 bits, rounded to nearest even (NaN kept).
+fn to_bf16(v: f32) -> u16 {
+    brgemm_primitives::fc_bf16::round_bf16(v).to_bits()
+}
+
+/// bf16 bits widened to f32 (exact).
+fn widen(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
 /// A data-parallel trainer bound to a communicator and a model's shape.
 pub struct DataParallel {
     world: SimpleCommunicator,
@@ -178,6 +222,11 @@ pub struct DataParallel {
     buckets: Vec<Range<usize>>,
     send: Vec<f32>,
     recv: Vec<f32>,
+    /// The wire's dtype, and the bf16 buffers and reduction when it is bf16.
+    grad_dtype: GradDtype,
+    send16: Vec<u16>,
+    recv16: Vec<u16>,
+    bf16_op: Option<mpi::collective::UnsafeUserOperation>,
     /// Statistics of the steps so far.
     pub stats: CommStats,
     /// Steps run so far (named by the non-finite guard).
@@ -221,10 +270,33 @@ impl DataParallel {
             buckets,
             send: vec![0.0; offset],
             recv: vec![0.0; offset],
+            grad_dtype: GradDtype::F32,
+            send16: Vec::new(),
+            recv16: Vec::new(),
+            bf16_op: None,
             stats: CommStats::default(),
             steps: 0,
             check_finite: true,
         }
+    }
+
+    /// Sends gradients in `dtype` ([`GradDtype::Bf16`]: half the bytes). The
+    /// same on every rank (a collective's datatypes must agree).
+    pub fn set_grad_dtype(&mut self, dtype: GradDtype) {
+        self.grad_dtype = dtype;
+        if dtype == GradDtype::Bf16 && self.bf16_op.is_none() {
+            let n = self.send.len();
+            (self.send16, self.recv16) = (vec![0; n], vec![0; n]);
+            // SAFETY: `bf16_sum` reads and writes `*len` u16 values, and this
+            // operation reduces only the u16 buffers `send16`/`recv16`.
+            self.bf16_op =
+                Some(unsafe { mpi::collective::UnsafeUserOperation::commutative(bf16_sum) });
+        }
+    }
+
+    /// How gradients travel.
+    pub fn grad_dtype(&self) -> GradDtype {
+        self.grad_dtype
     }
 
     /// Turns the non-finite guard off (on by default): with it on, a step
@@ -322,13 +394,30 @@ impl DataParallel {
     pub fn calibrate(&mut self, reps: usize) -> f64 {
         let mut t = Vec::with_capacity(reps.max(1));
         let mut buf = self.send.clone();
+        let mut buf16 = self.send16.clone();
+        let bf16 = self
+            .bf16_op
+            .as_ref()
+            .filter(|_| self.grad_dtype == GradDtype::Bf16);
         for _ in 0..reps.max(1) {
             self.world.barrier();
             let s = Instant::now();
             for b in &self.buckets {
-                let send = buf[b.clone()].to_vec();
-                self.world
-                    .all_reduce_into(&send[..], &mut buf[b.clone()], SystemOperation::sum());
+                match bf16 {
+                    None => {
+                        let send = buf[b.clone()].to_vec();
+                        self.world.all_reduce_into(
+                            &send[..],
+                            &mut buf[b.clone()],
+                            SystemOperation::sum(),
+                        );
+                    }
+                    Some(op) => {
+                        let send = buf16[b.clone()].to_vec();
+                        self.world
+                            .all_reduce_into(&send[..], &mut buf16[b.clone()], op);
+                    }
+                }
             }
             t.push(s.elapsed().as_secs_f64());
         }
@@ -371,6 +460,11 @@ impl DataParallel {
         let (slots, buckets) = (&self.slots, &self.buckets);
         let world = &self.world;
         let (send, recv) = (&mut self.send, &mut self.recv);
+        let bf16 = self
+            .bf16_op
+            .as_ref()
+            .filter(|_| self.grad_dtype == GradDtype::Bf16);
+        let (send16, recv16) = (&mut self.send16, &mut self.recv16);
         let mut first_start: Option<Instant> = None;
         let (mut backward_end, mut wait_end) = (Instant::now(), Instant::now());
         let loss = mpi::request::scope(|scope| -> Result<f32> {
@@ -385,7 +479,18 @@ impl DataParallel {
                 recvs.push(Some(r));
                 (s_rest, r_rest) = (sr, rr);
             }
-            let mut pending = Vec::new();
+            // The bf16 wire's buffers, bucket by bucket (empty with f32).
+            let mut sends16: Vec<Option<&mut [u16]>> = Vec::new();
+            let mut recvs16: Vec<Option<&mut [u16]>> = Vec::new();
+            let (mut s_rest, mut r_rest) = (&mut send16[..], &mut recv16[..]);
+            for b in buckets.iter().filter(|_| bf16.is_some()) {
+                let (s, sr) = s_rest.split_at_mut(b.len());
+                let (r, rr) = r_rest.split_at_mut(b.len());
+                sends16.push(Some(s));
+                recvs16.push(Some(r));
+                (s_rest, r_rest) = (sr, rr);
+            }
+            let (mut pending, mut pending16) = (Vec::new(), Vec::new());
             let mut filled = vec![0usize; buckets.len()];
             let loss = model.compute_gradients_with(pool, x, labels, &mut |group, grads| {
                 let slot = slots
@@ -406,17 +511,31 @@ impl DataParallel {
                 filled[b] += slot.len();
                 if filled[b] == buckets[b].len() {
                     let s: &[f32] = sends[b].take().unwrap();
-                    let r = recvs[b].take().unwrap();
                     first_start.get_or_insert_with(Instant::now);
-                    pending.push(world.immediate_all_reduce_into(
-                        scope,
-                        s,
-                        r,
-                        SystemOperation::sum(),
-                    ));
+                    match bf16 {
+                        None => {
+                            let r = recvs[b].take().unwrap();
+                            pending.push(world.immediate_all_reduce_into(
+                                scope,
+                                s,
+                                r,
+                                SystemOperation::sum(),
+                            ));
+                        }
+                        Some(op) => {
+                            let s16 = sends16[b].take().unwrap();
+                            s16.iter_mut().zip(s).for_each(|(d, v)| *d = to_bf16(*v));
+                            let r16 = recvs16[b].take().unwrap();
+                            pending16.push(world.immediate_all_reduce_into(scope, &*s16, r16, op));
+                        }
+                    }
                 }
                 // Drive progress of the buckets already in flight.
                 pending = std::mem::take(&mut pending)
+                    .into_iter()
+                    .filter_map(|r| r.test().err())
+                    .collect();
+                pending16 = std::mem::take(&mut pending16)
                     .into_iter()
                     .filter_map(|r| r.test().err())
                     .collect();
@@ -425,12 +544,21 @@ impl DataParallel {
             for r in pending {
                 r.wait();
             }
+            for r in pending16 {
+                r.wait();
+            }
             wait_end = Instant::now();
             Ok(loss)
         })?;
         if first_start.is_some() {
             self.stats.steps += 1;
             self.stats.exposed_s += (wait_end - backward_end).as_secs_f64();
+        }
+        if bf16.is_some() {
+            self.recv
+                .iter_mut()
+                .zip(&self.recv16)
+                .for_each(|(d, b)| *d = widen(*b));
         }
         // The summed (already scaled) gradients replace the local ones.
         for slot in &self.slots {

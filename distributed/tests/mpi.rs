@@ -34,24 +34,27 @@ fn params(np: usize, global: usize, tag: &str) -> Vec<f64> {
 }
 
 fn params_of(model: &str, np: usize, global: usize, tag: &str) -> Vec<f64> {
+    params_with(model, np, global, tag, &[])
+}
+
+fn params_with(model: &str, np: usize, global: usize, tag: &str, extra: &[&str]) -> Vec<f64> {
     let path: PathBuf =
         std::env::temp_dir().join(format!("ddp-{model}-{tag}-{np}-{}.txt", std::process::id()));
     let p = path.to_str().unwrap();
     let g = global.to_string();
-    let (ok, text, _) = mpirun(
-        np,
-        &[
-            "train",
-            "--model",
-            model,
-            "--steps",
-            "6",
-            "--global-batch",
-            &g,
-            "--out",
-            p,
-        ],
-    );
+    let mut args = vec![
+        "train",
+        "--model",
+        model,
+        "--steps",
+        "6",
+        "--global-batch",
+        &g,
+        "--out",
+        p,
+    ];
+    args.extend(extra);
+    let (ok, text, _) = mpirun(np, &args);
     assert!(ok, "mpirun -np {np} failed:\n{text}");
     let v = std::fs::read_to_string(&path)
         .unwrap()
@@ -78,6 +81,25 @@ fn two_ranks_end_with_the_weights_of_one() {
     let one = params(1, 24, "even");
     let two = params(2, 24, "even");
     assert_close(&two, &one, "2 ranks vs 1");
+}
+
+/// Gradients sent as bf16 (half the bytes): the weights follow the f32
+/// run's to bf16's precision, and do differ from them (bf16 was used).
+#[test]
+fn bf16_gradient_exchange_follows_the_f32_run() {
+    let one = params(1, 24, "bf16-ref");
+    let two = params_with("mlp", 2, 24, "bf16", &["--grad-bf16"]);
+    assert_eq!(one.len(), two.len());
+    let worst = one
+        .iter()
+        .zip(&two)
+        .map(|(x, y)| (x - y).abs() / (1e-2 + x.abs()))
+        .fold(0.0, f64::max);
+    assert!(
+        worst < 5e-2,
+        "bf16 vs f32: worst relative difference {worst:e}"
+    );
+    assert!(one != two, "bf16 gave exactly the f32 weights: not used?");
 }
 
 #[test]

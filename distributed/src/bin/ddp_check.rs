@@ -3,11 +3,11 @@
 //! 0's final parameters, so runs on different rank counts can be compared.
 //!
 //! ```text
-//! ddp_check train [--model mlp|cnn|graph] --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R]
+//! ddp_check train [--model mlp|cnn|graph] --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R] [--grad-bf16]
 //! ddp_check allreduce            (bucketed all-reduce vs the local sum)
 //! ```
 
-use brgemm_distributed::{install_abort_on_panic, DataParallel, Replica};
+use brgemm_distributed::{install_abort_on_panic, DataParallel, GradDtype, Replica};
 use brgemm_nn::models::{mlp, CnnSpec, LayerSpec, StageSpec};
 use brgemm_nn::{
     Conv2d, GlobalAvgPool, Graph, GraphBuilder, Linear, Relu, Shape, Tensor as NnTensor,
@@ -140,6 +140,9 @@ fn drive(
         .cloned();
     let size = world.size() as usize;
     let mut dp = DataParallel::new(world, &mut model, bucket);
+    if args.iter().any(|a| a == "--grad-bf16") {
+        dp.set_grad_dtype(GradDtype::Bf16);
+    }
     dp.broadcast_parameters(&mut model);
     dp.calibrate(3);
     let pool = Pool::new(1).unwrap();
