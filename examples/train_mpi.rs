@@ -1,5 +1,6 @@
 //! Data-parallel training over MPI: the MLP on the embedded digits, or
-//! (`--model cnn`) the CNN of `train_cnn` on Fashion-MNIST.
+//! (`--model cnn`) the CNN of `train_cnn` or (`--model resnet`) the small
+//! ResNet of `train_resnet` on Fashion-MNIST.
 //!
 //! ```text
 //! cargo build --release --features mpi --example train_mpi
@@ -36,7 +37,7 @@ use std::time::Instant;
 mod cli;
 
 const USAGE: &str = "train_mpi: data-parallel training under mpirun\n\
-    usage: mpirun -np N train_mpi [--model mlp|cnn --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N\n\
+    usage: mpirun -np N train_mpi [--model mlp|cnn|resnet --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N\n\
     --checkpoint DIR --resume DIR --grad-dtype f32|bf16]";
 
 fn main() {
@@ -44,8 +45,12 @@ fn main() {
     let args = cli::parse(
         USAGE,
         &[
-            cli::value("model", "M", "mlp (digits, default) or cnn (Fashion-MNIST)"),
-            cli::value("train-limit", "N", "cnn: train on the first N images only"),
+            cli::value(
+                "model",
+                "M",
+                "mlp (digits, default), cnn or resnet (the small ResNet; both Fashion-MNIST)",
+            ),
+            cli::value("train-limit", "N", "cnn, resnet: train on the first N images only"),
             cli::value(
                 "checkpoint",
                 "DIR",
@@ -74,11 +79,12 @@ fn main() {
     let world = universe.world();
     match args.get_or("model", "mlp".to_string()).as_str() {
         "mlp" => {}
-        "cnn" => return train_cnn_mpi(world, &args),
-        other => cli::usage_error(format!("--model {other:?}: expected mlp or cnn")),
+        "cnn" => return train_images_mpi(world, &args, false),
+        "resnet" => return train_images_mpi(world, &args, true),
+        other => cli::usage_error(format!("--model {other:?}: expected mlp, cnn or resnet")),
     }
     if args.get::<String>("data").is_some() || args.get::<String>("train-limit").is_some() {
-        cli::usage_error("--data and --train-limit go with --model cnn");
+        cli::usage_error("--data and --train-limit go with --model cnn or resnet");
     }
     let epochs = args.positive("epochs", 20);
     let global = args.positive("batch", 64);
@@ -284,8 +290,9 @@ fn run(
     }
 }
 
-/// The CNN of `train_cnn` on Fashion-MNIST, data-parallel.
-fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
+/// The CNN of `train_cnn` or (`resnet`) the small ResNet of `train_resnet`
+/// on Fashion-MNIST, data-parallel (batch norm per rank, unsynchronised).
+fn train_images_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args, resnet: bool) {
     let epochs = args.positive("epochs", 2);
     let global = args.positive("batch", 64);
     let limit = args.positive("train-limit", usize::MAX);
@@ -304,7 +311,21 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
         optimizer: Optimizer::adam(args.lr(1e-3)),
         ..Default::default()
     };
-    let model = train_cnn::build(&cfg, &tr).expect("model");
+    if resnet && tr.dims != (1, 28, 28) {
+        cli::usage_error(format!(
+            "--model resnet takes 1x28x28 images, the data have {:?}",
+            tr.dims
+        ));
+    }
+    let (model, what) = if resnet {
+        let g = brgemm_dl::nn::models::small_resnet(cfg.batch, tr.data.classes, cfg.seed);
+        (g.expect("model"), "fashion-mnist small ResNet")
+    } else {
+        (
+            train_cnn::build(&cfg, &tr).expect("model"),
+            "fashion-mnist CNN",
+        )
+    };
     let plan = Plan {
         epochs,
         global,
@@ -314,13 +335,5 @@ fn train_cnn_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args) {
         bucket_bytes: 256 << 10,
         resume: Resume::from_args(args),
     };
-    run(
-        world,
-        model,
-        &plan,
-        &cfg.optimizer,
-        &tr,
-        &te,
-        "fashion-mnist CNN",
-    );
+    run(world, model, &plan, &cfg.optimizer, &tr, &te, what);
 }

@@ -168,6 +168,10 @@ say "train_mpi under mpirun, 2 ranks"
 out=$(mpirun --allow-run-as-root --oversubscribe --timeout 120 -np 2 $ex/train_mpi --epochs 3)
 echo "$out" | tail -4
 echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi printed no test_accuracy line"; exit 1; }
+say "train_mpi --model resnet (the small ResNet, batch norm per rank), 2 ranks"
+out=$(mpirun --allow-run-as-root --oversubscribe --timeout 300 -np 2 $ex/train_mpi --model resnet --epochs 1 --train-limit 512)
+echo "$out" | tail -2
+echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi --model resnet printed no test_accuracy line"; exit 1; }
 
 say "bf16: AMX permission refused (BRGEMM_AMX_DENY) falls back"
 BRGEMM_AMX_DENY=1 run_tests brgemm bf16
