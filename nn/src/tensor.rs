@@ -65,14 +65,23 @@ impl fmt::Display for Shape {
 #[derive(Clone)]
 pub struct Tensor {
     shape: Shape,
-    /// The plain values: set from the start, or made from `blocked` on the
+    /// The plain values: set from the start, or made from `layout` on the
     /// first [`Tensor::data`].
     plain: OnceLock<Vec<f32>>,
-    /// The same values in a layer's blocked layout, when a layer wrote them.
-    blocked: Option<Arc<Tensor4>>,
-    /// Or, for a flat tensor a linear layer wrote, its rows in the FC
-    /// layout (the next linear layer reads them as they are).
-    rows: Option<Arc<Blocked>>,
+    /// The layout a layer wrote the values in, if one did.
+    layout: Layout,
+}
+
+/// Where a tensor's values live besides (or before) the plain copy.
+#[derive(Clone)]
+enum Layout {
+    /// Only the plain values.
+    Plain,
+    /// A layer's blocked NCHW buffer `[N][C/bc][H][W][bc]`.
+    Nchw(Arc<Tensor4>),
+    /// A flat tensor's rows in a linear layer's FC layout (the next linear
+    /// layer reads them as they are).
+    Rows(Arc<Blocked>),
 }
 
 impl fmt::Debug for Tensor {
@@ -99,8 +108,7 @@ impl Tensor {
         Tensor {
             shape,
             plain: OnceLock::from(data),
-            blocked: None,
-            rows: None,
+            layout: Layout::Plain,
         }
     }
     /// `data` (NCHW) as a tensor of `shape`; an error names both lengths.
@@ -119,18 +127,16 @@ impl Tensor {
     }
     /// The values, NCHW (made from the blocked layout on first use).
     pub fn data(&self) -> &[f32] {
-        self.plain
-            .get_or_init(|| match (&self.blocked, &self.rows) {
-                (Some(t), _) => t.to_nchw(),
-                (None, Some(r)) => r.to_plain(),
-                (None, None) => unreachable!("a tensor holds plain or blocked values"),
-            })
+        self.plain.get_or_init(|| match &self.layout {
+            Layout::Nchw(t) => t.to_nchw(),
+            Layout::Rows(r) => r.to_plain(),
+            Layout::Plain => unreachable!("a plain tensor is made with its values"),
+        })
     }
     /// The values, NCHW, to write in place (the length is fixed).
     pub fn data_mut(&mut self) -> &mut [f32] {
         self.data();
-        self.blocked = None;
-        self.rows = None;
+        self.layout = Layout::Plain;
         self.plain.get_mut().expect("made by data()")
     }
     /// The values.
@@ -141,7 +147,7 @@ impl Tensor {
     /// The channel block of the blocked layout the values travel in, if
     /// any (a detail of the layers' planning, shown for diagnostics).
     pub fn block(&self) -> Option<usize> {
-        self.blocked.as_ref().map(|t| t.dims().4)
+        self.blocked().map(|t| t.dims().4)
     }
     /// The same values under another shape of equal size (a flatten).
     pub(crate) fn reshaped(self, shape: Shape) -> Tensor {
@@ -166,8 +172,7 @@ impl Tensor {
         Tensor {
             shape: Shape::new(n, c, h, w),
             plain: OnceLock::new(),
-            blocked: Some(t),
-            rows: None,
+            layout: Layout::Nchw(t),
         }
     }
     /// A flat `(rows, cols, 1, 1)` tensor over a linear layer's FC-layout
@@ -176,62 +181,89 @@ impl Tensor {
         Tensor {
             shape: Shape::flat(r.rows(), r.cols()),
             plain: OnceLock::new(),
-            blocked: None,
-            rows: Some(r),
+            layout: Layout::Rows(r),
         }
     }
     /// The values in the FC layout, when a linear layer wrote them.
     pub(crate) fn rows(&self) -> Option<&Arc<Blocked>> {
-        self.rows.as_ref()
+        match &self.layout {
+            Layout::Rows(r) => Some(r),
+            _ => None,
+        }
     }
     /// The blocked values, when a layer wrote them.
     pub(crate) fn blocked(&self) -> Option<&Tensor4> {
-        self.blocked.as_deref()
+        self.nchw().map(|t| &**t)
+    }
+    fn nchw(&self) -> Option<&Arc<Tensor4>> {
+        match &self.layout {
+            Layout::Nchw(t) => Some(t),
+            _ => None,
+        }
     }
     /// The blocked values when they have channel block `bc`.
     pub(crate) fn blocked_as(&self, bc: usize) -> Option<&Arc<Tensor4>> {
-        self.blocked.as_ref().filter(|t| t.dims().4 == bc)
+        self.nchw().filter(|t| t.dims().4 == bc)
     }
     /// Puts the values, in the blocked layout with channel block `bc`, in
     /// `buf`: the tensor's own buffer when it has that layout, else a
     /// conversion into `buf`'s (reused when no one else holds it).
     pub(crate) fn blocked_into(&self, pool: &Pool, bc: usize, buf: &mut Buf) -> Result<()> {
         if let Some(t) = self.blocked_as(bc) {
-            buf.0 = Some(Arc::clone(t));
+            buf.share(t);
             return Ok(());
         }
         let dst = buf.get_mut(self.shape, bc)?;
-        match (&self.blocked, &self.rows) {
-            (Some(src), _) => reblock(pool, src, dst),
-            (None, Some(r)) => brgemm_primitives::eltwise::unflatten(pool, r, dst)?,
-            (None, None) => from_nchw(pool, self.data(), dst),
+        match &self.layout {
+            Layout::Nchw(src) => reblock(pool, src, dst),
+            Layout::Rows(r) => brgemm_primitives::eltwise::unflatten(pool, r, dst)?,
+            Layout::Plain => from_nchw(pool, self.data(), dst),
         }
         Ok(())
     }
 }
 
-/// A layer's blocked buffer: shared with the tensors it hands out, written
-/// again in place once they are gone.
-#[derive(Default)]
-pub(crate) struct Buf(Option<Arc<Tensor4>>);
+/// A layer's buffer, shared with the tensors it hands out and written
+/// again in place once they are gone: [`Buf`] (blocked NCHW) and [`RowBuf`]
+/// (the FC layout of a linear layer).
+pub(crate) struct Shared<T>(Option<Arc<T>>);
 
-impl Buf {
-    /// The buffer, to write, with dims `(s, bc)`: the old one when no one
-    /// else holds it and its dims match, else a new zero one.
-    pub(crate) fn get_mut(&mut self, s: Shape, bc: usize) -> Result<&mut Tensor4> {
-        let want = (s.n, s.c, s.h, s.w, bc);
+impl<T> Default for Shared<T> {
+    fn default() -> Self {
+        Shared(None)
+    }
+}
+
+/// A layer's blocked NCHW buffer.
+pub(crate) type Buf = Shared<Tensor4>;
+/// A linear layer's buffer in the FC layout.
+pub(crate) type RowBuf = Shared<Blocked>;
+
+impl<T> Shared<T> {
+    /// The buffer, to write: the old one when no one else holds it and
+    /// `fits` it, else `fresh()`.
+    fn get_mut_or(
+        &mut self,
+        fits: impl Fn(&T) -> bool,
+        fresh: impl FnOnce() -> Result<T>,
+    ) -> Result<&mut T> {
         let reuse = self
             .0
             .as_mut()
             .and_then(Arc::get_mut)
-            .is_some_and(|t| t.dims() == want);
+            .is_some_and(|t| fits(t));
         if !reuse {
-            self.0 = Some(Arc::new(Tensor4::zeros(s.n, s.c, s.h, s.w, bc)?));
+            self.0 = Some(Arc::new(fresh()?));
         }
         Ok(Arc::get_mut(self.0.as_mut().expect("set above")).expect("held only here"))
     }
-    /// The buffer as written last (a layer reads it only after writing it).
-    pub(crate) fn get(&self) -> &Tensor4 {
+    /// Shares `t` (another layer's buffer, read as it is).
+    pub(crate) fn share(&mut self, t: &Arc<T>) {
+        self.0 = Some(Arc::clone(t));
+    }
+    /// The buffer as written or shared last (a layer reads it only after
+    /// writing it).
+    pub(crate) fn get(&self) -> &T {
         self.0.as_ref().expect("written before it is read")
     }
     /// Lets go of a buffer another layer wrote (an input kept for
@@ -242,48 +274,47 @@ impl Buf {
             self.0 = None;
         }
     }
-    /// A tensor sharing the buffer.
-    pub(crate) fn tensor(&self) -> Tensor {
-        Tensor::from_blocked(Arc::clone(self.0.as_ref().expect("written")))
+    fn arc(&self) -> Arc<T> {
+        Arc::clone(self.0.as_ref().expect("written"))
     }
 }
 
-/// A linear layer's buffer in the FC layout, shared as [`Buf`] is.
-#[derive(Default)]
-pub(crate) struct RowBuf(Option<Arc<Blocked>>);
+impl Buf {
+    /// The buffer, to write, with dims `(s, bc)` (a new zero one unless the
+    /// old one is free and has them).
+    pub(crate) fn get_mut(&mut self, s: Shape, bc: usize) -> Result<&mut Tensor4> {
+        let want = (s.n, s.c, s.h, s.w, bc);
+        self.get_mut_or(
+            |t| t.dims() == want,
+            || Ok(Tensor4::zeros(s.n, s.c, s.h, s.w, bc)?),
+        )
+    }
+    /// A tensor sharing the buffer.
+    pub(crate) fn tensor(&self) -> Tensor {
+        Tensor::from_blocked(self.arc())
+    }
+}
 
 impl RowBuf {
-    /// The buffer, to write, laid out as `like`: the old one when no one
-    /// else holds it, else a new zero one.
+    /// The buffer, to write, laid out as `like` (a new zero one unless the
+    /// old one is free and has that layout).
     pub(crate) fn get_mut(&mut self, like: &Blocked) -> Result<&mut Blocked> {
-        let reuse = self
-            .0
-            .as_mut()
-            .and_then(Arc::get_mut)
-            .is_some_and(|b| same_layout(b, like));
-        if !reuse {
-            let b = Blocked::zeros(like.rows(), like.cols(), like.br(), like.bc(), like.inner())?;
-            self.0 = Some(Arc::new(b));
-        }
-        Ok(Arc::get_mut(self.0.as_mut().expect("set above")).expect("held only here"))
-    }
-    /// Shares `b` (another layer's buffer, read as it is).
-    pub(crate) fn share(&mut self, b: &Arc<Blocked>) {
-        self.0 = Some(Arc::clone(b));
-    }
-    /// The buffer as written or shared last.
-    pub(crate) fn get(&self) -> &Blocked {
-        self.0.as_ref().expect("written before it is read")
-    }
-    /// As [`Buf::release`].
-    pub(crate) fn release(&mut self) {
-        if self.0.as_ref().is_some_and(|t| Arc::strong_count(t) > 1) {
-            self.0 = None;
-        }
+        self.get_mut_or(
+            |b| same_layout(b, like),
+            || {
+                Ok(Blocked::zeros(
+                    like.rows(),
+                    like.cols(),
+                    like.br(),
+                    like.bc(),
+                    like.inner(),
+                )?)
+            },
+        )
     }
     /// A flat tensor sharing the buffer.
     pub(crate) fn tensor(&self) -> Tensor {
-        Tensor::from_rows(Arc::clone(self.0.as_ref().expect("written")))
+        Tensor::from_rows(self.arc())
     }
 }
 
