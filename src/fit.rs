@@ -12,6 +12,7 @@
 use crate::data::{Dataset, ImageSet};
 use crate::train::EpochReport;
 use brgemm_nn::{Error, Graph, Result, Tensor};
+use brgemm_primitives::guard;
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
 
@@ -178,14 +179,8 @@ fn step(
 ) -> Result<f32> {
     let loss = g.compute_gradients_with(pool, x, labels, &mut |_, _| {})?;
     if let Some(index) = check {
-        let norm = g
-            .params()
-            .iter()
-            .flat_map(|p| p.grad.iter())
-            .map(|&v| f64::from(v) * f64::from(v))
-            .sum::<f64>()
-            .sqrt();
-        brgemm_primitives::guard::check_step(index, loss, norm)?;
+        let norm = guard::norm(g.params().iter().map(|p| &*p.grad));
+        guard::check_step(index, loss, norm)?;
     }
     g.step(opt)?;
     Ok(loss)

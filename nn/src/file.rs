@@ -26,31 +26,10 @@ pub const FILE_VERSION: u32 = 2;
 
 /// `e` with the file named in front (a graph error's own "graph: " prefix
 /// not repeated).
-fn file_error(path: &Path, e: impl Into<FileReason>) -> Error {
-    let reason = match e.into() {
-        FileReason::Graph(Error::Graph(msg)) => msg,
-        FileReason::Graph(other) => other.to_string(),
-        FileReason::Io(io) => io.to_string(),
-    };
+fn file_error(path: &Path, e: impl std::fmt::Display) -> Error {
+    let e = e.to_string();
+    let reason = e.strip_prefix("graph: ").unwrap_or(&e);
     Error::Graph(format!("{}: {reason}", path.display()))
-}
-
-/// What went wrong with a file: the reader's error, or the file system's.
-enum FileReason {
-    Graph(Error),
-    Io(std::io::Error),
-}
-
-impl From<Error> for FileReason {
-    fn from(e: Error) -> Self {
-        FileReason::Graph(e)
-    }
-}
-
-impl From<std::io::Error> for FileReason {
-    fn from(e: std::io::Error) -> Self {
-        FileReason::Io(e)
-    }
 }
 
 impl Graph {
@@ -233,11 +212,10 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// training run, so a typo costs seconds, not the run.
 pub fn check_writable(path: &Path) -> Result<()> {
     if path.file_name().is_none() || path.is_dir() {
-        return Err(file_error(path, Error::Graph("not a file name".into())));
+        return Err(file_error(path, "not a file name"));
     }
     let tmp = temp_path(path);
-    std::fs::File::create(&tmp)
-        .map_err(|e| file_error(path, Error::Graph(format!("cannot save here: {e}"))))?;
+    std::fs::File::create(&tmp).map_err(|e| file_error(path, format!("cannot save here: {e}")))?;
     std::fs::remove_file(&tmp).map_err(|e| file_error(&tmp, e))
 }
 

@@ -602,8 +602,10 @@ impl Graph {
         let mut out = Vec::new();
         for l in layers_by_params(&mut self.nodes) {
             for j in 0..l.params().len() {
-                let st = self.opt.get(out.len()).cloned().unwrap_or_default();
-                let (m, v, t) = st.parts();
+                let (m, v, t) = self
+                    .opt
+                    .get(out.len())
+                    .map_or((&[][..], &[][..], 0), OptState::parts);
                 let m = nonempty(m, |b| as_exported(&mut **l, j, b))?;
                 let v = nonempty(v, |b| as_exported(&mut **l, j, b))?;
                 out.push((t, m, v));
