@@ -100,6 +100,25 @@ fn odd_blocks_and_gelu_are_refused() {
     assert!(FcBf16::new(&fc).err().unwrap().to_string().contains("Gelu"));
 }
 
+/// The bf16 heuristic plans any shape the bf16 passes take: odd feature
+/// blocks grow by one, even ones are the f32 heuristic's.
+#[test]
+fn the_bf16_heuristic_plans_odd_widths() {
+    for (n, c, k) in [(8, 7, 5), (3, 1, 1), (16, 63, 10), (64, 1024, 1024)] {
+        let t = FcTuning::heuristic_bf16(n, c, k);
+        assert!(
+            t.bc.is_multiple_of(2) && t.bk.is_multiple_of(2),
+            "{c}x{k}: {t:?}"
+        );
+        let fc = Fc::with_tuning(n, c, k, Activation::Relu, t.clone()).unwrap();
+        assert!(FcBf16::new(&fc).is_ok(), "{c}x{k}");
+        let f32t = FcTuning::heuristic(n, c, k);
+        if f32t.bc.is_multiple_of(2) && f32t.bk.is_multiple_of(2) {
+            assert_eq!(t, f32t);
+        }
+    }
+}
+
 #[test]
 fn branch_free_rounding_matches_half() {
     use brgemm_primitives::fc_bf16::round_bf16;

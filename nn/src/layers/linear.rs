@@ -227,14 +227,11 @@ impl Layer for Linear {
             )));
         }
         let t = self.tuning.clone().unwrap_or_else(|| {
-            let mut t = FcTuning::heuristic(input.n, self.inputs, self.outputs);
-            if self.bf16 {
-                // The bf16 passes pair values along the reduction (VNNI):
-                // an odd block grows by one, a padded lane.
-                t.bc += t.bc % 2;
-                t.bk += t.bk % 2;
-            }
-            t
+            let heuristic = match self.bf16 {
+                true => FcTuning::heuristic_bf16,
+                false => FcTuning::heuristic,
+            };
+            heuristic(input.n, self.inputs, self.outputs)
         });
         let fc = Fc::with_tuning(input.n, self.inputs, self.outputs, self.act, t)
             .map_err(|e| refuse(e.to_string()))?;

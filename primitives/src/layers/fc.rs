@@ -69,11 +69,12 @@ impl FcTuning {
     /// [`PassConfig::heuristic`] on each pass's block counts.
     pub fn heuristic(n: usize, c: usize, k: usize) -> FcTuning {
         let cands = [64, 48, 32, 16];
-        let (bn, bc, bk) = (
-            pick_block(n, &cands),
-            pick_block(c, &cands),
-            pick_block(k, &cands),
-        );
+        let [bn, bc, bk] = [n, c, k].map(|d| pick_block(d, &cands));
+        FcTuning::with_blocks(n, c, k, [bn, bc, bk])
+    }
+
+    /// Blocks `[bn, bc, bk]` with the heuristic's loop orders for them.
+    fn with_blocks(n: usize, c: usize, k: usize, [bn, bc, bk]: [usize; 3]) -> FcTuning {
         let (nb, cb, kb) = (n.div_ceil(bn), c.div_ceil(bc), k.div_ceil(bk));
         FcTuning {
             bn,
@@ -83,6 +84,14 @@ impl FcTuning {
             bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb)),
             upd: PassConfig::heuristic_for([('b', kb), ('c', cb)], ('a', nb)),
         }
+    }
+
+    /// [`FcTuning::heuristic`] for layers that run the bf16 passes
+    /// ([`crate::fc_bf16::FcBf16`]), which pair values along the reduction
+    /// (VNNI): an odd feature block grows by one padded lane.
+    pub fn heuristic_bf16(n: usize, c: usize, k: usize) -> FcTuning {
+        let t = FcTuning::heuristic(n, c, k);
+        FcTuning::with_blocks(n, c, k, [t.bn, t.bc + t.bc % 2, t.bk + t.bk % 2])
     }
 }
 
