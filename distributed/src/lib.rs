@@ -211,6 +211,42 @@ fn widen(b: u16) -> f32 {
     f32::from_bits(u32::from(b) << 16)
 }
 
+/// The bf16 wire: the gradients' bf16 copies, sent and received, and the
+/// reduction that sums them.
+struct Bf16Wire {
+    send: Vec<u16>,
+    recv: Vec<u16>,
+    op: mpi::collective::UnsafeUserOperation,
+}
+
+impl Bf16Wire {
+    fn new(n: usize) -> Bf16Wire {
+        Bf16Wire {
+            send: vec![0; n],
+            recv: vec![0; n],
+            // SAFETY: `bf16_sum` reads and writes `*len` u16 values, and this
+            // operation reduces only the u16 buffers `send`/`recv`.
+            op: unsafe { mpi::collective::UnsafeUserOperation::commutative(bf16_sum) },
+        }
+    }
+}
+
+/// `buf` cut into the buckets' slices (none when `buf` is empty: an unused
+/// wire).
+fn by_bucket<'a, T>(mut buf: &'a mut [T], buckets: &[Range<usize>]) -> Vec<Option<&'a mut [T]>> {
+    if buf.is_empty() {
+        return Vec::new();
+    }
+    buckets
+        .iter()
+        .map(|b| {
+            let (s, rest) = std::mem::take(&mut buf).split_at_mut(b.len());
+            buf = rest;
+            Some(s)
+        })
+        .collect()
+}
+
 /// A data-parallel trainer bound to a communicator and a model's shape.
 pub struct DataParallel {
     world: SimpleCommunicator,
@@ -222,11 +258,8 @@ pub struct DataParallel {
     buckets: Vec<Range<usize>>,
     send: Vec<f32>,
     recv: Vec<f32>,
-    /// The wire's dtype, and the bf16 buffers and reduction when it is bf16.
-    grad_dtype: GradDtype,
-    send16: Vec<u16>,
-    recv16: Vec<u16>,
-    bf16_op: Option<mpi::collective::UnsafeUserOperation>,
+    /// The bf16 wire, when gradients travel as bf16 ([`GradDtype::Bf16`]).
+    bf16: Option<Bf16Wire>,
     /// Statistics of the steps so far.
     pub stats: CommStats,
     /// Steps run so far (named by the non-finite guard).
@@ -270,10 +303,7 @@ impl DataParallel {
             buckets,
             send: vec![0.0; offset],
             recv: vec![0.0; offset],
-            grad_dtype: GradDtype::F32,
-            send16: Vec::new(),
-            recv16: Vec::new(),
-            bf16_op: None,
+            bf16: None,
             stats: CommStats::default(),
             steps: 0,
             check_finite: true,
@@ -283,20 +313,21 @@ impl DataParallel {
     /// Sends gradients in `dtype` ([`GradDtype::Bf16`]: half the bytes). The
     /// same on every rank (a collective's datatypes must agree).
     pub fn set_grad_dtype(&mut self, dtype: GradDtype) {
-        self.grad_dtype = dtype;
-        if dtype == GradDtype::Bf16 && self.bf16_op.is_none() {
-            let n = self.send.len();
-            (self.send16, self.recv16) = (vec![0; n], vec![0; n]);
-            // SAFETY: `bf16_sum` reads and writes `*len` u16 values, and this
-            // operation reduces only the u16 buffers `send16`/`recv16`.
-            self.bf16_op =
-                Some(unsafe { mpi::collective::UnsafeUserOperation::commutative(bf16_sum) });
+        match dtype {
+            GradDtype::F32 => self.bf16 = None,
+            GradDtype::Bf16 => {
+                let n = self.send.len();
+                self.bf16.get_or_insert_with(|| Bf16Wire::new(n));
+            }
         }
     }
 
     /// How gradients travel.
     pub fn grad_dtype(&self) -> GradDtype {
-        self.grad_dtype
+        match self.bf16 {
+            Some(_) => GradDtype::Bf16,
+            None => GradDtype::F32,
+        }
     }
 
     /// Turns the non-finite guard off (on by default): with it on, a step
@@ -394,11 +425,8 @@ impl DataParallel {
     pub fn calibrate(&mut self, reps: usize) -> f64 {
         let mut t = Vec::with_capacity(reps.max(1));
         let mut buf = self.send.clone();
-        let mut buf16 = self.send16.clone();
-        let bf16 = self
-            .bf16_op
-            .as_ref()
-            .filter(|_| self.grad_dtype == GradDtype::Bf16);
+        let mut buf16 = self.bf16.as_ref().map_or(Vec::new(), |w| w.send.clone());
+        let bf16 = self.bf16.as_ref().map(|w| &w.op);
         for _ in 0..reps.max(1) {
             self.world.barrier();
             let s = Instant::now();
@@ -460,36 +488,18 @@ impl DataParallel {
         let (slots, buckets) = (&self.slots, &self.buckets);
         let world = &self.world;
         let (send, recv) = (&mut self.send, &mut self.recv);
-        let bf16 = self
-            .bf16_op
-            .as_ref()
-            .filter(|_| self.grad_dtype == GradDtype::Bf16);
-        let (send16, recv16) = (&mut self.send16, &mut self.recv16);
+        let (bf16, send16, recv16) = match &mut self.bf16 {
+            Some(w) => (Some(&w.op), &mut w.send[..], &mut w.recv[..]),
+            None => (None, &mut [][..], &mut [][..]),
+        };
         let mut first_start: Option<Instant> = None;
         let (mut backward_end, mut wait_end) = (Instant::now(), Instant::now());
         let loss = mpi::request::scope(|scope| -> Result<f32> {
-            // Per bucket, its send and receive slices, taken when it starts.
-            let mut sends: Vec<Option<&mut [f32]>> = Vec::new();
-            let mut recvs: Vec<Option<&mut [f32]>> = Vec::new();
-            let (mut s_rest, mut r_rest) = (&mut send[..], &mut recv[..]);
-            for b in buckets {
-                let (s, sr) = s_rest.split_at_mut(b.len());
-                let (r, rr) = r_rest.split_at_mut(b.len());
-                sends.push(Some(s));
-                recvs.push(Some(r));
-                (s_rest, r_rest) = (sr, rr);
-            }
-            // The bf16 wire's buffers, bucket by bucket (empty with f32).
-            let mut sends16: Vec<Option<&mut [u16]>> = Vec::new();
-            let mut recvs16: Vec<Option<&mut [u16]>> = Vec::new();
-            let (mut s_rest, mut r_rest) = (&mut send16[..], &mut recv16[..]);
-            for b in buckets.iter().filter(|_| bf16.is_some()) {
-                let (s, sr) = s_rest.split_at_mut(b.len());
-                let (r, rr) = r_rest.split_at_mut(b.len());
-                sends16.push(Some(s));
-                recvs16.push(Some(r));
-                (s_rest, r_rest) = (sr, rr);
-            }
+            // Per bucket, its send and receive slices, taken when it starts
+            // (the bf16 wire's too; none with f32).
+            let (mut sends, mut recvs) = (by_bucket(send, buckets), by_bucket(recv, buckets));
+            let (mut sends16, mut recvs16) =
+                (by_bucket(send16, buckets), by_bucket(recv16, buckets));
             let (mut pending, mut pending16) = (Vec::new(), Vec::new());
             let mut filled = vec![0usize; buckets.len()];
             let loss = model.compute_gradients_with(pool, x, labels, &mut |group, grads| {
@@ -554,10 +564,10 @@ impl DataParallel {
             self.stats.steps += 1;
             self.stats.exposed_s += (wait_end - backward_end).as_secs_f64();
         }
-        if bf16.is_some() {
+        if let Some(w) = &self.bf16 {
             self.recv
                 .iter_mut()
-                .zip(&self.recv16)
+                .zip(&w.recv)
                 .for_each(|(d, b)| *d = widen(*b));
         }
         // The summed (already scaled) gradients replace the local ones.
