@@ -9,11 +9,12 @@
 //! global minibatch and seed, the graph file ([`Graph::to_bytes`], `u64`
 //! length first), the optimizer state ([`Graph::optimizer_state`]: `u32`
 //! count, then per parameter a `u32` step count and two `u64`-prefixed
-//! `f32` arrays), and the CRC-32 of everything before it. Written to a
+//! `f32` arrays), and the CRC-32 of everything before it (the container of
+//! [`brgemm_nn::file::seal`], as the graph file's). Written to a
 //! temporary file next to the target, synced, then renamed: a crash leaves
 //! the previous checkpoint or the new one, never half of one.
 
-use brgemm_nn::{Error, Graph, ParamState, Result};
+use brgemm_nn::{file, Error, Graph, ParamState, Result};
 use std::path::Path;
 
 const MAGIC: &[u8] = b"BRGEMM-CKPT\n";
@@ -40,6 +41,8 @@ pub struct Checkpoint {
 }
 
 fn bad(path: &Path, why: impl std::fmt::Display) -> Error {
+    let why = why.to_string();
+    let why = why.strip_prefix("graph: ").unwrap_or(&why);
     Error::Graph(format!("checkpoint {}: {why}", path.display()))
 }
 
@@ -78,8 +81,7 @@ impl Checkpoint {
 
     /// The file image (see the module docs).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = MAGIC.to_vec();
-        out.extend(CHECKPOINT_VERSION.to_le_bytes());
+        let mut body = Vec::new();
         for v in [
             self.epoch,
             self.steps,
@@ -87,27 +89,23 @@ impl Checkpoint {
             self.global_batch,
             self.seed,
         ] {
-            out.extend(v.to_le_bytes());
+            body.extend(v.to_le_bytes());
         }
-        out.extend((self.model.len() as u64).to_le_bytes());
-        out.extend(&self.model);
-        out.extend((self.optimizer.len() as u32).to_le_bytes());
+        body.extend((self.model.len() as u64).to_le_bytes());
+        body.extend(&self.model);
+        body.extend((self.optimizer.len() as u32).to_le_bytes());
         for (t, m, v) in &self.optimizer {
-            out.extend(t.to_le_bytes());
-            for a in [m, v] {
-                out.extend((a.len() as u64).to_le_bytes());
-                a.iter().for_each(|x| out.extend(x.to_le_bytes()));
-            }
+            body.extend(t.to_le_bytes());
+            file::put_f32s(&mut body, m);
+            file::put_f32s(&mut body, v);
         }
-        let crc = crc32fast::hash(&out);
-        out.extend(crc.to_le_bytes());
-        out
+        file::seal(MAGIC, CHECKPOINT_VERSION, &body)
     }
 
     /// Writes the checkpoint to `path` atomically (temporary file, sync,
     /// rename).
     pub fn save(&self, path: &Path) -> Result<()> {
-        brgemm_nn::file::write_atomically(path, &self.to_bytes()).map_err(|e| bad(path, e))
+        file::write_atomically(path, &self.to_bytes()).map_err(|e| bad(path, e))
     }
 
     /// Reads a checkpoint file; a wrong magic, version or checksum, a short
@@ -118,53 +116,19 @@ impl Checkpoint {
     }
 
     /// [`Checkpoint::load`] from a file image.
-    pub fn from_bytes(file: &[u8]) -> std::result::Result<Checkpoint, String> {
-        if !file.starts_with(MAGIC) {
-            return Err("not a brgemm checkpoint (no magic)".into());
-        }
-        if file.len() < MAGIC.len() + 8 {
-            return Err(format!("truncated at byte {}", file.len()));
-        }
-        let version = u32::from_le_bytes(file[MAGIC.len()..][..4].try_into().expect("4"));
-        if version != CHECKPOINT_VERSION {
-            return Err(format!(
-                "version {version}; this library reads version {CHECKPOINT_VERSION}"
-            ));
-        }
-        let (body, crc) = file.split_at(file.len() - 4);
-        let (want, got) = (
-            u32::from_le_bytes(crc.try_into().expect("4")),
-            crc32fast::hash(body),
-        );
-        if want != got {
-            return Err(format!(
-                "checksum {got:08x} does not match the file's {want:08x}: damaged or truncated"
-            ));
-        }
-        let mut r = Reader {
-            b: body,
-            at: MAGIC.len() + 4,
-        };
+    pub fn from_bytes(file: &[u8]) -> Result<Checkpoint> {
+        let mut r = file::unseal(file, MAGIC, CHECKPOINT_VERSION, "brgemm checkpoint")?;
         let mut head = [0u64; 5];
         for h in &mut head {
             *h = r.u64()?;
         }
-        let n = r.len(1)?;
-        let model = r.take(n)?.to_vec();
+        let model = r.bytes()?.to_vec();
         let count = r.u32()? as usize;
         let mut optimizer = Vec::with_capacity(count.min(1 << 16));
         for _ in 0..count {
-            let t = r.u32()?;
-            let m = r.f32s()?;
-            let v = r.f32s()?;
-            optimizer.push((t, m, v));
+            optimizer.push((r.u32()?, r.f32s()?, r.f32s()?));
         }
-        if r.at != body.len() {
-            return Err(format!(
-                "{} bytes after the optimizer state",
-                body.len() - r.at
-            ));
-        }
+        r.end("the optimizer state")?;
         let [epoch, steps, rng, global_batch, seed] = head;
         Ok(Checkpoint {
             epoch,
@@ -175,48 +139,5 @@ impl Checkpoint {
             model,
             optimizer,
         })
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.b.len())
-            .ok_or_else(|| format!("truncated at byte {}", self.b.len()))?;
-        let out = &self.b[self.at..end];
-        self.at = end;
-        Ok(out)
-    }
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
-    }
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
-    }
-    /// A `u64` count of items of `size` bytes that fits in what is left.
-    fn len(&mut self, size: usize) -> std::result::Result<usize, String> {
-        let n = self.u64()?;
-        usize::try_from(n)
-            .ok()
-            .filter(|n| {
-                n.checked_mul(size)
-                    .is_some_and(|b| b <= self.b.len() - self.at)
-            })
-            .ok_or_else(|| format!("a length of {n} at byte {} runs past the file", self.at))
-    }
-    fn f32s(&mut self) -> std::result::Result<Vec<f32>, String> {
-        let n = self.len(4)?;
-        Ok(self
-            .take(4 * n)?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
-            .collect())
     }
 }

@@ -35,8 +35,7 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> Error {
 impl Graph {
     /// The graph's values as a file image (see the module docs).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = MAGIC.to_vec();
-        out.extend(FILE_VERSION.to_le_bytes());
+        let mut out = Vec::new();
         let s = self.input_shape();
         for d in [s.c, s.h, s.w] {
             out.extend((d as u64).to_le_bytes());
@@ -53,13 +52,10 @@ impl Graph {
             out.extend((values.len() as u32).to_le_bytes());
             for (name, v) in values {
                 text(&mut out, name);
-                out.extend((v.len() as u64).to_le_bytes());
-                v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                put_f32s(&mut out, &v);
             }
         }
-        let crc = crc32fast::hash(&out);
-        out.extend(crc.to_le_bytes());
-        out
+        seal(MAGIC, FILE_VERSION, &out)
     }
 
     /// Sets the values from a file image of [`Graph::to_bytes`] made by a
@@ -67,33 +63,7 @@ impl Graph {
     /// naming what differs, and leaves the values as they were. The
     /// optimizer state starts again.
     pub fn from_bytes(&mut self, file: &[u8]) -> Result<()> {
-        if !file.starts_with(MAGIC) && !MAGIC.starts_with(file) {
-            return Err(Error::Graph("not a brgemm-nn file (no magic)".into()));
-        }
-        let mut r = Reader { bytes: file, at: 0 };
-        r.take(MAGIC.len())?;
-        let version = r.u32()?;
-        if version != FILE_VERSION {
-            return Err(Error::Graph(format!(
-                "file version {version}; this library reads version {FILE_VERSION}"
-            )));
-        }
-        // The checksum first: a damaged file is named as such, not by the
-        // first field the damage happens to break.
-        if file.len() < r.at + 4 {
-            return Err(r.short());
-        }
-        let (bytes, crc) = file.split_at(file.len() - 4);
-        let (want, got) = (
-            u32::from_le_bytes(crc.try_into().expect("4 bytes")),
-            crc32fast::hash(bytes),
-        );
-        if want != got {
-            return Err(Error::Graph(format!(
-                "checksum {got:08x} does not match the file's {want:08x}: the file is damaged or truncated"
-            )));
-        }
-        let mut r = Reader { bytes, at: r.at };
+        let mut r = unseal(file, MAGIC, FILE_VERSION, "brgemm-nn file")?;
         let s = self.input_shape();
         let chw = [r.u64()?, r.u64()?, r.u64()?];
         if chw != [s.c, s.h, s.w].map(|d| d as u64) {
@@ -122,12 +92,7 @@ impl Graph {
             let mut values = Vec::with_capacity(tensors.min(16));
             for _ in 0..tensors {
                 let what = r.text()?;
-                let len = r.u64()? as usize;
-                let raw = r.take(len.checked_mul(4).ok_or_else(|| r.short())?)?;
-                let v: Vec<f32> = raw
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                    .collect();
+                let v = r.f32s()?;
                 if let Some(j) = v.iter().position(|x| !x.is_finite()) {
                     return Err(Error::Graph(format!(
                         "layer {i} (`{name}`) {what}[{j}] is {}",
@@ -138,12 +103,7 @@ impl Graph {
             }
             all.push(values);
         }
-        if r.at != bytes.len() {
-            return Err(Error::Graph(format!(
-                "{} bytes after the last layer",
-                bytes.len() - r.at
-            )));
-        }
+        r.end("the last layer")?;
         let backup: Vec<Vec<(String, Vec<f32>)>> = self
             .layers()
             .map(|l| {
@@ -219,7 +179,64 @@ pub fn check_writable(path: &Path) -> Result<()> {
     std::fs::remove_file(&tmp).map_err(|e| file_error(&tmp, e))
 }
 
-struct Reader<'a> {
+/// `body` as a sealed file: `magic`, the `u32` `version`, the body, and
+/// the CRC-32 (IEEE) of everything before it (little-endian). The graph file
+/// and `brgemm_dl::checkpoint` are both this container.
+pub fn seal(magic: &[u8], version: u32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(magic.len() + 8 + body.len());
+    out.extend(magic);
+    out.extend(version.to_le_bytes());
+    out.extend(body);
+    let crc = crc32fast::hash(&out);
+    out.extend(crc.to_le_bytes());
+    out
+}
+
+/// The body of a file [`seal`] made, to read: a wrong magic (the file is
+/// not a `what`), another version, a checksum that does not match (the
+/// first check after the version: a damaged file is named as such, not by
+/// the first field the damage breaks) or a short file is an error.
+pub fn unseal<'a>(file: &'a [u8], magic: &[u8], version: u32, what: &str) -> Result<Reader<'a>> {
+    if !file.starts_with(magic) && !magic.starts_with(file) {
+        return Err(Error::Graph(format!("not a {what} (no magic)")));
+    }
+    let mut r = Reader { bytes: file, at: 0 };
+    r.take(magic.len())?;
+    let v = r.u32()?;
+    if v != version {
+        return Err(Error::Graph(format!(
+            "file version {v}; this library reads version {version}"
+        )));
+    }
+    if file.len() < r.at + 4 {
+        return Err(r.short());
+    }
+    let (body, crc) = file.split_at(file.len() - 4);
+    let (want, got) = (
+        u32::from_le_bytes(crc.try_into().expect("4 bytes")),
+        crc32fast::hash(body),
+    );
+    if want != got {
+        return Err(Error::Graph(format!(
+            "checksum {got:08x} does not match the file's {want:08x}: the file is damaged or truncated"
+        )));
+    }
+    Ok(Reader {
+        bytes: body,
+        at: r.at,
+    })
+}
+
+/// `v` as a `u64` count and the values, little-endian (what
+/// [`Reader::f32s`] reads).
+pub fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+    out.extend((v.len() as u64).to_le_bytes());
+    v.iter().for_each(|x| out.extend(x.to_le_bytes()));
+}
+
+/// Reads a sealed file's body front to back; every read past the end is an
+/// error naming where the file ends.
+pub struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
@@ -231,26 +248,50 @@ impl<'a> Reader<'a> {
             self.bytes.len()
         ))
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
         let end = end.ok_or_else(|| self.short())?;
         let out = &self.bytes[self.at..end];
         self.at = end;
         Ok(out)
     }
-    fn u32(&mut self) -> Result<u32> {
+    /// A `u32`.
+    pub fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
-    fn u64(&mut self) -> Result<u64> {
+    /// A `u64`.
+    pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
+    }
+    /// A `u64` count of bytes, then as many bytes.
+    pub fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = usize::try_from(self.u64()?).map_err(|_| self.short())?;
+        self.take(n)
+    }
+    /// A `u64` count of values, then the `f32`s ([`put_f32s`]).
+    pub fn f32s(&mut self) -> Result<Vec<f32>> {
+        let n = usize::try_from(self.u64()?).map_err(|_| self.short())?;
+        let raw = self.take(n.checked_mul(4).ok_or_else(|| self.short())?)?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect())
     }
     fn text(&mut self) -> Result<String> {
         let n = self.u32()? as usize;
         String::from_utf8(self.take(n)?.to_vec())
             .map_err(|_| Error::Graph(format!("a name before byte {} is not UTF-8", self.at)))
+    }
+    /// An error unless the body ends here (bytes after `last` are).
+    pub fn end(&self, last: &str) -> Result<()> {
+        match self.bytes.len() - self.at {
+            0 => Ok(()),
+            n => Err(Error::Graph(format!("{n} bytes after {last}"))),
+        }
     }
 }
