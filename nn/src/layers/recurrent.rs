@@ -127,17 +127,25 @@ impl Recurrent {
     /// Sets the initial state for the following forwards (`[n][hidden]`
     /// each; `c0` must be empty for the tanh RNN).
     pub fn set_initial_state(&mut self, h0: &[f32], c0: &[f32]) -> Result<()> {
-        self.check_state("h0", h0)?;
-        if self.is_lstm() {
-            self.check_state("c0", c0)?;
-        } else if !c0.is_empty() {
-            return Err(Error::Graph(format!(
-                "{}: a tanh RNN has no c0",
-                self.name()
-            )));
-        }
+        self.check_pair(("h0", h0), ("c0", c0))?;
         self.initial = Some((h0.to_vec(), c0.to_vec()));
         Ok(())
+    }
+
+    /// Checks an (h, c) pair of `[n][hidden]` states (c empty for the tanh
+    /// RNN), naming the one that does not fit.
+    fn check_pair(&self, (hn, h): (&str, &[f32]), (cn, c): (&str, &[f32])) -> Result<()> {
+        self.check_state(hn, h)?;
+        if self.is_lstm() {
+            self.check_state(cn, c)
+        } else if c.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Graph(format!(
+                "{}: a tanh RNN has no {cn}",
+                self.name()
+            )))
+        }
     }
 
     /// Back to a zero initial state.
@@ -150,10 +158,7 @@ impl Recurrent {
     pub fn final_state(&self) -> Result<(Vec<f32>, Vec<f32>)> {
         let p = self.plan.as_ref().ok_or_else(|| unbuilt("final_state"))?;
         let np = p.rnn.padded_n();
-        let rows = |b: &Blocked, first: usize| -> Vec<f32> {
-            let plain = b.to_plain();
-            plain[first * self.hidden..][..p.n * self.hidden].to_vec()
-        };
+        let rows = |b: &Blocked, first: usize| get_rows(b, first, p.n, self.hidden);
         let h = rows(p.st.h(), (p.steps - 1) * np);
         let c = if self.is_lstm() {
             rows(p.st.c(), p.steps * np)
@@ -166,15 +171,7 @@ impl Recurrent {
     /// dL/dh_T and dL/dc_T, added by the following backwards to what the
     /// output gradient gives (`c` empty for the tanh RNN).
     pub fn set_final_state_grad(&mut self, dh: &[f32], dc: &[f32]) -> Result<()> {
-        self.check_state("dh_T", dh)?;
-        if self.is_lstm() {
-            self.check_state("dc_T", dc)?;
-        } else if !dc.is_empty() {
-            return Err(Error::Graph(format!(
-                "{}: a tanh RNN has no c_T",
-                self.name()
-            )));
-        }
+        self.check_pair(("dh_T", dh), ("dc_T", dc))?;
         self.final_grad = Some((dh.to_vec(), dc.to_vec()));
         Ok(())
     }
@@ -191,7 +188,7 @@ impl Recurrent {
             .plan
             .as_ref()
             .ok_or_else(|| unbuilt("initial_state_grad"))?;
-        let first = |b: &Blocked| b.to_plain()[..p.n * self.hidden].to_vec();
+        let first = |b: &Blocked| get_rows(b, 0, p.n, self.hidden);
         let dc = if self.is_lstm() {
             first(p.gr.dc0())
         } else {
@@ -255,11 +252,21 @@ fn write_weights(p: &mut Plan, g: usize, k: usize, [w, r, b]: [&[f32]; 3]) -> Re
     Ok(())
 }
 
+/// Rows `first..first + n` of `b` (`k` values each), plain.
+fn get_rows(b: &Blocked, first: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n * k];
+    for (i, row) in out.chunks_exact_mut(k).enumerate() {
+        b.get_row(first + i, row);
+    }
+    out
+}
+
 /// `[n][k]` plain into the first `n` rows of a state buffer (`Np x K`).
 fn set_rows(b: &mut Blocked, plain: &[f32], k: usize) -> Result<()> {
-    let mut all = vec![0.0; b.rows() * k];
-    all[..plain.len()].copy_from_slice(plain);
-    Ok(b.set_plain(&all)?)
+    for (r, row) in plain.chunks_exact(k).enumerate() {
+        b.put_row(r, row);
+    }
+    Ok(())
 }
 
 impl Layer for Recurrent {
