@@ -104,7 +104,7 @@ fn main() {
         seed: seed ^ 0x5eed,
         unit: "samples",
         bucket_bytes: 64 << 10,
-        resume: Resume::from_args(&args),
+        opts: RunOpts::from_args(&args),
     };
     run(world, model, &plan, &opt, &tr, &te, "digits MLP");
 }
@@ -121,20 +121,20 @@ struct Plan {
     seed: u64,
     /// What the items are called in the throughput line.
     unit: &'static str,
-    /// Checkpoints written and read.
-    resume: Resume,
+    /// Checkpoints, the fault-test hook and the gradients' dtype.
+    opts: RunOpts,
 }
 
 /// `--checkpoint`, `--resume`, the fault-test hook and the wire's dtype.
-struct Resume {
+struct RunOpts {
     save: Option<PathBuf>,
     from: Option<PathBuf>,
     kill_after: Option<usize>,
     grad_dtype: GradDtype,
 }
 
-impl Resume {
-    fn from_args(args: &cli::Args) -> Resume {
+impl RunOpts {
+    fn from_args(args: &cli::Args) -> RunOpts {
         let file = |o: &str| {
             args.get::<String>(o).map(|d| {
                 let dir = PathBuf::from(d);
@@ -144,7 +144,7 @@ impl Resume {
                 dir.join("checkpoint.bin")
             })
         };
-        Resume {
+        RunOpts {
             save: file("checkpoint"),
             from: file("resume"),
             kill_after: args.get("kill-after-epoch"),
@@ -170,7 +170,7 @@ fn run(
     what: &str,
 ) {
     let mut dp = DataParallel::new(world, &mut model, plan.bucket_bytes);
-    dp.set_grad_dtype(plan.resume.grad_dtype);
+    dp.set_grad_dtype(plan.opts.grad_dtype);
     dp.broadcast_parameters(&mut model);
     dp.calibrate(5);
     let (rank, size) = (dp.rank(), dp.size());
@@ -191,7 +191,7 @@ fn run(
     let mut order: Vec<usize> = (0..tr.len()).collect();
     let mut rng = Rng::new(plan.seed);
     let (mut first, mut done_steps) = (1, 0u64);
-    if let Some(path) = &plan.resume.from {
+    if let Some(path) = &plan.opts.from {
         // Every rank reads the same file: all go on from the same place.
         let ck = Checkpoint::load(path).unwrap_or_else(|e| {
             eprintln!("rank {rank}: --resume: {e}");
@@ -252,7 +252,7 @@ fn run(
                 loss_sum / steps.max(1) as f64
             );
         }
-        if let Some(path) = &plan.resume.save {
+        if let Some(path) = &plan.opts.save {
             if rank == 0 {
                 Checkpoint::of(
                     &mut model,
@@ -271,7 +271,7 @@ fn run(
             // No rank runs ahead of a checkpoint being written.
             dp.world().barrier();
         }
-        if plan.resume.kill_after == Some(epoch) && rank == size - 1 {
+        if plan.opts.kill_after == Some(epoch) && rank == size - 1 {
             eprintln!("rank {rank}: aborting after epoch {epoch} (--kill-after-epoch)");
             std::process::abort();
         }
@@ -333,7 +333,7 @@ fn train_images_mpi(world: mpi::topology::SimpleCommunicator, args: &cli::Args, 
         seed: cfg.seed ^ 0xc22,
         unit: "images",
         bucket_bytes: 256 << 10,
-        resume: Resume::from_args(args),
+        opts: RunOpts::from_args(args),
     };
     run(world, model, &plan, &cfg.optimizer, &tr, &te, what);
 }
