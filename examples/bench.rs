@@ -761,18 +761,20 @@ fn dp_barrier(u: &brgemm_distributed::mpi::environment::Universe) {
     u.world().barrier();
 }
 
-/// bf16 lines: AMX on every bench shape it fits (m, n, k multiples of 32) and
-/// AVX512-BF16 on all, with the fp32 kernel on the same shape in the same run
-/// for the ratio. Blocks fill about 1 MiB as in the fp32 lines.
+/// bf16 lines: AMX on every bench shape it fits (m and k multiples of 32),
+/// AVX512-BF16 and the f32 kernel on widened inputs on all, with the fp32
+/// kernel on the same shape in the same run for the ratio; `chosen` names the
+/// kernel a plan gets here unforced (the CPU policy's order). Blocks fill
+/// about 1 MiB as in the fp32 lines.
 fn bench_brgemm_bf16(o: &Opts) {
     use brgemm::bf16::{bf16, Bf16Isa};
     use brgemm::{DataType, Descriptor, RawBatch};
     use brgemm::{Kernel, KernelOptions};
-    let isas: Vec<Bf16Isa> = [Bf16Isa::Amx, Bf16Isa::Avx512Bf16]
+    let isas: Vec<Bf16Isa> = [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32]
         .into_iter()
         .filter(|i| i.is_supported())
         .collect();
-    if isas.is_empty() {
+    if isas.len() == 1 {
         println!(
             r#"{{"bench":"brgemm","dtype":"bf16","note":"neither AMX nor AVX512-BF16 here; the reference bf16 kernel is not benchmarked"}}"#
         );
@@ -805,6 +807,8 @@ fn bench_brgemm_bf16(o: &Opts) {
         let d = Descriptor::new(m, n, k).dtype(DataType::Bf16);
         let mut w = BrgemmWorkload::new(m, n, k, batch, 1 << 20);
         let k32 = Kernel::new(&w.descriptor(BatchForm::Packed)).expect("plan");
+        // The kernel a plan gets here without forcing one.
+        let chosen = Kernel::new(&d).map_or("none", |k| k.bf16_isa().map_or("none", |i| i.name()));
         let r32 = measure(|| w.pass(&k32), &probe, min_sample, samples);
         let gf32 = w.flops_per_pass() / r32.secs / 1e9;
         for &isa in &isas {
@@ -814,7 +818,7 @@ fn bench_brgemm_bf16(o: &Opts) {
             };
             let Ok(kern) = Kernel::with_options(&d, opts) else {
                 continue;
-            }; // AMX: multiples of 32 only
+            }; // AMX: m and k multiples of 32 only
             let mut pass = || {
                 for j in 0..blocks {
                     let raw = RawBatch::Stride {
@@ -830,7 +834,7 @@ fn bench_brgemm_bf16(o: &Opts) {
             let r = measure(&mut pass, &probe, min_sample, samples);
             let gf = flops / r.secs / 1e9;
             println!(
-                r#"{{"bench":"brgemm","isa":"{}","dtype":"bf16","form":"stride","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{blocks},"threads":1,"gflops":{gf:.1},"fp32_isa":"{isa32}","fp32_gflops":{gf32:.1},"x_fp32":{:.2},"fp32_peak_gflops":{:.1}}}"#,
+                r#"{{"bench":"brgemm","isa":"{}","dtype":"bf16","form":"stride","m":{m},"n":{n},"k":{k},"batch":{batch},"blocks":{blocks},"threads":1,"gflops":{gf:.1},"chosen":"{chosen}","fp32_isa":"{isa32}","fp32_gflops":{gf32:.1},"x_fp32":{:.2},"fp32_peak_gflops":{:.1}}}"#,
                 isa.name(),
                 gf / gf32,
                 r.peak_gflops

@@ -7,7 +7,7 @@
 //! column-major layout of the f32 kernel.
 //!
 //! Kernels, strongest first ([`Bf16Isa`]): AMX (`tdpbf16ps` on resident tiles;
-//! m, n, k multiples of 32), AVX512-BF16 (`vdpbf16ps`; any shape), the f32
+//! m and k multiples of 32, any n), AVX512-BF16 (`vdpbf16ps`; any shape), the f32
 //! BRGEMM on inputs widened per call (any shape, any CPU), then the
 //! reference (bf16 widened to f32 in plain loops).
 //! `BRGEMM_BF16_ISA=amx|avx512bf16|fp32|reference` forces one.
@@ -34,7 +34,7 @@ use std::sync::OnceLock;
 /// The bf16 kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bf16Isa {
-    /// AMX tiles (`tdpbf16ps`), for m, n, k multiples of 32.
+    /// AMX tiles (`tdpbf16ps`), for m and k multiples of 32, any n.
     Amx,
     /// AVX512-BF16 (`vdpbf16ps`), any shape.
     Avx512Bf16,
@@ -165,7 +165,7 @@ impl Bf16Plan {
     }
 
     fn amx_fits(d: &Descriptor) -> bool {
-        d.m.is_multiple_of(32) && d.n.is_multiple_of(32) && d.k.is_multiple_of(32)
+        d.m.is_multiple_of(32) && d.k.is_multiple_of(32)
     }
 
     /// Plans `desc` for `isa` (error if unsupported or if the shape does not fit it).
@@ -193,7 +193,7 @@ impl Bf16Plan {
             return Err(invalid(
                 "shape",
                 format!("{}x{}x{}", d.m, d.n, d.k),
-                "the AMX kernel needs m, n and k multiples of 32",
+                "the AMX kernel needs m and k multiples of 32",
             ));
         }
         let f32_twin = (d.c_dtype == DataType::Bf16)
@@ -335,7 +335,6 @@ impl Bf16Plan {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             Bf16Isa::Amx => {
-                amx::ensure_config(&amx::CONFIG);
                 // Straight into C when no epilogue arithmetic is needed;
                 // else through an L1-hot 32x32 block on the stack, set up
                 // (4 KiB zeroed) only on that path.
@@ -345,14 +344,16 @@ impl Bf16Plan {
                     None
                 };
                 for n0 in (0..d.n).step_by(32) {
+                    let nb = (d.n - n0).min(32);
+                    amx::ensure_config(amx::config(nb));
                     for m0 in (0..d.m).step_by(32) {
                         let cb = c.add(n0 * d.ldc + m0);
                         let (out, ldo, load_c) = match staged.as_mut() {
                             Some(t) => (t.as_mut_ptr(), 32, false),
                             None => (cb, d.ldc, d.beta == Beta::One),
                         };
-                        amx::block(src, count, d.k, d.lda, d.ldb, m0, n0, load_c, out, ldo);
-                        epilogue(d, cb, d.ldc, m0, 32, 32, bias, staged.as_ref());
+                        amx::block(src, count, d.k, d.lda, d.ldb, m0, n0, nb, load_c, out, ldo);
+                        epilogue(d, cb, d.ldc, m0, 32, nb, bias, staged.as_ref());
                     }
                 }
             }

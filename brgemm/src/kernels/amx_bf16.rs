@@ -14,8 +14,13 @@
 //! ```
 //!
 //! One 32x32 block of C stays in tmm0..3 for the whole batch and k loop and
-//! is stored once. Shapes with m, n and k multiples of 32 only (one tile
-//! configuration for every kernel); others take the next fallback.
+//! is stored once. m and k must be multiples of 32; n is any: a last block
+//! of `nb` < 32 columns runs on tiles configured with fewer rows
+//! ([`config`]: tmm0, 1, 4 hold `min(nb, 16)` columns, tmm2, 3, 5 the rest;
+//! with `nb` <= 16 the lower pair repeats the upper one's columns, computes
+//! a copy of them and is not stored). A convolution's pixel runs (28, 56,
+//! 14 or 7 per output row) need it; the configuration switches cost one
+//! `ldtilecfg` each way per call with a tail block.
 //!
 //! Measured here (asm probes, same process): `tdpbf16ps` on resident tiles
 //! 1.0-2.4 TFLOP/s (bimodal, as the recipes say), two accumulators already
@@ -53,13 +58,20 @@ pub(crate) struct TileConfig {
 }
 
 impl TileConfig {
-    pub(crate) const fn full() -> Self {
+    /// The configuration for blocks of `nb` (1..=32) columns of C.
+    const fn for_cols(nb: usize) -> Self {
         let mut colsb = [0u16; 16];
         let mut rows = [0u8; 16];
+        let upper = if nb < 16 { nb } else { 16 } as u8;
+        let lower = if nb > 16 { (nb - 16) as u8 } else { upper };
         let mut i = 0;
         while i < 8 {
             colsb[i] = 64;
-            rows[i] = 16;
+            rows[i] = match i {
+                0 | 1 | 4 => upper,
+                2 | 3 | 5 => lower,
+                _ => 16,
+            };
             i += 1;
         }
         TileConfig {
@@ -72,8 +84,21 @@ impl TileConfig {
     }
 }
 
-/// The one configuration every AMX kernel here uses.
-pub(crate) static CONFIG: TileConfig = TileConfig::full();
+/// The configurations of blocks of 1..=32 columns of C (index `nb - 1`).
+static CONFIGS: [TileConfig; 32] = {
+    let mut c = [const { TileConfig::for_cols(32) }; 32];
+    let mut nb = 1;
+    while nb < 32 {
+        c[nb - 1] = TileConfig::for_cols(nb);
+        nb += 1;
+    }
+    c
+};
+
+/// The configuration of blocks of `nb` (1..=32) columns of C.
+pub(crate) fn config(nb: usize) -> &'static TileConfig {
+    &CONFIGS[nb - 1]
+}
 
 thread_local! {
     /// Address of the configuration last loaded on this thread (0: none).
@@ -150,12 +175,13 @@ fn prefetch_rows(base: *const u8, stride: isize) {
     }
 }
 
-/// One 32x32 block of C: `C[m0.., n0..] (+)= sum_i A_i * B_i` over the whole
-/// batch, k in steps of 32. `load_c`: start from C (beta = 1, alpha = 1),
-/// else from zero. Writes the block to `out` with row stride `ldo` (f32).
+/// One block of 32 rows and `nb` columns of C: `C[m0.., n0..] (+)= sum_i
+/// A_i * B_i` over the whole batch, k in steps of 32. `load_c`: start from C
+/// (beta = 1, alpha = 1), else from zero. Writes the block to `out` with
+/// column stride `ldo` (f32).
 ///
 /// # Safety
-/// AMX available, configuration [`CONFIG`] loaded on this thread; m0+32, n0+32
+/// AMX available, [`config`]`(nb)` loaded on this thread; m0+32, n0+nb
 /// and k within the planned shape; A_i VNNI with pair-row stride `lda2`
 /// (bf16 elements), B_i column-major with `ldb`; `out` valid for the block.
 #[allow(clippy::too_many_arguments)]
@@ -168,11 +194,14 @@ pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
     ldb: usize,
     m0: usize,
     n0: usize,
+    nb: usize,
     load_c: bool,
     out: *mut f32,
     ldo: usize,
 ) {
     let sc = (ldo * 4) as isize;
+    // The lower tiles' first column: 16, or 0 when they repeat the upper.
+    let lo = if nb > 16 { 16 } else { 0 };
     let c_ptr = |j: usize, r: usize| out.add(j * ldo + r);
     if load_c {
         core::arch::asm!(
@@ -181,7 +210,7 @@ pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
             "tileloadd tmm2, [{c10} + {s}*1]",
             "tileloadd tmm3, [{c11} + {s}*1]",
             c00 = in(reg) c_ptr(0, 0), c01 = in(reg) c_ptr(0, 16),
-            c10 = in(reg) c_ptr(16, 0), c11 = in(reg) c_ptr(16, 16), s = in(reg) sc,
+            c10 = in(reg) c_ptr(lo, 0), c11 = in(reg) c_ptr(lo, 16), s = in(reg) sc,
             options(nostack, readonly),
         );
     } else {
@@ -211,7 +240,7 @@ pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
                 "tileloadd tmm5, [{b1} + {sb}*1]",
                 "tileloadd tmm7, [{a1} + {sa}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
-                b0 = in(reg) b.add(p), b1 = in(reg) b.add(16 * ldb + p), sb = in(reg) sb,
+                b0 = in(reg) b.add(p), b1 = in(reg) b.add(lo * ldb + p), sb = in(reg) sb,
                 a0 = in(reg) a.add(p * lda2), a1 = in(reg) a.add(p * lda2 + 32), sa = in(reg) sa,
                 options(nostack, readonly),
             );
@@ -232,10 +261,15 @@ pub(crate) unsafe fn block<B: BatchSrc<bf16>>(
     core::arch::asm!(
         "tilestored [{c00} + {s}*1], tmm0",
         "tilestored [{c01} + {s}*1], tmm1",
-        "tilestored [{c10} + {s}*1], tmm2",
-        "tilestored [{c11} + {s}*1], tmm3",
-        c00 = in(reg) c_ptr(0, 0), c01 = in(reg) c_ptr(0, 16),
-        c10 = in(reg) c_ptr(16, 0), c11 = in(reg) c_ptr(16, 16), s = in(reg) sc,
+        c00 = in(reg) c_ptr(0, 0), c01 = in(reg) c_ptr(0, 16), s = in(reg) sc,
         options(nostack),
     );
+    if nb > 16 {
+        core::arch::asm!(
+            "tilestored [{c10} + {s}*1], tmm2",
+            "tilestored [{c11} + {s}*1], tmm3",
+            c10 = in(reg) c_ptr(16, 0), c11 = in(reg) c_ptr(16, 16), s = in(reg) sc,
+            options(nostack),
+        );
+    }
 }

@@ -1,5 +1,5 @@
 //! Mixed-precision FC passes: forward and backward-data with bf16 operands
-//! on the bf16 BRGEMM (AMX tiles where the blocks are multiples of 32, else
+//! on the bf16 BRGEMM (AMX tiles where the blocks bk and bc are multiples of 32, else
 //! AVX512-BF16, else the reference), f32 accumulation and f32 outputs.
 //!
 //! The f32 weights stay the master copy (the optimizer updates them); each
