@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- conv [--quick] [--layer NAME]
 //! cargo run --release --example bench -- lstm [--quick]
 //! cargo run --release --example bench -- loops
+//! cargo run --release --example bench -- resnet50 [--quick] [--batch B] [--dtype bf16] [--layers] [--fusion] [--unfused]
 //! cargo run --release --features cuda --example bench -- gpu [--device cuda|opencl] [--quick]
 //! cargo build --release --features mpi --example bench
 //! mpirun -np R target/release/examples/bench mpi
@@ -64,10 +65,16 @@ struct Opts {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The benches to run: the words that are neither options nor the value
+    // of an option that takes one.
+    const VALUED: [&str; 4] = ["--layer", "--batch", "--dtype", "--device"];
     let what: Vec<&str> = args
         .iter()
-        .map(|s| s.as_str())
-        .filter(|s| !s.starts_with("--"))
+        .enumerate()
+        .filter(|(i, s)| {
+            !s.starts_with("--") && (*i == 0 || !VALUED.contains(&args[i - 1].as_str()))
+        })
+        .map(|(_, s)| s.as_str())
         .collect();
     let opts = Opts {
         quick: args.iter().any(|a| a == "--quick"),
@@ -103,7 +110,6 @@ fn main() {
                 eprintln!("bench gpu needs --features cuda (or opencl)");
                 std::process::exit(2);
             }
-            "cuda" | "opencl" => {}
             other => {
                 eprintln!(
                     "unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, resnet50, mpi, gpu"
@@ -480,8 +486,94 @@ fn bench_conv(o: &Opts) {
                 conv.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
             });
             line("upd", &t.upd.spec, &m, sp);
+            bench_conv_bf16(
+                &conv,
+                &pool,
+                &probe,
+                samples,
+                &x,
+                &wf,
+                &dz,
+                &|pass, gf, extra| {
+                    println!(
+                        r#"{{"bench":"conv","pass":"{pass}","dtype":"bf16","layer":"{name}","n":{n},"c":{c},"k":{k},"h":{h},"w":{w},"r":{r},"s":{s},"stride":{stride},"bc":{},"bk":{},"bq":{},"threads":{threads},"gflops":{gf:.1},{extra}}}"#,
+                        t.bc, t.bk, t.bq
+                    )
+                },
+            );
         }
     }
+}
+
+/// The bf16 forward and backward-data of `conv` (where it can run them),
+/// each timed alternately with its f32 pass in this process: `vs_f32` is the
+/// ratio of the medians, `gflops_with_convert` counts rounding the input
+/// (and for forward packing the filter, which a training step does once per
+/// step) as part of the pass.
+#[allow(clippy::too_many_arguments)]
+fn bench_conv_bf16(
+    conv: &brgemm_primitives::Conv,
+    pool: &Pool,
+    probe: &Probes,
+    samples: usize,
+    x: &brgemm_primitives::Tensor4,
+    wf: &brgemm_primitives::Filter,
+    dz: &brgemm_primitives::Tensor4,
+    line: &dyn Fn(&str, f64, String),
+) {
+    use brgemm::bf16::bf16;
+    use brgemm_primitives::conv::ConvBf16;
+    use brgemm_primitives::fc_bf16::to_bf16;
+    let Ok(cb) = ConvBf16::new(conv) else {
+        return;
+    };
+    let buf = || brgemm::AlignedVec::<bf16>::new(brgemm::buffer::ALIGN);
+    let (mut xb, mut dzb, mut wv, mut wtv) = (buf(), buf(), buf(), buf());
+    to_bf16(pool, x.data(), &mut xb);
+    to_bf16(pool, dz.data(), &mut dzb);
+    cb.pack_filter(pool, wf, &mut wv, &mut wtv).unwrap();
+    let bias = vec![0.1f32; conv.padded_k()];
+    let (mut y, mut dx, mut wt) = (conv.y_tensor(), conv.x_tensor(), conv.filter_t());
+    conv.transpose_filter(pool, wf, &mut wt).unwrap();
+    let flops = conv.flops();
+    let isa = cb.isa().name();
+    let time = |f: &mut dyn FnMut()| measure_pool(f, pool, probe, samples).secs;
+    // Seconds of f32, bf16, bf16 with conversions, f32 again: the f32
+    // figure is the mean of the two around the bf16 ones.
+    let report = |pass: &str, [f0, b, bc, f1]: [f64; 4]| {
+        let f = (f0 + f1) / 2.0;
+        line(
+            pass,
+            flops / b / 1e9,
+            format!(
+                r#""isa":"{isa}","gflops_with_convert":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_convert":{:.2}"#,
+                flops / bc / 1e9,
+                flops / f / 1e9,
+                f / b,
+                f / bc
+            ),
+        )
+    };
+    let f0 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
+    let b = time(&mut || cb.forward(pool, conv, &xb, &wv, &bias, &mut y).unwrap());
+    let bc = time(&mut || {
+        to_bf16(pool, x.data(), &mut xb);
+        cb.pack_filter(pool, wf, &mut wv, &mut wtv).unwrap();
+        cb.forward(pool, conv, &xb, &wv, &bias, &mut y).unwrap()
+    });
+    let f1 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
+    report("fwd", [f0, b, bc, f1]);
+    if !cb.has_backward_data() {
+        return;
+    }
+    let f0 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
+    let b = time(&mut || cb.backward_data(pool, conv, &dzb, &wtv, &mut dx).unwrap());
+    let bc = time(&mut || {
+        to_bf16(pool, dz.data(), &mut dzb);
+        cb.backward_data(pool, conv, &dzb, &wtv, &mut dx).unwrap()
+    });
+    let f1 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
+    report("bwd", [f0, b, bc, f1]);
 }
 
 /// For a line on more than one thread: the speed-up over one thread,
@@ -850,7 +942,8 @@ fn bench_brgemm_bf16(o: &Opts) {
 /// backward-data and backward-weights, less the first convolution's
 /// backward-data (not needed). `--layers` adds a per-node time table,
 /// `--fusion` the step with and without the graph's fusions; `--unfused`
-/// measures the graph built without them.
+/// measures the graph built without them; `--dtype bf16` adds the mixed
+/// precision step (`Graph::set_bf16`), timed between two f32 steps.
 fn bench_resnet50(o: &Opts, args: &[String]) {
     use brgemm_dl::nn::{models, Mode, Tensor};
     use brgemm_primitives::optim::Optimizer;
@@ -870,6 +963,7 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
     let fwd: f64 = layers.iter().map(|(_, f)| f).sum();
     let train_flops = 3.0 * fwd - layers[0].1;
     let per_layer = args.iter().any(|a| a == "--layers");
+    let bf16 = args.windows(2).any(|w| w[0] == "--dtype" && w[1] == "bf16");
     let mut x = Tensor::zeros(g.input_shape());
     fill(x.data_mut(), 7, 1.0);
     let labels: Vec<usize> = (0..batch).map(|i| (i * 37) % 1000).collect();
@@ -905,6 +999,44 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
         );
         if per_layer {
             resnet50_layers(&mut g, &pool, &x, &labels, &opt, threads);
+        }
+        if bf16 {
+            // f32, bf16, f32 again: the bf16 step against the mean of the
+            // two f32 steps around it, in this process.
+            let step = |g: &mut brgemm_dl::nn::Graph| {
+                measure_pool(
+                    || {
+                        g.train_step(&pool, &x, &labels, &opt).expect("train step");
+                    },
+                    &pool,
+                    &probe,
+                    samples,
+                )
+                .secs
+            };
+            let f0 = step(&mut g);
+            let layers = g.set_bf16(true).expect("bf16");
+            let b = step(&mut g);
+            let bi = measure_pool(
+                || {
+                    g.forward(&pool, &x, Mode::Eval).expect("inference");
+                },
+                &pool,
+                &probe,
+                samples,
+            )
+            .secs;
+            g.set_bf16(false).expect("f32");
+            let f1 = step(&mut g);
+            let f = (f0 + f1) / 2.0;
+            println!(
+                r#"{{"bench":"resnet50","dtype":"bf16","batch":{batch},"threads":{threads},"bf16_layers":{layers},"train_images_per_s":{:.2},"infer_images_per_s":{:.2},"train_gflops":{:.1},"f32_train_images_per_s":{:.2},"train_vs_f32":{:.2}}}"#,
+                batch as f64 / b,
+                batch as f64 / bi,
+                train_flops / b / 1e9,
+                batch as f64 / f,
+                f / b
+            );
         }
     }
     if args.iter().any(|a| a == "--fusion") {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release --example train_cnn [-- --data DIR --epochs N --batch B --lr LR
-//!     --save FILE --load FILE --batchnorm --dropout P --train-limit N --seed S]
+//!     --save FILE --load FILE --batchnorm --dropout P --train-limit N --seed S --dtype f32|bf16]
 //! ```
 //!
 //! Data: the IDX files of Fashion-MNIST (Xiao, Rasul and Vollgraf 2017, MIT
@@ -19,7 +19,7 @@ use brgemm_primitives::optim::Optimizer;
 mod cli;
 
 const USAGE: &str = "train_cnn: a small CNN on Fashion-MNIST\n\
-    usage: train_cnn [--data DIR --epochs N --batch B --lr LR --batchnorm --dropout P --train-limit N --seed S]";
+    usage: train_cnn [--data DIR --epochs N --batch B --lr LR --batchnorm --dropout P --train-limit N --seed S --dtype f32|bf16]";
 
 fn main() {
     let args = cli::parse(
@@ -28,6 +28,11 @@ fn main() {
             cli::flag("batchnorm", "batch normalisation after each convolution"),
             cli::value("dropout", "P", "dropout before the FC head, in [0, 1)"),
             cli::value("train-limit", "N", "train on the first N images only"),
+            cli::value(
+                "dtype",
+                "T",
+                "f32 or bf16 (bf16 operands where they beat f32 here, f32 master weights)",
+            ),
         ],
     );
     let mut cfg = train_cnn::CnnConfig::default();
@@ -37,6 +42,12 @@ fn main() {
     cfg.dropout = args.get_or("dropout", cfg.dropout);
     cfg.optimizer = Optimizer::adam(args.lr(1e-3));
     cfg.check_finite = !args.flag("no-finite-check");
+    let dtype: String = args.get_or("dtype", "f32".to_string());
+    cfg.bf16 = match dtype.as_str() {
+        "f32" => false,
+        "bf16" => true,
+        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
+    };
     let bn = args.flag("batchnorm");
     for s in &mut cfg.stages {
         s.batchnorm = bn;
@@ -59,7 +70,7 @@ fn main() {
     }
     let pool = cli::pool();
     println!(
-        "fashion-mnist: {} train / {} test images of {:?}; CNN {:?}, FC {:?} -> {}, batchnorm {bn}, dropout {}; batch {}, {} thread(s)",
+        "fashion-mnist: {} train / {} test images of {:?}; CNN {:?}, FC {:?} -> {}, batchnorm {bn}, dropout {}; batch {}, {} thread(s), {dtype}",
         tr.data.len(),
         te.data.len(),
         tr.dims,
@@ -74,13 +85,17 @@ fn main() {
         || train_cnn::build(&cfg, &tr),
         |g| train_cnn::check_fits(g, &tr),
     );
-    let (model, last) = cli::train_or_evaluate(
+    let (mut model, last) = cli::train_or_evaluate(
         "images",
         cfg.epochs,
         model,
         |m| train_cnn::accuracy(m, pool, &te),
         |m, report| train_cnn::train_model(&cfg, pool, m, &tr, &te, report),
     );
+    if cfg.bf16 {
+        let n = model.set_bf16(true).expect("bf16 was on during training");
+        println!("layers in bf16: {n} (the others stay f32: odd channel blocks, or no bf16 kernel faster than f32 here)");
+    }
     cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
 }

@@ -30,6 +30,10 @@ pub struct CnnConfig {
     /// Stop when a step's loss or gradient norm is not finite (default;
     /// see [`crate::train::TrainConfig::check_finite`]).
     pub check_finite: bool,
+    /// Mixed precision: bf16 operands in forward and backward-data of the
+    /// layers where bf16 beats f32 on this CPU ([`Graph::set_bf16`]), f32
+    /// master weights, optimizer and loss.
+    pub bf16: bool,
 }
 
 impl Default for CnnConfig {
@@ -51,6 +55,7 @@ impl Default for CnnConfig {
             optimizer: Optimizer::adam(1e-3),
             seed: 1,
             check_finite: true,
+            bf16: false,
         }
     }
 }
@@ -84,7 +89,8 @@ pub fn train(
 /// [`train`] from a given network (e.g. one with loaded values, to resume):
 /// [`crate::fit::fit`] with `cfg`'s epochs, optimizer, seed and guard, in
 /// whole minibatches (the last partial one is left out: batch-norm
-/// statistics need a full batch); `cfg`'s architecture fields are not used.
+/// statistics need a full batch); `cfg`'s architecture fields are not used;
+/// the model's precision follows `cfg.bf16`.
 pub fn train_model(
     cfg: &CnnConfig,
     pool: &Pool,
@@ -93,6 +99,7 @@ pub fn train_model(
     test: &ImageSet,
     report: impl FnMut(&EpochReport),
 ) -> Result<Graph> {
+    model.set_bf16(cfg.bf16)?;
     let fit_cfg = FitConfig {
         epochs: cfg.epochs,
         optimizer: cfg.optimizer,

@@ -41,6 +41,34 @@ fn short_cnn_run_on_a_subset_reaches_80_percent() {
     assert!(acc >= 0.80, "test accuracy {acc}");
 }
 
+/// Mixed precision (`--dtype bf16`) on the same seeds ends within one
+/// point of f32 (the convolutions run bf16 where AMX is, the linear
+/// layers everywhere).
+#[test]
+fn bf16_cnn_run_is_within_a_point_of_f32() {
+    let Some((mut tr, mut te)) = load() else {
+        return;
+    };
+    tr.data = tr.data.subset(&(0..6400).collect::<Vec<_>>());
+    te.data = te.data.subset(&(0..2000).collect::<Vec<_>>());
+    let pool = Pool::new(2).unwrap();
+    let acc = |bf16| {
+        let cfg = train_cnn::CnnConfig {
+            epochs: 1,
+            bf16,
+            ..Default::default()
+        };
+        let mut acc = 0.0;
+        train_cnn::train(&cfg, &pool, &tr, &te, |r| acc = r.test_accuracy).unwrap();
+        acc
+    };
+    let (a32, a16) = (acc(false), acc(true));
+    assert!(
+        (a32 - a16).abs() <= 0.01 && a16 >= 0.80,
+        "f32 {a32}, bf16 {a16}"
+    );
+}
+
 #[test]
 fn batchnorm_and_dropout_variant_trains() {
     let Some((mut tr, mut te)) = load() else {

@@ -405,8 +405,9 @@ impl Bf16Plan {
     }
 }
 
-/// alpha, beta, bias and activation on a block of C. With `acc`, C = alpha*acc
-/// (+ C if beta = 1); without, the block already holds the (beta-applied) sum.
+/// alpha, beta, bias and activation on a block of C after the AMX kernel.
+/// With `acc`, C = alpha*acc (+ C if beta = 1); without, the block already
+/// holds the (beta-applied) sum.
 #[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 unsafe fn epilogue(
@@ -423,6 +424,13 @@ unsafe fn epilogue(
     if acc.is_none() && bias.is_null() && act == Activation::Identity {
         return;
     }
+    if acc.is_none() && matches!(act, Activation::Identity | Activation::Relu) {
+        // Only the AMX kernel calls this, and every CPU with AMX has AVX-512.
+        #[cfg(target_arch = "x86_64")]
+        return bias_relu_avx512(cb, ldc, m0, rows, cols, bias, act == Activation::Relu);
+        #[cfg(not(target_arch = "x86_64"))]
+        return bias_relu(cb, ldc, m0, rows, cols, bias, act == Activation::Relu);
+    }
     for j in 0..cols {
         let col = std::slice::from_raw_parts_mut(cb.add(j * ldc), rows);
         for (r, x) in col.iter_mut().enumerate() {
@@ -436,4 +444,52 @@ unsafe fn epilogue(
             *x = act.apply(v);
         }
     }
+}
+
+/// Bias and ReLU (or bias alone, or ReLU alone) on a block of C, in plain
+/// loops that vectorise: an element-wise match per value cost more than the
+/// AMX block itself on short reductions (pointwise convolutions).
+#[inline(always)]
+unsafe fn bias_relu(
+    cb: *mut f32,
+    ldc: usize,
+    m0: usize,
+    rows: usize,
+    cols: usize,
+    bias: *const f32,
+    relu: bool,
+) {
+    let b = (!bias.is_null()).then(|| std::slice::from_raw_parts(bias.add(m0), rows));
+    for j in 0..cols {
+        let col = std::slice::from_raw_parts_mut(cb.add(j * ldc), rows);
+        match (b, relu) {
+            (Some(b), true) => col.iter_mut().zip(b).for_each(|(x, b)| {
+                let v = *x + b;
+                // NaN stays NaN, as `Activation::apply` has it.
+                *x = if v < 0.0 { 0.0 } else { v };
+            }),
+            (Some(b), false) => col.iter_mut().zip(b).for_each(|(x, b)| *x += b),
+            (None, _) => col.iter_mut().for_each(|x| {
+                *x = if *x < 0.0 { 0.0 } else { *x };
+            }),
+        }
+    }
+}
+
+/// [`bias_relu`] compiled for AVX-512 (16 lanes instead of SSE's 4).
+///
+/// # Safety
+/// As [`bias_relu`], on a CPU with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn bias_relu_avx512(
+    cb: *mut f32,
+    ldc: usize,
+    m0: usize,
+    rows: usize,
+    cols: usize,
+    bias: *const f32,
+    relu: bool,
+) {
+    bias_relu(cb, ldc, m0, rows, cols, bias, relu)
 }

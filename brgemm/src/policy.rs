@@ -53,6 +53,10 @@ pub struct Policy {
     /// The bf16 kernels in order of preference where supported (AMX also
     /// needs every dimension a multiple of 32).
     pub bf16_order: [Bf16Isa; 3],
+    /// Whether AVX512-BF16 runs a bf16 pass faster than the f32 pass on
+    /// the same shape: the layers run bf16 only on AMX or where this holds
+    /// (else they stay f32).
+    pub avx512bf16_beats_f32: bool,
     /// Reduction blocks per call where a pass's default order splits a
     /// long reduction and runs it outermost.
     pub split_chunk: usize,
@@ -73,6 +77,7 @@ impl Policy {
         bf16_prefetch_from: Some(256 << 10),
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
+        avx512bf16_beats_f32: false,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
@@ -86,6 +91,7 @@ impl Policy {
         bf16_prefetch_from: None,
         single_pair_tile: None,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
+        avx512bf16_beats_f32: false,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
@@ -106,6 +112,17 @@ impl Policy {
     pub fn single_pair_tile(&self) -> Option<RegisterTile> {
         self.single_pair_tile
             .filter(|_| Isa::selected() == Ok(Isa::Avx512))
+    }
+
+    /// Whether a pass on the bf16 kernel `isa` beats the f32 pass of the
+    /// same shape on this core (AMX: always; AVX512-BF16: as measured; the
+    /// f32 kernel on widened inputs and the reference: never).
+    pub fn bf16_beats_f32(&self, isa: Bf16Isa) -> bool {
+        match isa {
+            Bf16Isa::Amx => true,
+            Bf16Isa::Avx512Bf16 => self.avx512bf16_beats_f32,
+            Bf16Isa::Fp32 | Bf16Isa::Reference => false,
+        }
     }
 
     /// [`Prefetch::NextPair`] when `cond`, else [`Prefetch::None`].

@@ -1,5 +1,9 @@
 //! Convolution passes against a naive f64 convolution in plain NCHW/KCRS.
 
+use brgemm::bf16::{bf16, Bf16Isa};
+use brgemm::AlignedVec;
+use brgemm_primitives::conv::ConvBf16;
+use brgemm_primitives::fc_bf16::{round_bf16, to_bf16};
 use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
 use proptest::prelude::*;
@@ -339,6 +343,110 @@ fn bad_shapes_and_buffers_are_errors() {
     assert!(e.contains("Gelu"), "{e}");
 }
 
+fn rounded(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| round_bf16(*x).to_f32()).collect()
+}
+
+/// The bf16 forward and backward-data of `conv` against the f64 reference
+/// on the bf16-rounded operands; returns the kernel they ran on.
+fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16Isa {
+    let conv = Conv::with_tuning(p, act, t).unwrap();
+    let cb = ConvBf16::new(&conv).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let xs = data(p.n * p.c * p.h * p.w, seed);
+    let ws = data(p.k * p.c * p.r * p.s, seed + 1);
+    let bs = data(p.k, seed + 2);
+    let dys = data(p.n * p.k * p.p() * p.q(), seed + 3);
+    let tn = conv.tuning().clone();
+    let buf = || AlignedVec::<bf16>::new(brgemm::buffer::ALIGN);
+    let (mut xb, mut dzb, mut wv, mut wtv) = (buf(), buf(), buf(), buf());
+    let x = Tensor4::from_nchw(&xs, p.n, p.c, p.h, p.w, tn.bc).unwrap();
+    to_bf16(&pool, x.data(), &mut xb);
+    let w = Filter::from_kcrs(&ws, (p.k, p.c, p.r, p.s), tn.bk, tn.bc).unwrap();
+    cb.pack_filter(&pool, &w, &mut wv, &mut wtv).unwrap();
+    let mut bias = vec![0.0; conv.padded_k()];
+    bias[..p.k].copy_from_slice(&bs);
+    let mut y = conv.y_tensor();
+    y.data_mut().fill(f32::NAN);
+    cb.forward(&pool, &conv, &xb, &wv, &bias, &mut y).unwrap();
+    let want = naive(&p, &rounded(&xs), &rounded(&ws), &bs, &rounded(&dys));
+    let act_want: Vec<f64> = want.y.iter().map(|v| act.apply(*v as f32) as f64).collect();
+    let isa = cb.isa();
+    let what = format!("bf16 Y ({isa:?}, {p:?})");
+    close(&what, &y.to_nchw(), &act_want, (p.c * p.r * p.s) as f64);
+    assert_eq!(
+        cb.has_backward_data(),
+        conv.backward_data_form() == "gather"
+    );
+    let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
+    to_bf16(&pool, dz.data(), &mut dzb);
+    let mut dx = conv.x_tensor();
+    dx.data_mut().fill(f32::NAN);
+    match cb.backward_data(&pool, &conv, &dzb, &wtv, &mut dx) {
+        Ok(()) => close(
+            &format!("bf16 dX ({isa:?}, {p:?})"),
+            &dx.to_nchw(),
+            &want.dx,
+            (p.k * p.r * p.s) as f64,
+        ),
+        Err(e) => {
+            assert!(!cb.has_backward_data());
+            assert!(e.to_string().contains("stride"), "{e}");
+        }
+    }
+    isa
+}
+
+/// bf16 passes on ResNet-like layers with 32-channel blocks (AMX where the
+/// CPU has it: pixel runs of 7, 14 and 28 are the kernel's column tails),
+/// padding, strides, dilation and a channel count off the block.
+#[test]
+fn bf16_passes_match_the_reference_on_rounded_operands() {
+    for (p, act) in [
+        (
+            ConvParams::new(2, 64, 64, 14, 14, 3, 3).pad(1),
+            Activation::Relu,
+        ),
+        (ConvParams::new(2, 64, 96, 7, 7, 1, 1), Activation::Identity),
+        (
+            ConvParams::new(1, 32, 64, 28, 28, 3, 3).stride(2).pad(1),
+            Activation::Relu,
+        ),
+        (
+            ConvParams::new(1, 32, 32, 9, 12, 3, 3).dilation(2).pad(2),
+            Activation::Sigmoid,
+        ),
+        (
+            ConvParams::new(2, 40, 50, 6, 5, 3, 3).pad(1),
+            Activation::Tanh,
+        ),
+    ] {
+        let mut t = ConvTuning::heuristic(&p);
+        t.bc = 32;
+        t.bk = 32;
+        let isa = check_bf16(p, t, act, 5);
+        if Bf16Isa::Amx.is_supported() && std::env::var_os("BRGEMM_BF16_ISA").is_none() {
+            assert_eq!(isa, Bf16Isa::Amx, "{p:?}");
+        }
+    }
+    // The heuristic's own blocking on small images (the nn tests' shapes).
+    for p in [
+        ConvParams::new(4, 32, 64, 8, 8, 3, 3).pad(1),
+        ConvParams::new(4, 64, 64, 8, 8, 3, 3).pad(1),
+    ] {
+        check_bf16(p, ConvTuning::heuristic(&p), Activation::Relu, 9);
+    }
+    // Odd channel blocks cannot pair: an error naming the block.
+    let p = ConvParams::new(1, 6, 6, 5, 5, 3, 3);
+    let mut t = ConvTuning::heuristic(&p);
+    t.bc = 3;
+    let e = ConvBf16::new(&Conv::with_tuning(p, Activation::Relu, t).unwrap())
+        .err()
+        .expect("odd bc refused")
+        .to_string();
+    assert!(e.contains("bc") && e.contains('3'), "{e}");
+}
+
 /// Any geometry, each axis with its own filter size, stride, padding and
 /// dilation.
 fn arb_params() -> impl Strategy<Value = ConvParams> {
@@ -376,5 +484,22 @@ proptest! {
         t.bk = bk;
         t.bq = bq;
         check(p, t, Activation::Relu, seed);
+    }
+
+    /// bf16 passes, any geometry, small even blocks (kernels other than
+    /// AMX) and tails.
+    #[test]
+    fn bf16_any_shape_matches_the_reference(
+        p in arb_params(),
+        bc in 1usize..4,
+        bk in 1usize..4,
+        bq in 1usize..9,
+        seed in 0u64..1000,
+    ) {
+        let mut t = ConvTuning::heuristic(&p);
+        t.bc = 2 * bc;
+        t.bk = 2 * bk;
+        t.bq = bq;
+        check_bf16(p, t, Activation::Relu, seed);
     }
 }

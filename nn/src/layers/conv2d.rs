@@ -2,11 +2,13 @@
 //! [`brgemm_primitives::Conv`]: per-axis stride, padding and dilation, and
 //! grouped (down to depthwise) convolution as one primitive per group.
 
-use super::{expect_values, need_training, State};
+use super::{expect_values, need_training, Bf16Operands, State};
 use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{channels_from_nchw, channels_to_nchw, Buf, Shape, Tensor};
 use brgemm::Activation;
+use brgemm_primitives::conv::ConvBf16;
+use brgemm_primitives::fc_bf16::to_bf16;
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Conv, ConvParams, Filter, Pool};
 
@@ -30,6 +32,8 @@ pub struct Conv2d {
     dil: (usize, usize),
     groups: usize,
     act: Activation,
+    /// Mixed precision asked for ([`Layer::set_bf16`]).
+    bf16: bool,
     /// The weights and bias in PyTorch's order until built; then one plan
     /// per group.
     state: State<Vec<Plan>>,
@@ -45,8 +49,30 @@ struct Fold {
     bias: Vec<f32>,
 }
 
+/// The bf16 side of mixed precision: the passes and their operands.
+struct Bf16Side {
+    conv: ConvBf16,
+    ops: Bf16Operands,
+}
+
+impl Bf16Side {
+    /// The bf16 passes of `conv` where they beat its f32 ones on this CPU
+    /// (AMX, or a bf16 kernel the CPU policy measured faster than f32);
+    /// None where they do not, or where the blocks cannot pair.
+    fn new(conv: &Conv) -> Option<Bf16Side> {
+        let cb = ConvBf16::new(conv).ok()?;
+        let pays = brgemm::policy().is_ok_and(|p| p.bf16_beats_f32(cb.isa()));
+        pays.then(|| Bf16Side {
+            conv: cb,
+            ops: Bf16Operands::new(),
+        })
+    }
+}
+
 struct Plan {
     conv: Conv,
+    /// Mixed precision, where on and paying.
+    bf: Option<Bf16Side>,
     w: Filter,
     wt: Filter,
     bias: Vec<f32>,
@@ -94,6 +120,7 @@ impl Conv2d {
             dil: (1, 1),
             groups: 1,
             act,
+            bf16: false,
             state: State::Plain(Vec::new(), vec![0.0; out_c]),
             fold: None,
         };
@@ -208,9 +235,19 @@ impl Conv2d {
                 &p.dz
             };
             if data {
-                p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
                 let dx = p.dx.get_mut(p.input, bc)?;
-                p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
+                match &mut p.bf {
+                    // The filter was packed for both passes by the forward.
+                    Some(b) if b.conv.has_backward_data() => {
+                        let o = &mut b.ops;
+                        to_bf16(pool, dz.get().data(), &mut o.dzb);
+                        b.conv.backward_data(pool, &p.conv, &o.dzb, &o.wtv, dx)?;
+                    }
+                    _ => {
+                        p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
+                        p.conv.backward_data(pool, dz.get(), &p.wt, dx)?;
+                    }
+                }
                 if let Some(out) = &mut dx_plain {
                     channels_to_nchw(dx, c_all, j * p.input.c, out);
                 }
@@ -295,6 +332,7 @@ impl Layer for Conv2d {
             let mut bias = vec![0.0; conv.padded_k()];
             bias[..kg].copy_from_slice(&b0[j * kg..][..kg]);
             plans.push(Plan {
+                bf: self.bf16.then(|| Bf16Side::new(&conv)).flatten(),
                 wt: conv.filter_t(),
                 dw: conv.filter(),
                 db: vec![0.0; conv.padded_k()],
@@ -329,9 +367,18 @@ impl Layer for Conv2d {
                 channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
             }
             let y = p.y.get_mut(p.output, bk)?;
-            match &self.fold {
-                Some(f) if mode == Mode::Eval => {
+            match (&self.fold, &mut p.bf) {
+                (Some(f), _) if mode == Mode::Eval => {
                     f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?
+                }
+                (_, Some(b)) => {
+                    let o = &mut b.ops;
+                    if !o.packed {
+                        b.conv.pack_filter(pool, &p.w, &mut o.wv, &mut o.wtv)?;
+                        o.packed = true;
+                    }
+                    to_bf16(pool, p.x.get().data(), &mut o.xb);
+                    b.conv.forward(pool, &p.conv, &o.xb, &o.wv, &p.bias, y)?;
                 }
                 _ => p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?,
             }
@@ -423,11 +470,27 @@ impl Layer for Conv2d {
             .map_or(0.0, |ps| ps.iter().map(|p| p.conv.flops()).sum())
     }
 
+    fn set_bf16(&mut self, on: bool) -> Result<bool> {
+        self.bf16 = on;
+        let ps = match &mut self.state {
+            State::Built(ps) => ps,
+            State::Plain(..) => return Ok(false),
+        };
+        for p in ps.iter_mut() {
+            p.bf = on.then(|| Bf16Side::new(&p.conv)).flatten();
+        }
+        Ok(ps.iter().any(|p| p.bf.is_some()))
+    }
+
     fn params(&mut self) -> Vec<Param<'_>> {
         match &mut self.state {
             State::Built(ps) => ps
                 .iter_mut()
                 .flat_map(|p| {
+                    // The caller may write them: the bf16 copies repack.
+                    if let Some(b) = &mut p.bf {
+                        b.ops.packed = false;
+                    }
                     [
                         Param {
                             name: "weight",

@@ -8,12 +8,12 @@
 //! next linear layer reads as it is when their blockings agree (an MLP's
 //! layers pass buffers, not copies, as the fixed template does).
 
-use super::{expect_values, need_training, weight_and_bias, State};
+use super::{expect_values, need_training, weight_and_bias, Bf16Operands, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{same_layout, Buf, RowBuf, Shape, Tensor};
-use brgemm::bf16::{bf16, Bf16Isa};
-use brgemm::{Activation, AlignedVec};
+use brgemm::bf16::Bf16Isa;
+use brgemm::Activation;
 use brgemm_primitives::eltwise::{flatten, unflatten};
 use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
@@ -33,30 +33,17 @@ pub struct Linear {
     state: State<Plan>,
 }
 
-/// The bf16 side of mixed precision: the passes, bf16 copies of the
-/// weights (forward and transposed) packed from the f32 masters, and the
-/// bf16 operands of the step.
+/// The bf16 side of mixed precision: the passes and their operands.
 struct Bf16Side {
     fc: FcBf16,
-    wv: AlignedVec<bf16>,
-    wtv: AlignedVec<bf16>,
-    xb: AlignedVec<bf16>,
-    dzb: AlignedVec<bf16>,
-    /// Whether `wv`/`wtv` hold the current weights (reset whenever the
-    /// parameters are handed out for writing).
-    packed: bool,
+    ops: Bf16Operands,
 }
 
 impl Bf16Side {
     fn new(fc: &Fc) -> brgemm_primitives::Result<Bf16Side> {
-        let buf = || AlignedVec::new(brgemm::buffer::ALIGN);
         Ok(Bf16Side {
             fc: FcBf16::new(fc)?,
-            wv: buf(),
-            wtv: buf(),
-            xb: buf(),
-            dzb: buf(),
-            packed: false,
+            ops: Bf16Operands::new(),
         })
     }
 }
@@ -185,7 +172,7 @@ impl Linear {
                 p.w.set_plain(w)?;
                 p.bias[..b.len()].copy_from_slice(b);
                 if let Some(bf) = &mut p.bf {
-                    bf.packed = false;
+                    bf.ops.packed = false;
                 }
             }
             State::Plain(..) => self.state = State::Plain(w.to_vec(), b.to_vec()),
@@ -282,12 +269,13 @@ impl Layer for Linear {
         let y = p.y.get_mut(&p.y_like)?;
         match &mut p.bf {
             Some(b) => {
-                if !b.packed {
-                    b.fc.pack_weights(pool, &p.w, &mut b.wv, &mut b.wtv)?;
-                    b.packed = true;
+                let o = &mut b.ops;
+                if !o.packed {
+                    b.fc.pack_weights(pool, &p.w, &mut o.wv, &mut o.wtv)?;
+                    o.packed = true;
                 }
-                to_bf16(pool, p.x.get().data(), &mut b.xb);
-                b.fc.forward(pool, &b.xb, &b.wv, &p.bias, y)?;
+                to_bf16(pool, p.x.get().data(), &mut o.xb);
+                b.fc.forward(pool, &o.xb, &o.wv, &p.bias, y)?;
             }
             None => {
                 // The pre-activation only where its gradient needs it (GELU).
@@ -309,8 +297,8 @@ impl Layer for Linear {
         match &mut p.bf {
             // The transposed weights were packed with the forward's.
             Some(b) => {
-                to_bf16(pool, p.dz.data(), &mut b.dzb);
-                b.fc.backward_data(pool, &b.dzb, &b.wtv, dx)?;
+                to_bf16(pool, p.dz.data(), &mut b.ops.dzb);
+                b.fc.backward_data(pool, &b.ops.dzb, &b.ops.wtv, dx)?;
             }
             None => {
                 p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
@@ -362,7 +350,7 @@ impl Layer for Linear {
             State::Built(p) => {
                 // The caller may write them: the bf16 copies repack.
                 if let Some(b) = &mut p.bf {
-                    b.packed = false;
+                    b.ops.packed = false;
                 }
                 weight_and_bias(p.w.data_mut(), p.dw.data_mut(), &mut p.bias, &mut p.db)
             }

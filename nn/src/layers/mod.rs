@@ -16,6 +16,34 @@ pub use simple::{Dropout, Flatten, GlobalAvgPool, Relu};
 
 use crate::error::{Error, Result};
 use crate::layer::Param;
+use brgemm::bf16::bf16;
+use brgemm::AlignedVec;
+
+/// The bf16 operands of a layer's mixed-precision passes: its weights
+/// packed from the f32 masters for forward (`wv`) and backward-data
+/// (`wtv`), and the step's input (`xb`) and output gradient (`dzb`) rounded.
+pub(crate) struct Bf16Operands {
+    pub(crate) wv: AlignedVec<bf16>,
+    pub(crate) wtv: AlignedVec<bf16>,
+    pub(crate) xb: AlignedVec<bf16>,
+    pub(crate) dzb: AlignedVec<bf16>,
+    /// Whether `wv`/`wtv` hold the current weights (reset whenever the
+    /// parameters are handed out for writing).
+    pub(crate) packed: bool,
+}
+
+impl Bf16Operands {
+    pub(crate) fn new() -> Bf16Operands {
+        let buf = || AlignedVec::new(brgemm::buffer::ALIGN);
+        Bf16Operands {
+            wv: buf(),
+            wtv: buf(),
+            xb: buf(),
+            dzb: buf(),
+            packed: false,
+        }
+    }
+}
 
 /// A layer's weights and bias: plain, in PyTorch's order, until a graph
 /// builds the layer; then inside its plan, in the primitive's layout.

@@ -498,16 +498,16 @@ pub(crate) fn check_shape(what: &str, b: &Blocked, want: Shape) -> crate::Result
 /// A raw pointer that may cross threads: each thread of a loop nest writes
 /// only the blocks its indices own.
 #[derive(Clone, Copy)]
-pub(crate) struct SyncPtr(pub *mut f32);
+pub(crate) struct SyncPtr<T = f32>(pub *mut T);
 // SAFETY: used only to hand disjoint blocks to the threads of one nest.
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
 
-impl SyncPtr {
+impl<T> SyncPtr<T> {
     /// The pointer. A method, so closures capture the whole `SyncPtr`
     /// (edition-2021 closures would capture the bare field, which is not Sync).
     #[inline(always)]
-    pub(crate) fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -2,6 +2,7 @@
 //! on, blocked layouts and tensors with their typed block addressing, what
 //! every pass's plan shares, and the vectorised element-wise helpers.
 
+pub mod bf16;
 pub mod layout;
 pub mod loops;
 pub(crate) mod math;

@@ -13,24 +13,24 @@ use crate::tensor::{Filter, Tensor4};
 
 /// Read-only addressing: the element offset of block `idx` is `idx . strides`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct View<const D: usize> {
-    base: *const f32,
+pub(crate) struct View<const D: usize, T = f32> {
+    base: *const T,
     strides: [usize; D],
 }
 
 /// Writable addressing, as [`View`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ViewMut<const D: usize> {
-    base: *mut f32,
+pub(crate) struct ViewMut<const D: usize, T = f32> {
+    base: *mut T,
     strides: [usize; D],
 }
 
 // SAFETY: views only compute addresses; the passes that dereference them
 // hand disjoint output blocks to the threads of a nest.
-unsafe impl<const D: usize> Send for View<D> {}
-unsafe impl<const D: usize> Sync for View<D> {}
-unsafe impl<const D: usize> Send for ViewMut<D> {}
-unsafe impl<const D: usize> Sync for ViewMut<D> {}
+unsafe impl<const D: usize, T> Send for View<D, T> {}
+unsafe impl<const D: usize, T> Sync for View<D, T> {}
+unsafe impl<const D: usize, T> Send for ViewMut<D, T> {}
+unsafe impl<const D: usize, T> Sync for ViewMut<D, T> {}
 
 #[inline(always)]
 fn offset<const D: usize>(idx: [usize; D], strides: [usize; D]) -> usize {
@@ -41,9 +41,9 @@ fn offset<const D: usize>(idx: [usize; D], strides: [usize; D]) -> usize {
     off
 }
 
-impl<const D: usize> View<D> {
+impl<const D: usize, T> View<D, T> {
     /// A view of raw storage (a pass's scratch) with these strides.
-    pub(crate) fn new(data: &[f32], strides: [usize; D]) -> Self {
+    pub(crate) fn new(data: &[T], strides: [usize; D]) -> Self {
         View {
             base: data.as_ptr(),
             strides,
@@ -51,26 +51,26 @@ impl<const D: usize> View<D> {
     }
     /// The first element of block `idx`.
     #[inline(always)]
-    pub(crate) fn at(self, idx: [usize; D]) -> *const f32 {
+    pub(crate) fn at(self, idx: [usize; D]) -> *const T {
         self.base.wrapping_add(offset(idx, self.strides))
     }
 }
 
-impl<const D: usize> ViewMut<D> {
+impl<const D: usize, T> ViewMut<D, T> {
     /// A writable view of raw storage with these strides.
-    pub(crate) fn new(data: &mut [f32], strides: [usize; D]) -> Self {
+    pub(crate) fn new(data: &mut [T], strides: [usize; D]) -> Self {
         ViewMut {
             base: data.as_mut_ptr(),
             strides,
         }
     }
     /// A writable view from a raw pointer (a thread's partial sums).
-    pub(crate) fn from_ptr(base: *mut f32, strides: [usize; D]) -> Self {
+    pub(crate) fn from_ptr(base: *mut T, strides: [usize; D]) -> Self {
         ViewMut { base, strides }
     }
     /// The first element of block `idx`.
     #[inline(always)]
-    pub(crate) fn at(self, idx: [usize; D]) -> *mut f32 {
+    pub(crate) fn at(self, idx: [usize; D]) -> *mut T {
         self.base.wrapping_add(offset(idx, self.strides))
     }
     /// The `len` elements from block `idx` on.
@@ -79,7 +79,7 @@ impl<const D: usize> ViewMut<D> {
     /// They must lie inside the viewed storage and no other live reference
     /// may overlap them.
     #[inline(always)]
-    pub(crate) unsafe fn slice<'a>(self, idx: [usize; D], len: usize) -> &'a mut [f32] {
+    pub(crate) unsafe fn slice<'a>(self, idx: [usize; D], len: usize) -> &'a mut [T] {
         std::slice::from_raw_parts_mut(self.at(idx), len)
     }
 }

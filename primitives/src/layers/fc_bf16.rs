@@ -12,6 +12,7 @@
 //! over the whole minibatch, where bf16 inputs would cost accuracy for
 //! little time (it is one of three passes).
 
+use crate::engine::bf16::{pack_vnni, WeightGrid};
 use crate::error::{shape, Result};
 use crate::fc::Fc;
 use crate::layout::{Blocked, SyncPtr};
@@ -39,32 +40,7 @@ pub struct FcBf16 {
     act: Activation,
 }
 
-/// f32 -> bf16, round to nearest even, branch-free so loops vectorise
-/// (`half`'s conversion branches on NaN). NaN stays a quiet NaN; infinities
-/// and overflow to infinity come out as IEEE rounding gives them.
-#[inline(always)]
-pub fn round_bf16(x: f32) -> bf16 {
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
-    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
-    bf16::from_bits(if nan {
-        ((b >> 16) | 0x40) as u16
-    } else {
-        rounded as u16
-    })
-}
-
-/// Rounds `src` to bf16 (nearest even) into `dst`, split over the pool.
-/// `dst` is 64-byte aligned so that the bf16 kernels' tile rows are whole
-/// cache lines (x1.4 on AMX against the 16-byte offset a `Vec` gets).
-pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut AlignedVec<bf16>) {
-    dst.resize(src.len(), bf16::ZERO);
-    pool.for_slices(dst, |lo, out| {
-        for (o, v) in out.iter_mut().zip(&src[lo..]) {
-            *o = round_bf16(*v);
-        }
-    });
-}
+pub use crate::engine::bf16::{round_bf16, to_bf16};
 
 /// Whether the kernels of a pass whose calls each reduce over `red`
 /// elements, with `bn` columns and `bo` rows of output, prefetch the next
@@ -173,58 +149,14 @@ impl FcBf16 {
                 "does not match the layer",
             ));
         }
-        let blk = bc * bk;
-        wv.resize(w.data.len(), bf16::ZERO);
-        wtv.resize(w.data.len(), bf16::ZERO);
-        let (pv, pt) = (wv.as_mut_ptr() as usize, wtv.as_mut_ptr() as usize);
-        thread_local! {
-            static ROUNDED: std::cell::RefCell<AlignedVec<bf16>> =
-                std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
-        }
-        pool.for_each(kb * cb, |b| {
-            let (ki, ci) = (b / cb, b % cb);
-            let src = &w.data[b * blk..][..blk];
-            // SAFETY: block b of wv and block (ci, ki) of wtv are written
-            // by this thread only; both buffers hold kb*cb blocks.
-            let (dv, dt) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut((pv as *mut bf16).add(b * blk), blk),
-                    std::slice::from_raw_parts_mut(
-                        (pt as *mut bf16).add((ci * kb + ki) * blk),
-                        blk,
-                    ),
-                )
-            };
-            ROUNDED.with_borrow_mut(|r| {
-                r.resize(blk, bf16::ZERO);
-                // r[i][j] = W block (bc x bk, k-pairs along i for forward).
-                for (o, v) in r.iter_mut().zip(src) {
-                    *o = round_bf16(*v);
-                }
-                // Forward A (m = bk, k = bc): rows i, i+1 interleaved.
-                for (ip, out) in dv.chunks_exact_mut(2 * bk).enumerate() {
-                    let (r0, r1) = (&r[2 * ip * bk..][..bk], &r[(2 * ip + 1) * bk..][..bk]);
-                    for ((o, a), b) in out.chunks_exact_mut(2).zip(r0).zip(r1) {
-                        o[0] = *a;
-                        o[1] = *b;
-                    }
-                }
-                // Backward A (m = bc, k = bk): the pair (j, j+1) of row i
-                // goes to k-pair row j/2 at column i, so read as 32-bit
-                // words r is a bc x bk/2 matrix and wtv's block its
-                // transpose. Moved as f32 bit patterns, never computed on.
-                // SAFETY: r is 64-byte aligned and dt starts blk (even)
-                // elements into a 64-byte aligned buffer, so both are
-                // 4-byte aligned; each holds blk bf16 = blk/2 words.
-                let (words, dst) = unsafe {
-                    (
-                        std::slice::from_raw_parts(r.as_ptr() as *const f32, blk / 2),
-                        std::slice::from_raw_parts_mut(dt.as_mut_ptr() as *mut f32, blk / 2),
-                    )
-                };
-                crate::layout::transpose_block(words, dst, bc, bk / 2);
-            });
-        });
+        let grid = WeightGrid {
+            outer: kb,
+            inner: cb,
+            taps: 1,
+            bi: bc,
+            bo: bk,
+        };
+        pack_vnni(pool, &w.data, grid, wv, wtv);
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use crate::loops::{LoopDef, LoopNest};
 use crate::pass::{Chunked, PassConfig};
 use crate::threads::Pool;
 use crate::view::{View, ViewMut};
-use brgemm::{AlignedVec, BatchForm, Descriptor, Epilogue, RawBatch};
+use brgemm::{AlignedVec, BatchForm, DataType, Descriptor, Element, Epilogue, RawBatch};
 use std::sync::Mutex;
 
 use super::{nest, pad_into};
@@ -55,8 +55,10 @@ fn single_pair_tile(bo: usize, pairs: usize) -> Option<brgemm::RegisterTile> {
         .filter(|_| pairs == 1 && bo == 64)
 }
 
-/// A planned gather pass (forward, and backward-data at stride 1).
-pub(super) struct Gather {
+/// A planned gather pass (forward, and backward-data at stride 1) on
+/// operands of type `T` (f32, or bf16 with the filter in VNNI pairs along
+/// the input channels: the same block sizes, so the same offsets).
+pub(super) struct Gather<T = f32> {
     pub(super) g: GatherGeom,
     pub(super) nest: LoopNest,
     /// Nest loops of the output blocks and of the reduction's chunks.
@@ -67,16 +69,16 @@ pub(super) struct Gather {
     pub(super) chunk: usize,
     pub(super) a_off: Vec<usize>,
     pub(super) b_off: Vec<usize>,
-    pub(super) scratch: Mutex<AlignedVec<f32>>,
+    pub(super) scratch: Mutex<AlignedVec<T>>,
 }
 
-impl Gather {
+impl<T: Element + Default + Send + Sync> Gather<T> {
     pub(super) fn new(
         which: &str,
         g: GatherGeom,
         cfg: &PassConfig,
         ep: Epilogue,
-    ) -> Result<Gather> {
+    ) -> Result<Gather<T>> {
         let chunk = cfg.chunk_of(g.in_blocks);
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
         let g = GatherGeom {
@@ -99,11 +101,12 @@ impl Gather {
         let nest = nest(which, loops, cfg)?;
         let desc = |n| {
             Descriptor::new(g.bo, n, g.bi)
+                .dtype(T::DTYPE)
                 .ldb(g.stride.1 * g.bi)
                 .batch_form(BatchForm::Offset)
                 .prefetch(gather_prefetch())
         };
-        let tile = single_pair_tile(g.bo, chunk * g.r * g.s);
+        let tile = single_pair_tile(g.bo, chunk * g.r * g.s).filter(|_| T::DTYPE == DataType::F32);
         let main = Chunked::with_tile(desc(g.bq), ep, tile)?;
         let tail = (!g.q.is_multiple_of(g.bq))
             .then(|| Chunked::with_tile(desc(g.q % g.bq), ep, tile))
@@ -138,22 +141,15 @@ impl Gather {
 
     /// y = conv(x, a) (+ bias, activation by the kernels' epilogue). Sizes
     /// were checked by the caller.
-    pub(super) fn run(
-        &self,
-        pool: &Pool,
-        x: &[f32],
-        a: &[f32],
-        bias: Option<&[f32]>,
-        y: &mut [f32],
-    ) {
+    pub(super) fn run(&self, pool: &Pool, x: &[T], a: &[T], bias: Option<&[f32]>, y: &mut [f32]) {
         let g = self.g;
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
         let mut guard;
-        let xs: &[f32] = if g.ph == 0 && g.pw == 0 {
+        let xs: &[T] = if g.ph == 0 && g.pw == 0 {
             x
         } else {
             guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            guard.resize(g.n * g.in_blocks * hp * wp * g.bi, 0.0);
+            guard.resize(g.n * g.in_blocks * hp * wp * g.bi, T::default());
             pad_into(
                 pool,
                 x,

@@ -60,9 +60,11 @@ use crate::view::{View, ViewMut};
 use brgemm::{Activation, AlignedVec, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
 use std::sync::{Arc, Mutex};
 
+mod bf16;
 mod gather;
 mod params;
 
+pub use bf16::ConvBf16;
 use gather::{Gather, GatherGeom};
 use params::upd_chunk;
 pub use params::{ConvParams, ConvTuning};
@@ -72,13 +74,13 @@ fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> 
 }
 
 /// Zero-padded copies of `[N][blocks][h][w][b]` planes.
-fn pad_into(
+fn pad_into<T: Copy + Default + Send + Sync>(
     pool: &Pool,
-    src: &[f32],
+    src: &[T],
     planes: usize,
     (h, w, b): (usize, usize, usize),
     (ph, pw): (usize, usize),
-    dst: &mut [f32],
+    dst: &mut [T],
 ) {
     let (hp, wp) = (h + 2 * ph, w + 2 * pw);
     let d = SyncPtr(dst.as_mut_ptr());
@@ -87,13 +89,13 @@ fn pad_into(
         let out =
             unsafe { std::slice::from_raw_parts_mut(d.get().add(pl * hp * wp * b), hp * wp * b) };
         let inp = &src[pl * h * w * b..][..h * w * b];
-        out[..ph * wp * b].fill(0.0);
-        out[(ph + h) * wp * b..].fill(0.0);
+        out[..ph * wp * b].fill(T::default());
+        out[(ph + h) * wp * b..].fill(T::default());
         for y in 0..h {
             let row = &mut out[(ph + y) * wp * b..][..wp * b];
-            row[..pw * b].fill(0.0);
+            row[..pw * b].fill(T::default());
             row[pw * b..(pw + w) * b].copy_from_slice(&inp[y * w * b..][..w * b]);
-            row[(pw + w) * b..].fill(0.0);
+            row[(pw + w) * b..].fill(T::default());
         }
     });
 }
@@ -432,7 +434,12 @@ impl Conv {
         check_buf("bias", bias.len(), self.padded_k())?;
         self.fwd
             .run(pool, &x.data, &w.data, Some(bias), &mut y.data);
-        // Sigmoid(0) = 0.5 would fill the channel padding: keep it at zero.
+        self.clear_channel_tail(pool, y);
+        Ok(())
+    }
+
+    /// Sigmoid(0) = 0.5 would fill the channel padding of Y: keeps it at zero.
+    fn clear_channel_tail(&self, pool: &Pool, y: &mut Tensor4) {
         let (k, bk) = (self.params.k, self.tuning.bk);
         if !k.is_multiple_of(bk) && self.act.apply(0.0) != 0.0 {
             let kb = k.div_ceil(bk);
@@ -443,7 +450,6 @@ impl Conv {
                 }
             });
         }
-        Ok(())
     }
 
     /// dZ = dY * act'(.) from Y.
