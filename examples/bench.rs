@@ -1026,6 +1026,9 @@ fn bench_resnet50(o: &Opts, args: &[String]) {
                 samples,
             )
             .secs;
+            if per_layer {
+                resnet50_layers(&mut g, &pool, &x, &labels, &opt, threads);
+            }
             g.set_bf16(false).expect("f32");
             let f1 = step(&mut g);
             let f = (f0 + f1) / 2.0;

@@ -57,9 +57,18 @@ struct Bf16Side {
 
 impl Bf16Side {
     /// The bf16 passes of `conv` where they beat its f32 ones on this CPU
-    /// (AMX, or a bf16 kernel the CPU policy measured faster than f32);
-    /// None where they do not, or where the blocks cannot pair.
+    /// (AMX, or a bf16 kernel the CPU policy measured faster than f32) once
+    /// the input is rounded; None where they do not, or where the blocks
+    /// cannot pair. A 1x1 convolution is memory-bound: rounding its input
+    /// costs what bf16 saves (ResNet-50 training step, batch 16, Sapphire
+    /// Rapids with AMX, 1 thread: the 1x1 layers' forward 366 ms f32 vs 498
+    /// ms bf16, backward 834 vs 863; the 3x3 layers' 257 vs 122 and 549 vs
+    /// 399), so it stays f32 until activations arrive in bf16.
     fn new(conv: &Conv) -> Option<Bf16Side> {
+        let p = conv.params();
+        if p.r * p.s == 1 {
+            return None;
+        }
         let cb = ConvBf16::new(conv).ok()?;
         let pays = brgemm::policy().is_ok_and(|p| p.bf16_beats_f32(cb.isa()));
         pays.then(|| Bf16Side {
