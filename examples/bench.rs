@@ -563,6 +563,23 @@ fn bench_conv_bf16(
     });
     let f1 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
     report("fwd", [f0, b, bc, f1]);
+    if cb.has_backward_weights() {
+        // The bf16 pass rounds its operands itself: one figure.
+        let (mut dw, mut db) = (conv.filter(), vec![0.0f32; conv.padded_k()]);
+        let f0 = time(&mut || {
+            conv.backward_weights(pool, dz, x, &mut dw, &mut db)
+                .unwrap()
+        });
+        let b = time(&mut || {
+            cb.backward_weights(pool, conv, dz, x, &mut dw, &mut db)
+                .unwrap()
+        });
+        let f1 = time(&mut || {
+            conv.backward_weights(pool, dz, x, &mut dw, &mut db)
+                .unwrap()
+        });
+        report("upd", [f0, b, b, f1]);
+    }
     if !cb.has_backward_data() {
         return;
     }

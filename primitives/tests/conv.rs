@@ -394,6 +394,30 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
             assert!(e.to_string().contains("stride"), "{e}");
         }
     }
+    let mut dw = conv.filter();
+    dw.data_mut().fill(f32::NAN);
+    let mut db = vec![f32::NAN; conv.padded_k()];
+    match cb.backward_weights(&pool, &conv, &dz, &x, &mut dw, &mut db) {
+        Ok(()) => {
+            let scale = (p.n * p.p() * p.q()) as f64;
+            close(
+                &format!("bf16 dW ({isa:?}, {p:?})"),
+                &dw.to_kcrs(),
+                &want.dw,
+                scale,
+            );
+            let exact = naive(&p, &xs, &ws, &bs, &dys);
+            close("bf16 db (of the f32 dY)", &db[..p.k], &exact.db, scale);
+            assert!(
+                dw.data().iter().all(|v| v.is_finite()),
+                "dW padding not written"
+            );
+        }
+        Err(e) => {
+            assert!(p.stride_h > 1 || p.stride_w > 1, "{e}");
+            assert!(e.to_string().contains("stride"), "{e}");
+        }
+    }
     isa
 }
 

@@ -261,8 +261,19 @@ impl Conv2d {
                     channels_to_nchw(dx, c_all, j * p.input.c, out);
                 }
             }
-            p.conv
-                .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?;
+            match &p.bf {
+                Some(b) if b.conv.has_backward_weights() => b.conv.backward_weights(
+                    pool,
+                    &p.conv,
+                    dz.get(),
+                    p.x.get(),
+                    &mut p.dw,
+                    &mut p.db,
+                )?,
+                _ => p
+                    .conv
+                    .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?,
+            }
             // The input was kept for this backward only.
             p.x.release();
             p.dy.release();
