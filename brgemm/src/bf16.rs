@@ -68,6 +68,15 @@ impl Bf16Isa {
     pub fn is_supported(self) -> bool {
         crate::kernels::available(self.name(), DataType::Bf16)
     }
+    /// Whether a layer should run its bf16 passes on this kernel rather
+    /// than stay f32: the kernel was forced with `BRGEMM_BF16_ISA` (asked
+    /// for by name: tests, experiments), or the CPU policy measured it
+    /// faster than the f32 kernel ([`crate::Policy::bf16_beats_f32`]).
+    pub fn beats_f32(self) -> bool {
+        matches!(Self::forced(), Ok(Some(_)))
+            || crate::policy().is_ok_and(|p| p.bf16_beats_f32(self))
+    }
+
     /// `BRGEMM_BF16_ISA` if set (error if unknown or unsupported), else None.
     fn forced() -> Result<Option<Bf16Isa>> {
         static F: OnceLock<Result<Option<Bf16Isa>>> = OnceLock::new();

@@ -75,8 +75,10 @@ pub trait Layer: std::any::Any + Send {
     /// Mixed precision on or off: bf16 operands in the layer's forward and
     /// backward-data passes, f32 master weights, weight gradients and
     /// optimizer. Ok(true) when the layer now runs them, Ok(false) when it
-    /// has no such passes or none in bf16 yet (it stays f32, the default),
-    /// an error naming why when it cannot (e.g. odd blocks, GELU).
+    /// has no such passes, none in bf16 yet, or none whose bf16 kernel beats
+    /// f32 on this CPU ([`brgemm::bf16::Bf16Isa::beats_f32`]; it stays f32,
+    /// the default), an error naming why when it cannot (e.g. odd blocks,
+    /// GELU).
     fn set_bf16(&mut self, _on: bool) -> Result<bool> {
         Ok(false)
     }

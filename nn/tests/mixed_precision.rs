@@ -35,6 +35,24 @@ fn toy(n: usize, c: usize, classes: usize) -> (Tensor, Vec<usize>) {
     (x, labels)
 }
 
+/// Whether `BRGEMM_BF16_ISA` names a kernel: layers then run it whatever
+/// its speed (`Bf16Isa::beats_f32`).
+fn forced() -> bool {
+    std::env::var("BRGEMM_BF16_ISA").is_ok_and(|v| !v.trim().is_empty())
+}
+
+/// The linear layers that run bf16, each on a kernel that beats f32 here
+/// (or was forced).
+fn linears_in_bf16(g: &Graph) -> usize {
+    let isas: Vec<_> = g
+        .layers_of::<Linear>()
+        .iter()
+        .filter_map(|l| l.bf16_isa())
+        .collect();
+    assert!(isas.iter().all(|i| i.beats_f32()), "{isas:?}");
+    isas.len()
+}
+
 /// |a - b| and |a| (Euclidean).
 fn diff_and_norm(a: &[f32], b: &[f32]) -> (f32, f32) {
     let sq = |it: &mut dyn Iterator<Item = f32>| it.map(|v| v * v).sum::<f32>().sqrt();
@@ -61,9 +79,12 @@ fn a_bf16_mlp_trains_like_the_f32_one() {
     let mut losses = vec![];
     for bf in [false, true] {
         let mut g = mlp(c, n, &specs(64, classes), 5).unwrap();
-        assert_eq!(g.set_bf16(bf).unwrap(), if bf { 2 } else { 0 });
+        let on = g.set_bf16(bf).unwrap();
+        assert_eq!(on, if bf { linears_in_bf16(&g) } else { 0 });
+        if forced() {
+            assert_eq!(on, if bf { 2 } else { 0 });
+        }
         let isa = g.layers_of::<Linear>()[0].bf16_isa();
-        assert_eq!(isa.is_some(), bf);
         losses.push(train(&mut g, &pool, &x, &labels, 80));
         let pred = g.predict(&pool, &x).unwrap();
         let acc = pred.iter().zip(&labels).filter(|(p, l)| p == l).count() as f64 / n as f64;
@@ -130,8 +151,14 @@ fn a_cnn_head_runs_in_bf16_on_the_convolutions_blocked_output() {
     let out = |bf: bool| {
         let mut g = spec.graph(8, 4).unwrap();
         // The convolution (8 output channels) has no AMX blocks, and no
-        // other bf16 kernel beats f32 here: only the two linear layers.
-        assert_eq!(g.set_bf16(bf).unwrap(), if bf { 2 } else { 0 });
+        // other bf16 kernel beats f32 here: it runs bf16 only on a kernel
+        // forced by name.
+        let on = g.set_bf16(bf).unwrap();
+        let conv = usize::from(forced());
+        assert_eq!(on, if bf { linears_in_bf16(&g) + conv } else { 0 });
+        if forced() {
+            assert_eq!(on, if bf { 3 } else { 0 });
+        }
         let l = g
             .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
             .unwrap();
@@ -195,8 +222,9 @@ fn convolutions_run_bf16_where_it_pays_with_f32_gradients_to_rounding() {
         let out = b.layer(c2, Linear::new(64 * 64, 3, id, 3)).unwrap();
         let mut g = b.build(out).unwrap();
         let n = g.set_bf16(bf).unwrap();
-        let convs = if amx { 2 } else { 0 };
-        assert_eq!(n, if bf { 1 + convs } else { 0 }, "layers in bf16");
+        let convs = if amx || forced() { 2 } else { 0 };
+        let on = if bf { linears_in_bf16(&g) + convs } else { 0 };
+        assert_eq!(n, on, "layers in bf16");
         let loss = g
             .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
             .unwrap();

@@ -57,7 +57,8 @@ struct Bf16Side {
 
 impl Bf16Side {
     /// The bf16 passes of `conv` where they beat its f32 ones on this CPU
-    /// (AMX, or a bf16 kernel the CPU policy measured faster than f32) once
+    /// ([`brgemm::bf16::Bf16Isa::beats_f32`]: AMX, a bf16 kernel the CPU
+    /// policy measured faster than f32, or one forced by name) once
     /// the input is rounded; None where they do not, or where the blocks
     /// cannot pair. A 1x1 convolution is memory-bound: rounding its input
     /// costs what bf16 saves (ResNet-50 training step, batch 16, Sapphire
@@ -70,7 +71,7 @@ impl Bf16Side {
             return None;
         }
         let cb = ConvBf16::new(conv).ok()?;
-        let pays = brgemm::policy().is_ok_and(|p| p.bf16_beats_f32(cb.isa()));
+        let pays = cb.isa().beats_f32();
         pays.then(|| Bf16Side {
             conv: cb,
             ops: Bf16Operands::new(),

@@ -213,20 +213,28 @@ impl Layer for Linear {
                 self.inputs
             )));
         }
-        let t = self.tuning.clone().unwrap_or_else(|| {
-            let heuristic = match self.bf16 {
-                true => FcTuning::heuristic_bf16,
-                false => FcTuning::heuristic,
-            };
-            heuristic(input.n, self.inputs, self.outputs)
-        });
-        let fc = Fc::with_tuning(input.n, self.inputs, self.outputs, self.act, t)
-            .map_err(|e| refuse(e.to_string()))?;
-        let bf = self
-            .bf16
-            .then(|| Bf16Side::new(&fc))
-            .transpose()
-            .map_err(|e| refuse(format!("cannot run in bf16: {e}")))?;
+        let plan = |bf16: bool| {
+            let t = self.tuning.clone().unwrap_or_else(|| {
+                let heuristic = match bf16 {
+                    true => FcTuning::heuristic_bf16,
+                    false => FcTuning::heuristic,
+                };
+                heuristic(input.n, self.inputs, self.outputs)
+            });
+            let fc = Fc::with_tuning(input.n, self.inputs, self.outputs, self.act, t)
+                .map_err(|e| refuse(e.to_string()))?;
+            let bf = bf16
+                .then(|| Bf16Side::new(&fc))
+                .transpose()
+                .map_err(|e| refuse(format!("cannot run in bf16: {e}")))?;
+            Ok::<_, Error>((fc, bf))
+        };
+        let (mut fc, mut bf) = plan(self.bf16)?;
+        // Mixed precision only where its kernel beats f32 here (else the
+        // layer stays f32, planned for it).
+        if bf.as_ref().is_some_and(|b| !b.fc.isa().beats_f32()) {
+            (fc, bf) = plan(false)?;
+        }
         // The values move over only once the new plan stands: a refused
         // plan leaves the layer as it was.
         let (w0, b0) = match self.state.take() {
@@ -341,6 +349,7 @@ impl Layer for Linear {
                 self.build(input)?;
                 return Err(e);
             }
+            return Ok(self.bf16_isa().is_some());
         }
         Ok(on)
     }
