@@ -668,6 +668,49 @@ fn bench_lstm(o: &Opts) {
                     .unwrap()
             });
             line("bwd_upd", 2.0 * rnn.flops(), &m, sp);
+            // bf16 (rounding X and packing W and R included: once per
+            // step in training), each timed between two f32 timings.
+            if let Ok(mb) = brgemm_primitives::rnn::RnnBf16::new(&rnn) {
+                let mut pw = brgemm_primitives::rnn::RnnBf16Weights::default();
+                let time = |f: &mut dyn FnMut()| measure_pool(f, &pool, &probe, samples).secs;
+                let f0 = time(&mut || {
+                    rnn.forward(&pool, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
+                        .unwrap()
+                });
+                let b = time(&mut || {
+                    mb.pack_weights(&pool, &d.w, &d.r, &mut pw).unwrap();
+                    mb.forward(&pool, &rnn, &d.x, &pw, &d.bias, None, None, &mut d.st)
+                        .unwrap()
+                });
+                let f1 = time(&mut || {
+                    rnn.forward(&pool, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
+                        .unwrap()
+                });
+                let g0 = time(&mut || {
+                    rnn.backward(&pool, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
+                        .unwrap()
+                });
+                let gb = time(&mut || {
+                    mb.backward_from_state(&pool, &rnn, &d.dh, None, &d.x, &pw, &d.st, &mut d.gr)
+                        .unwrap()
+                });
+                let g1 = time(&mut || {
+                    rnn.backward(&pool, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
+                        .unwrap()
+                });
+                for (pass, flops, f, b) in [
+                    ("fwd", rnn.flops(), (f0 + f1) / 2.0, b),
+                    ("bwd_upd", 2.0 * rnn.flops(), (g0 + g1) / 2.0, gb),
+                ] {
+                    println!(
+                        r#"{{"bench":"lstm","pass":"{pass}","dtype":"bf16","t":{t},"n":{n},"c":{c},"k":{k},"isa":"{}","threads":{threads},"gflops":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2}}}"#,
+                        mb.isa().name(),
+                        flops / b / 1e9,
+                        flops / f / 1e9,
+                        f / b
+                    );
+                }
+            }
         }
     }
 }

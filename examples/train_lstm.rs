@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release --example train_lstm [-- --data DIR --epochs N --batch B --hidden K
-//!     --lr LR --layers L --bidirectional --rnn --train-limit N --seed S]
+//!     --lr LR --layers L --bidirectional --rnn --train-limit N --seed S --dtype f32|bf16]
 //! ```
 //!
 //! `--layers 2` stacks LSTM layers (each reads the one below at every step);
@@ -21,7 +21,7 @@ use brgemm_primitives::CellKind;
 mod cli;
 
 const USAGE: &str = "train_lstm: an LSTM classifier of images read row by row\n\
-    usage: train_lstm [--data DIR --epochs N --batch B --hidden K --lr LR --layers L --bidirectional --rnn --train-limit N --seed S]";
+    usage: train_lstm [--data DIR --epochs N --batch B --hidden K --lr LR --layers L --bidirectional --rnn --train-limit N --seed S --dtype f32|bf16]";
 
 fn main() {
     let args = cli::parse(
@@ -32,8 +32,19 @@ fn main() {
             cli::flag("bidirectional", "every layer in both directions"),
             cli::flag("rnn", "the plain tanh cell instead of the LSTM"),
             cli::value("train-limit", "N", "train on the first N sequences only"),
+            cli::value(
+                "dtype",
+                "T",
+                "f32 or bf16 (bf16 operands where they beat f32 here, f32 master weights)",
+            ),
         ],
     );
+    let dtype: String = args.get_or("dtype", "f32".to_string());
+    let bf16 = match dtype.as_str() {
+        "f32" => false,
+        "bf16" => true,
+        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
+    };
     let explicit: Option<String> = args.get("data");
     let dir = explicit
         .clone()
@@ -55,6 +66,7 @@ fn main() {
         }
     };
     let mut cfg = train_lstm::SeqConfig::lstm(steps);
+    cfg.bf16 = bf16;
     if name == "digits" {
         cfg.epochs = 30;
     }
@@ -81,7 +93,7 @@ fn main() {
     }
     let pool = cli::pool();
     println!(
-        "{name}: {} train / {} test sequences of {} steps x {} features; {:?} {} x {} hidden{}, head {:?} -> {}; batch {}, {} thread(s)",
+        "{name}: {} train / {} test sequences of {} steps x {} features; {:?} {} x {} hidden{}, head {:?} -> {}; batch {}, {} thread(s), {dtype}",
         tr.len(),
         te.len(),
         steps,
@@ -99,13 +111,17 @@ fn main() {
         || train_lstm::build(&cfg, &tr),
         |g| train_lstm::check_fits(g, &tr),
     );
-    let (model, last) = cli::train_or_evaluate(
+    let (mut model, last) = cli::train_or_evaluate(
         "sequences",
         cfg.epochs,
         model,
         |m| train_lstm::accuracy(m, pool, &te),
         |m, report| train_lstm::train_model(&cfg, pool, m, &tr, &te, report),
     );
+    if cfg.bf16 {
+        let n = model.set_bf16(true).expect("bf16 was on during training");
+        println!("layers in bf16: {n} (the others stay f32: no bf16 kernel faster than f32 here)");
+    }
     cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
 }

@@ -176,7 +176,7 @@ echo "$out" | grep -q '^test_accuracy=' || { echo "train_mpi --model resnet prin
 say "bf16: AMX permission refused (BRGEMM_AMX_DENY) falls back"
 BRGEMM_AMX_DENY=1 run_tests brgemm bf16
 
-say "mixed-precision FC and convolution on every bf16 kernel this CPU has"
+say "mixed-precision FC, convolution and LSTM/RNN on every bf16 kernel this CPU has"
 bf16_isas="reference fp32"
 if [ "$(uname -m)" = x86_64 ] && grep -m1 '^flags' /proc/cpuinfo | grep -qw avx512_bf16; then
   bf16_isas+=" avx512bf16"
@@ -184,6 +184,7 @@ fi
 for isa in $bf16_isas; do
   BRGEMM_BF16_ISA=$isa run_tests primitives fc_bf16
   BRGEMM_BF16_ISA=$isa run_tests primitives conv
+  BRGEMM_BF16_ISA=$isa run_tests primitives rnn
   BRGEMM_BF16_ISA=$isa run_tests nn mixed_precision
 done
 

@@ -37,6 +37,10 @@ pub struct SeqConfig {
     /// Stop when a step's loss or gradient norm is not finite (default;
     /// see [`crate::train::TrainConfig::check_finite`]).
     pub check_finite: bool,
+    /// Mixed precision: bf16 operands in the recurrent and linear layers
+    /// where bf16 beats f32 on this CPU ([`Graph::set_bf16`]), f32 master
+    /// weights, cell arithmetic, optimizer and loss.
+    pub bf16: bool,
 }
 
 impl SeqConfig {
@@ -55,6 +59,7 @@ impl SeqConfig {
             optimizer: Optimizer::adam(2e-3),
             seed: 1,
             check_finite: true,
+            bf16: false,
         }
     }
 }
@@ -118,7 +123,8 @@ pub fn train(
 
 /// [`train`] from a given graph (e.g. one with loaded values, to resume):
 /// [`crate::fit::fit`] with `cfg`'s epochs, optimizer, seed and guard;
-/// `cfg`'s architecture fields are not used.
+/// `cfg`'s architecture fields are not used; the model's precision follows
+/// `cfg.bf16`.
 pub fn train_model(
     cfg: &SeqConfig,
     pool: &Pool,
@@ -127,6 +133,7 @@ pub fn train_model(
     test: &Dataset,
     report: impl FnMut(&EpochReport),
 ) -> brgemm_nn::Result<Graph> {
+    model.set_bf16(cfg.bf16)?;
     let fit_cfg = FitConfig {
         epochs: cfg.epochs,
         optimizer: cfg.optimizer,

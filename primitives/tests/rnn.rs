@@ -3,6 +3,7 @@
 //! differences of the f64 forward, which is exact to ~1e-9 here), plus a
 //! finite-difference check through time of the f32 layer itself.
 
+use brgemm_primitives::rnn::{RnnBf16, RnnBf16Weights};
 use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnTuning};
 use proptest::prelude::*;
@@ -57,10 +58,18 @@ fn sig(x: f64) -> f64 {
 
 /// h_1..h_T as [T][N][K] and c_T.
 fn naive_forward(p: &Params) -> (Vec<f64>, Vec<f64>) {
+    naive_forward_q(p, |v| v)
+}
+
+/// As [`naive_forward`] with the operands of every product (x, W, R and
+/// each h_(t-1)) passed through `q` first (bf16 rounding: what the bf16
+/// kernels read).
+fn naive_forward_q(p: &Params, q: fn(f64) -> f64) -> (Vec<f64>, Vec<f64>) {
     let Dims { kind, t, n, c, k } = p.d;
     let g = p.g();
-    let (x, w, r, b) = (p.get(0), p.get(1), p.get(2), p.get(3));
-    let mut h = p.get(4).to_vec();
+    let qv = |v: &[f64]| v.iter().map(|x| q(*x)).collect::<Vec<f64>>();
+    let (x, w, r, b) = (qv(p.get(0)), qv(p.get(1)), qv(p.get(2)), p.get(3));
+    let mut h = qv(p.get(4));
     let mut cs = p.get(5).to_vec();
     let mut out = vec![];
     for ti in 0..t {
@@ -96,8 +105,8 @@ fn naive_forward(p: &Params) -> (Vec<f64>, Vec<f64>) {
                 };
             }
         }
-        h = hn;
-        out.extend_from_slice(&h);
+        out.extend_from_slice(&hn);
+        h = qv(&hn);
     }
     (out, cs)
 }
@@ -114,6 +123,11 @@ struct Got {
 }
 
 fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got {
+    run_layer_as(p, t, dh_plain, threads, false)
+}
+
+/// [`run_layer`], on the bf16 passes ([`RnnBf16`]) when `bf16`.
+fn run_layer_as(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize, bf16: bool) -> Got {
     let Dims {
         kind,
         t: steps,
@@ -149,8 +163,20 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
     };
     let (h0, c0) = (state(p.get(4)), state(p.get(5)));
     let mut st = rnn.state();
-    rnn.forward(&pool, &x, &w, &r, &bias, Some(&h0), Some(&c0), &mut st)
-        .unwrap();
+    let mixed = bf16.then(|| {
+        let m = RnnBf16::new(&rnn).unwrap();
+        let mut packed = RnnBf16Weights::default();
+        m.pack_weights(&pool, &w, &r, &mut packed).unwrap();
+        (m, packed)
+    });
+    match &mixed {
+        Some((m, pw)) => m
+            .forward(&pool, &rnn, &x, pw, &bias, Some(&h0), Some(&c0), &mut st)
+            .unwrap(),
+        None => rnn
+            .forward(&pool, &x, &w, &r, &bias, Some(&h0), Some(&c0), &mut st)
+            .unwrap(),
+    }
     // Hidden padding columns of h stay zero on their own.
     for r in 0..st.h().rows() {
         for c in k..rnn.padded_k() {
@@ -164,7 +190,12 @@ fn run_layer(p: &Params, t: RnnTuning, dh_plain: &[f64], threads: usize) -> Got 
     let mut dh = rnn.h_layout();
     rnn.set_sequence(&mut dh, &f(dh_plain)).unwrap();
     let mut gr = rnn.grads();
-    rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap();
+    match &mixed {
+        Some((m, pw)) => m
+            .backward_from_state(&pool, &rnn, &dh, None, &x, pw, &st, &mut gr)
+            .unwrap(),
+        None => rnn.backward(&pool, &dh, &x, &w, &r, &st, &mut gr).unwrap(),
+    }
     let plain_state = |s: &Blocked| {
         (0..n * k)
             .map(|i| s.data()[s.index(i / k, i % k)])
@@ -251,6 +282,65 @@ fn tuning(d: &Dims, bn: usize, bc: usize, bk: usize) -> RnnTuning {
         bc,
         bk,
         ..RnnTuning::heuristic(d.n, d.c, d.k)
+    }
+}
+
+fn round(v: f64) -> f64 {
+    brgemm_primitives::fc_bf16::round_bf16(v as f32).to_f32() as f64
+}
+
+/// |a - b| / |a| over a whole gradient.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(p, q)| (*p as f64 - *q as f64).powi(2))
+        .sum::<f64>()
+        .sqrt();
+    d / n.max(1e-12)
+}
+
+/// The bf16 LSTM and RNN: h against the f64 reference whose products read
+/// bf16-rounded x, W, R and h_(t-1) (as the kernels do; the f32 sums may
+/// round an h the other way, hence a few bf16 ulps of tolerance), and every
+/// gradient within bf16 rounding of the f32 layer's (blocks of 32 for AMX,
+/// 8 and 6 for the other kernels, with tails).
+#[test]
+fn bf16_layers_match_the_rounded_reference_and_the_f32_gradients() {
+    for kind in [CellKind::Lstm, CellKind::Rnn] {
+        for (t, n, c, k, bn, bc, bk) in [
+            (4, 5, 64, 64, 8, 32, 32),
+            (3, 7, 20, 13, 4, 8, 6),
+            (5, 3, 33, 40, 3, 32, 32),
+        ] {
+            let d = Dims { kind, t, n, c, k };
+            let tn = tuning(&d, bn, bc, bk);
+            let p = Params::new(d, 3);
+            let dh = data(t * n * k, 4, 1.0);
+            let b = run_layer_as(&p, tn.clone(), &dh, 2, true);
+            let f = run_layer_as(&p, tn, &dh, 2, false);
+            let (want, _) = naive_forward_q(&p, round);
+            for (i, (g, w)) in b.h.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= 2e-2 * (1.0 + w.abs()),
+                    "{d:?} bf16 h[{i}]: got {g}, want {w}"
+                );
+            }
+            let mut grads = vec![
+                ("dx", &b.dx, &f.dx),
+                ("db", &b.db, &f.db),
+                ("dh0", &b.dh0, &f.dh0),
+            ];
+            for gi in 0..kind.gates() {
+                grads.push(("dW", &b.dw[gi], &f.dw[gi]));
+                grads.push(("dR", &b.dr[gi], &f.dr[gi]));
+            }
+            for (what, g16, g32) in grads {
+                let e = rel(g32, g16);
+                assert!(e <= 3e-2, "{d:?} {what}: relative difference {e}");
+            }
+        }
     }
 }
 

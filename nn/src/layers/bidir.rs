@@ -142,6 +142,11 @@ impl Layer for Bidirectional {
         self.bwd.backward_params(pool, &dyb)
     }
 
+    fn set_bf16(&mut self, on: bool) -> Result<bool> {
+        let a = self.fwd.set_bf16(on)?;
+        Ok(self.bwd.set_bf16(on)? || a)
+    }
+
     fn params(&mut self) -> Vec<Param<'_>> {
         let mut p = self.fwd.params();
         p.extend(self.bwd.params());

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
 use brgemm_primitives::init::Rng;
+use brgemm_primitives::rnn::{RnnBf16, RnnBf16Weights};
 use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnGrads, RnnState};
 
 /// A recurrent layer over sequences.
@@ -36,7 +37,30 @@ pub struct Recurrent {
     values: Option<[Vec<f32>; 3]>,
     initial: Option<(Vec<f32>, Vec<f32>)>,
     final_grad: Option<(Vec<f32>, Vec<f32>)>,
+    /// Mixed precision asked for ([`Layer::set_bf16`]).
+    bf16: bool,
     plan: Option<Plan>,
+}
+
+/// The bf16 side of mixed precision: the passes, W and R packed from the
+/// f32 masters, and whether the packed copies are current.
+struct Bf16Side {
+    rnn: RnnBf16,
+    packed: RnnBf16Weights,
+    current: bool,
+}
+
+impl Bf16Side {
+    /// The bf16 passes of `rnn` where their kernel beats f32 on this CPU
+    /// ([`brgemm::bf16::Bf16Isa::beats_f32`]), else None.
+    fn new(rnn: &Rnn) -> Option<Bf16Side> {
+        let m = RnnBf16::new(rnn).ok()?;
+        m.isa().beats_f32().then(|| Bf16Side {
+            rnn: m,
+            packed: RnnBf16Weights::default(),
+            current: false,
+        })
+    }
 }
 
 struct Plan {
@@ -54,6 +78,8 @@ struct Plan {
     c0: Blocked,
     dc_last: Blocked,
     trained: bool,
+    /// Mixed precision, where on and paying.
+    bf: Option<Bf16Side>,
 }
 
 impl Recurrent {
@@ -89,6 +115,7 @@ impl Recurrent {
             features,
             hidden,
             last_only: false,
+            bf16: false,
             values: Some([w, r, b]),
             initial: None,
             final_grad: None,
@@ -307,6 +334,7 @@ impl Layer for Recurrent {
             c0: rnn.state_layout(),
             dc_last: rnn.state_layout(),
             trained: false,
+            bf: self.bf16.then(|| Bf16Side::new(&rnn)).flatten(),
             rnn,
         };
         let [w, r, b] = &values;
@@ -347,8 +375,19 @@ impl Layer for Recurrent {
             }
             None => (None, None),
         };
-        p.rnn
-            .forward(pool, &p.x, &p.w, &p.r, &p.b, h0, c0, &mut p.st)?;
+        match &mut p.bf {
+            Some(b) => {
+                if !b.current {
+                    b.rnn.pack_weights(pool, &p.w, &p.r, &mut b.packed)?;
+                    b.current = true;
+                }
+                b.rnn
+                    .forward(pool, &p.rnn, &p.x, &b.packed, &p.b, h0, c0, &mut p.st)?
+            }
+            None => p
+                .rnn
+                .forward(pool, &p.x, &p.w, &p.r, &p.b, h0, c0, &mut p.st)?,
+        }
         p.trained = mode == Mode::Train;
         // Rows (t, n) of h -> (n, k, t), or (n, k, 1) from the last step only.
         let (first, steps) = if last_only { (t - 1, 1) } else { (0, t) };
@@ -398,8 +437,15 @@ impl Layer for Recurrent {
             }
             _ => None,
         };
-        p.rnn
-            .backward_from_state(pool, &p.dh, dc_last, &p.x, &p.w, &p.r, &p.st, &mut p.gr)?;
+        match &p.bf {
+            // W and R were packed for both directions by the forward.
+            Some(b) => b.rnn.backward_from_state(
+                pool, &p.rnn, &p.dh, dc_last, &p.x, &b.packed, &p.st, &mut p.gr,
+            )?,
+            None => p
+                .rnn
+                .backward_from_state(pool, &p.dh, dc_last, &p.x, &p.w, &p.r, &p.st, &mut p.gr)?,
+        }
         // Rows (t, n) of dx -> (n, c, t).
         let mut dx = vec![0.0; n * c * t];
         let mut row = vec![0.0; c];
@@ -414,10 +460,25 @@ impl Layer for Recurrent {
         Tensor::from_vec(Shape::new(n, c, t, 1), dx)
     }
 
+    fn set_bf16(&mut self, on: bool) -> Result<bool> {
+        self.bf16 = on;
+        Ok(match &mut self.plan {
+            Some(p) => {
+                p.bf = on.then(|| Bf16Side::new(&p.rnn)).flatten();
+                p.bf.is_some()
+            }
+            None => false,
+        })
+    }
+
     fn params(&mut self) -> Vec<Param<'_>> {
         let Some(p) = &mut self.plan else {
             return Vec::new();
         };
+        // The caller may write them: the bf16 copies repack.
+        if let Some(b) = &mut p.bf {
+            b.current = false;
+        }
         let (dw, dr, db) = p.gr.weights_mut();
         vec![
             Param {

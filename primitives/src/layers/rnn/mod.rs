@@ -45,11 +45,35 @@ use crate::loops::{LoopDef, LoopNest};
 use crate::pass::PassConfig;
 use crate::threads::Pool;
 use crate::view::View;
-use brgemm::{Activation, BatchForm, Beta, Descriptor, Kernel, RawBatch};
+use crate::view::ViewMut;
+use brgemm::bf16::bf16;
+use brgemm::{Activation, BatchForm, Beta, Descriptor, Element, Kernel, RawBatch};
 use std::sync::Arc;
 
 mod cell;
 mod io;
+mod mixed;
+
+pub use self::mixed::{RnnBf16, RnnBf16Weights};
+
+/// The recurrent operands of the step loops: the kernels (forward: `kernel`
+/// only; BPTT: `kernel0` writes dh_0 with beta = 0), the blocks of R
+/// (forward) or R^T (BPTT), and in bf16 the bf16 copy of the B operand
+/// (h_prev, or dG) that the loops write as they produce it.
+#[derive(Clone, Copy)]
+struct Recurrent<'a, T> {
+    kernel: &'a Kernel,
+    kernel0: &'a Kernel,
+    w: View<2, T>,
+    b16: Option<ViewMut<2, bf16>>,
+}
+
+/// Rounds `src` into `dst` (bf16, nearest even).
+fn round_into(dst: &mut [bf16], src: &[f32]) {
+    for (o, v) in dst.iter_mut().zip(src) {
+        *o = crate::engine::bf16::round_bf16(*v);
+    }
+}
 
 /// Which recurrent cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -411,8 +435,28 @@ impl Rnn {
         st: &mut RnnState,
     ) -> Result<()> {
         let pool = pool.for_work(self.flops());
-        self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
         self.check("R", r, self.r_shape())?;
+        self.check_forward(x, h0, c0, st)?;
+        // Input projection of all steps at once (checks W, bias, gates).
+        self.input.forward(pool, x, w, bias, &mut st.gates, None)?;
+        let rec = Recurrent {
+            kernel: &self.rec_kernel,
+            kernel0: &self.rec_kernel,
+            w: r.blocks(),
+            b16: None,
+        };
+        self.steps_forward(pool, rec, h0, c0, st)
+    }
+
+    /// The checks of a forward: X, R, the state and the initial states.
+    fn check_forward(
+        &self,
+        x: &Blocked,
+        h0: Option<&Blocked>,
+        c0: Option<&Blocked>,
+        st: &RnnState,
+    ) -> Result<()> {
+        self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
         self.check(
             "state h",
             &st.h,
@@ -428,8 +472,26 @@ impl Rnn {
                 self.check(what, s, self.seq_shape(1, self.k, self.tuning.bk))?;
             }
         }
-        // Input projection of all steps at once (checks W, bias, gates).
-        self.input.forward(pool, x, w, bias, &mut st.gates, None)?;
+        if self.kind == CellKind::Lstm {
+            self.check(
+                "state c",
+                &st.c,
+                self.seq_shape(self.t + 1, self.k, self.tuning.bk),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The steps of forward, after the input projection filled `st.gates`:
+    /// per step the recurrent BRGEMMs on `rec` and the cell.
+    fn steps_forward<T: Element>(
+        &self,
+        pool: &Pool,
+        rec: Recurrent<'_, T>,
+        h0: Option<&Blocked>,
+        c0: Option<&Blocked>,
+        st: &mut RnnState,
+    ) -> Result<()> {
         let tn = &self.tuning;
         let (bn, bk) = (tn.bn, tn.bk);
         let (nb, kb) = (self.padded_n() / bn, self.padded_k() / bk);
@@ -439,24 +501,29 @@ impl Rnn {
             Some(h) => st.h_prev.data[..step_len].copy_from_slice(&h.data),
             None => st.h_prev.data[..step_len].fill(0.0),
         }
+        if let Some(hb) = rec.b16 {
+            // SAFETY: the bf16 copy has h_prev's layout (its owner sized it).
+            let out = unsafe { hb.slice([0, 0], step_len) };
+            round_into(out, &st.h_prev.data[..step_len]);
+        }
         if self.kind == CellKind::Lstm {
-            self.check(
-                "state c",
-                &st.c,
-                self.seq_shape(self.t + 1, self.k, self.tuning.bk),
-            )?;
             match c0 {
                 Some(c) => st.c.data[..step_len].copy_from_slice(&c.data),
                 None => st.c.data[..step_len].fill(0.0),
             }
         }
         let g = self.kind.gates();
-        let (rv, hpv) = (r.blocks(), st.h_prev.blocks_mut());
+        let (rv, hpv) = (rec.w, st.h_prev.blocks_mut());
         let (gv, hv, cv) = (st.gates.blocks_mut(), st.h.blocks_mut(), st.c.blocks_mut());
         let blk = bn * bk;
         let nest = &self.fwd_nest;
         // The next call is looked up only for kernels that prefetch it.
-        let pf = self.rec_kernel.descriptor().prefetch != brgemm::Prefetch::None;
+        let pf = rec.kernel.descriptor().prefetch != brgemm::Prefetch::None;
+        // The B operand of a step: h_prev itself, or its bf16 copy.
+        let h_b = |row: usize| match rec.b16 {
+            Some(hb) => hb.at([row, 0]) as *const T,
+            None => hpv.at([row, 0]) as *const T,
+        };
         nest.run(pool, |i| {
             let (ni, ki, t) = (i[0], i[1], i[2]);
             let row = t * nb + ni;
@@ -483,15 +550,15 @@ impl Rnn {
                         (false, Some(k)) => r_row(0, k),
                         (false, None) => std::ptr::null(),
                     };
-                    self.rec_kernel.execute_raw_ahead(
+                    rec.kernel.execute_raw_ahead(
                         RawBatch::Stride {
                             a: r_row(j, ki),
-                            b: hpv.at([row, 0]),
+                            b: h_b(row),
                             count: kb,
                         },
                         gv.at([row, j * kb + ki]),
                         std::ptr::null(),
-                        next,
+                        next as *const f32,
                         kb * bk * bk,
                     );
                 }
@@ -509,6 +576,9 @@ impl Rnn {
                 // = 0 and h = o*tanh(0) = 0 (RNN: tanh(0) = 0).
                 if t + 1 < self.t {
                     hpv.slice([row + nb, ki], blk).copy_from_slice(hout);
+                    if let Some(hb) = rec.b16 {
+                        round_into(hb.slice([row + nb, ki], blk), hout);
+                    }
                 }
             }
         });
@@ -549,6 +619,46 @@ impl Rnn {
         gr: &mut RnnGrads,
     ) -> Result<()> {
         let pool = pool.for_work(self.flops());
+        self.check("R", r, self.r_shape())?;
+        self.check_backward(dh, dc_last, x, st, gr)?;
+        self.recur.transpose_weights(pool, r, &mut gr.rt)?;
+        let rec = Recurrent {
+            kernel: &self.rec_t_kernel,
+            kernel0: &self.rec_t_kernel0,
+            w: gr.rt.blocks(),
+            b16: None,
+        };
+        self.bptt(pool, rec, dh, dc_last, st, gr);
+        // Reductions over all steps at once.
+        self.input.transpose_weights(pool, w, &mut gr.wt)?;
+        self.input.backward_data(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
+        self.weight_grads(pool, x, st, gr)
+    }
+
+    /// dW = dG^T X, db, and dR = dG^T H_prev over all steps at once.
+    fn weight_grads(
+        &self,
+        pool: &Pool,
+        x: &Blocked,
+        st: &RnnState,
+        gr: &mut RnnGrads,
+    ) -> Result<()> {
+        self.input
+            .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
+        // The recurrent FC's bias gradient equals db: written to scratch.
+        self.recur
+            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut gr.db_r)
+    }
+
+    /// The checks of a backward.
+    fn check_backward(
+        &self,
+        dh: &Blocked,
+        dc_last: Option<&Blocked>,
+        x: &Blocked,
+        st: &RnnState,
+        gr: &RnnGrads,
+    ) -> Result<()> {
         if let Some(dc) = dc_last {
             if self.kind != CellKind::Lstm {
                 return Err(shape("dc_T", "given", "a tanh RNN has no cell state"));
@@ -557,7 +667,6 @@ impl Rnn {
         }
         self.check("dH", dh, self.seq_shape(self.t, self.k, self.tuning.bk))?;
         self.check("X", x, self.seq_shape(self.t, self.c, self.tuning.bc))?;
-        self.check("R", r, self.r_shape())?;
         self.check(
             "gradient dh scratch",
             &gr.dh,
@@ -569,8 +678,20 @@ impl Rnn {
             "gates",
             &st.gates,
             self.seq_shape(self.t, self.bias_len(), self.tuning.bk),
-        )?;
-        self.recur.transpose_weights(pool, r, &mut gr.rt)?;
+        )
+    }
+
+    /// Backward through time (shapes checked): dG of every step into
+    /// `gr.dg` (and its bf16 copy in `rec.b16`), dh_0 and dc_0.
+    fn bptt<T: Element>(
+        &self,
+        pool: &Pool,
+        rec: Recurrent<'_, T>,
+        dh: &Blocked,
+        dc_last: Option<&Blocked>,
+        st: &RnnState,
+        gr: &mut RnnGrads,
+    ) {
         gr.dh.data.copy_from_slice(&dh.data);
         let tn = &self.tuning;
         let (bn, bk) = (tn.bn, tn.bk);
@@ -584,10 +705,10 @@ impl Rnn {
             None => gr.dc0.data.fill(0.0),
         }
         let (dgv, dhv, dcv) = (gr.dg.blocks_mut(), gr.dh.blocks_mut(), gr.dc0.blocks_mut());
-        let (dh0v, rtv) = (gr.dh0.blocks_mut(), gr.rt.blocks());
+        let (dh0v, rtv) = (gr.dh0.blocks_mut(), rec.w);
         let (gt, cs) = (st.gates.blocks(), st.c.blocks());
         let nest = &self.bwd_nest;
-        let pf = self.rec_t_kernel.descriptor().prefetch != brgemm::Prefetch::None;
+        let pf = rec.kernel.descriptor().prefetch != brgemm::Prefetch::None;
         // Steps from the last; per step two ordered phases over the
         // (n block, k block) items.
         nest.run(pool, |i| {
@@ -623,6 +744,12 @@ impl Rnn {
                             cell::lstm_bwd(&kept, dht, dcv.slice([ni, ki], blk), &mut grads);
                         }
                     }
+                    if let Some(db16) = rec.b16 {
+                        for j in 0..self.kind.gates() {
+                            let at = [row, j * kb + ki];
+                            round_into(db16.slice(at, blk), dgv.slice(at, blk));
+                        }
+                    }
                 }
             } else {
                 // dh_(t-1) += R^T dG_t (dh_0 for t = 0), block by block; the
@@ -635,29 +762,29 @@ impl Rnn {
                     .map_or(std::ptr::null(), |n| rtv.at([n[1], 0]));
                 let batch = RawBatch::Stride {
                     a: rtv.at([ki, 0]),
-                    b: dgv.at([row, 0]),
+                    b: match rec.b16 {
+                        Some(v) => v.at([row, 0]) as *const T,
+                        None => dgv.at([row, 0]) as *const T,
+                    },
                     count: gkb,
                 };
                 let (kernel, out) = if t > 0 {
-                    (&self.rec_t_kernel, dhv.at([row - nb, ki]))
+                    (rec.kernel, dhv.at([row - nb, ki]))
                 } else {
-                    (&self.rec_t_kernel0, dh0v.at([ni, ki]))
+                    (rec.kernel0, dh0v.at([ni, ki]))
                 };
                 // SAFETY: as above; the (n block, hidden block) of
                 // dh[t-1] / dh0 belongs to this item, dG[t] is complete.
                 unsafe {
-                    kernel.execute_raw_ahead(batch, out, std::ptr::null(), next, gkb * bk * bk)
+                    kernel.execute_raw_ahead(
+                        batch,
+                        out,
+                        std::ptr::null(),
+                        next as *const f32,
+                        gkb * bk * bk,
+                    )
                 };
             }
         });
-        // Reductions over all steps at once.
-        self.input.transpose_weights(pool, w, &mut gr.wt)?;
-        self.input.backward_data(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
-        self.input
-            .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
-        // The recurrent FC's bias gradient equals db: written to scratch.
-        self.recur
-            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut gr.db_r)?;
-        Ok(())
     }
 }
