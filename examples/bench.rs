@@ -505,11 +505,11 @@ fn bench_conv(o: &Opts) {
     }
 }
 
-/// The bf16 forward and backward-data of `conv` (where it can run them),
-/// each timed alternately with its f32 pass in this process: `vs_f32` is the
-/// ratio of the medians, `gflops_with_convert` counts rounding the input
-/// (and for forward packing the filter, which a training step does once per
-/// step) as part of the pass.
+/// The bf16 passes of `conv` (where it can run them), each timed between two
+/// timings of its f32 pass in this process: `vs_f32` is the ratio of the
+/// medians. Every bf16 pass rounds its f32 operands itself;
+/// `gflops_with_packing` also counts packing the filter (forward; a
+/// training step does it once).
 #[allow(clippy::too_many_arguments)]
 fn bench_conv_bf16(
     conv: &brgemm_primitives::Conv,
@@ -523,14 +523,11 @@ fn bench_conv_bf16(
 ) {
     use brgemm::bf16::bf16;
     use brgemm_primitives::conv::ConvBf16;
-    use brgemm_primitives::fc_bf16::to_bf16;
     let Ok(cb) = ConvBf16::new(conv) else {
         return;
     };
     let buf = || brgemm::AlignedVec::<bf16>::new(brgemm::buffer::ALIGN);
-    let (mut xb, mut dzb, mut wv, mut wtv) = (buf(), buf(), buf(), buf());
-    to_bf16(pool, x.data(), &mut xb);
-    to_bf16(pool, dz.data(), &mut dzb);
+    let (mut wv, mut wtv) = (buf(), buf());
     cb.pack_filter(pool, wf, &mut wv, &mut wtv).unwrap();
     let bias = vec![0.1f32; conv.padded_k()];
     let (mut y, mut dx, mut wt) = (conv.y_tensor(), conv.x_tensor(), conv.filter_t());
@@ -538,15 +535,16 @@ fn bench_conv_bf16(
     let flops = conv.flops();
     let isa = cb.isa().name();
     let time = |f: &mut dyn FnMut()| measure_pool(f, pool, probe, samples).secs;
-    // Seconds of f32, bf16, bf16 with conversions, f32 again: the f32
-    // figure is the mean of the two around the bf16 ones.
+    // Seconds of f32, bf16 (the pass rounds its f32 input itself), bf16
+    // with the filter packed too (once per training step), f32 again: the
+    // f32 figure is the mean of the two around the bf16 ones.
     let report = |pass: &str, [f0, b, bc, f1]: [f64; 4]| {
         let f = (f0 + f1) / 2.0;
         line(
             pass,
             flops / b / 1e9,
             format!(
-                r#""isa":"{isa}","gflops_with_convert":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_convert":{:.2}"#,
+                r#""isa":"{isa}","gflops_with_packing":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_packing":{:.2}"#,
                 flops / bc / 1e9,
                 flops / f / 1e9,
                 f / b,
@@ -555,16 +553,14 @@ fn bench_conv_bf16(
         )
     };
     let f0 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
-    let b = time(&mut || cb.forward(pool, conv, &xb, &wv, &bias, &mut y).unwrap());
+    let b = time(&mut || cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap());
     let bc = time(&mut || {
-        to_bf16(pool, x.data(), &mut xb);
         cb.pack_filter(pool, wf, &mut wv, &mut wtv).unwrap();
-        cb.forward(pool, conv, &xb, &wv, &bias, &mut y).unwrap()
+        cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap()
     });
     let f1 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
     report("fwd", [f0, b, bc, f1]);
     if cb.has_backward_weights() {
-        // The bf16 pass rounds its operands itself: one figure.
         let (mut dw, mut db) = (conv.filter(), vec![0.0f32; conv.padded_k()]);
         let f0 = time(&mut || {
             conv.backward_weights(pool, dz, x, &mut dw, &mut db)
@@ -583,14 +579,11 @@ fn bench_conv_bf16(
     if !cb.has_backward_data() {
         return;
     }
+    // Backward-data reads the filter packed with forward's: one figure.
     let f0 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
-    let b = time(&mut || cb.backward_data(pool, conv, &dzb, &wtv, &mut dx).unwrap());
-    let bc = time(&mut || {
-        to_bf16(pool, dz.data(), &mut dzb);
-        cb.backward_data(pool, conv, &dzb, &wtv, &mut dx).unwrap()
-    });
+    let b = time(&mut || cb.backward_data(pool, conv, dz, &wtv, &mut dx).unwrap());
     let f1 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
-    report("bwd", [f0, b, bc, f1]);
+    report("bwd", [f0, b, b, f1]);
 }
 
 /// For a line on more than one thread: the speed-up over one thread,

@@ -3,7 +3,7 @@
 use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::AlignedVec;
 use brgemm_primitives::conv::ConvBf16;
-use brgemm_primitives::fc_bf16::{round_bf16, to_bf16};
+use brgemm_primitives::fc_bf16::round_bf16;
 use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
 use proptest::prelude::*;
@@ -359,16 +359,15 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let dys = data(p.n * p.k * p.p() * p.q(), seed + 3);
     let tn = conv.tuning().clone();
     let buf = || AlignedVec::<bf16>::new(brgemm::buffer::ALIGN);
-    let (mut xb, mut dzb, mut wv, mut wtv) = (buf(), buf(), buf(), buf());
+    let (mut wv, mut wtv) = (buf(), buf());
     let x = Tensor4::from_nchw(&xs, p.n, p.c, p.h, p.w, tn.bc).unwrap();
-    to_bf16(&pool, x.data(), &mut xb);
     let w = Filter::from_kcrs(&ws, (p.k, p.c, p.r, p.s), tn.bk, tn.bc).unwrap();
     cb.pack_filter(&pool, &w, &mut wv, &mut wtv).unwrap();
     let mut bias = vec![0.0; conv.padded_k()];
     bias[..p.k].copy_from_slice(&bs);
     let mut y = conv.y_tensor();
     y.data_mut().fill(f32::NAN);
-    cb.forward(&pool, &conv, &xb, &wv, &bias, &mut y).unwrap();
+    cb.forward(&pool, &conv, &x, &wv, &bias, &mut y).unwrap();
     let want = naive(&p, &rounded(&xs), &rounded(&ws), &bs, &rounded(&dys));
     let act_want: Vec<f64> = want.y.iter().map(|v| act.apply(*v as f32) as f64).collect();
     let isa = cb.isa();
@@ -379,10 +378,9 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
         conv.backward_data_form() == "gather"
     );
     let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
-    to_bf16(&pool, dz.data(), &mut dzb);
     let mut dx = conv.x_tensor();
     dx.data_mut().fill(f32::NAN);
-    match cb.backward_data(&pool, &conv, &dzb, &wtv, &mut dx) {
+    match cb.backward_data(&pool, &conv, &dz, &wtv, &mut dx) {
         Ok(()) => close(
             &format!("bf16 dX ({isa:?}, {p:?})"),
             &dx.to_nchw(),

@@ -8,7 +8,6 @@ use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{channels_from_nchw, channels_to_nchw, Buf, Shape, Tensor};
 use brgemm::Activation;
 use brgemm_primitives::conv::ConvBf16;
-use brgemm_primitives::fc_bf16::to_bf16;
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Conv, ConvParams, Filter, Pool};
 
@@ -249,9 +248,8 @@ impl Conv2d {
                 match &mut p.bf {
                     // The filter was packed for both passes by the forward.
                     Some(b) if b.conv.has_backward_data() => {
-                        let o = &mut b.ops;
-                        to_bf16(pool, dz.get().data(), &mut o.dzb);
-                        b.conv.backward_data(pool, &p.conv, &o.dzb, &o.wtv, dx)?;
+                        b.conv
+                            .backward_data(pool, &p.conv, dz.get(), &b.ops.wtv, dx)?;
                     }
                     _ => {
                         p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
@@ -398,8 +396,8 @@ impl Layer for Conv2d {
                         b.conv.pack_filter(pool, &p.w, &mut o.wv, &mut o.wtv)?;
                         o.packed = true;
                     }
-                    to_bf16(pool, p.x.get().data(), &mut o.xb);
-                    b.conv.forward(pool, &p.conv, &o.xb, &o.wv, &p.bias, y)?;
+                    b.conv
+                        .forward(pool, &p.conv, p.x.get(), &o.wv, &p.bias, y)?;
                 }
                 _ => p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?,
             }

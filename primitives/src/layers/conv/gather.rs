@@ -143,23 +143,57 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
     /// were checked by the caller.
     pub(super) fn run(&self, pool: &Pool, x: &[T], a: &[T], bias: Option<&[f32]>, y: &mut [f32]) {
         let g = self.g;
+        if g.ph == 0 && g.pw == 0 {
+            return self.run_padded(pool, x, a, bias, y);
+        }
+        let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.pad(pool, x, |v| v, &mut xs);
+        self.run_padded(pool, &xs, a, bias, y)
+    }
+
+    /// As [`Gather::run`] from an input of another type, converted by
+    /// `conv` in the same pass that makes the zero-padded copy (f32 input
+    /// rounded for a bf16 pass: one sweep over it, not two).
+    pub(super) fn run_converted<S: Copy + Send + Sync>(
+        &self,
+        pool: &Pool,
+        x: &[S],
+        conv: impl Fn(S) -> T + Sync,
+        a: &[T],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) {
+        let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.pad(pool, x, conv, &mut xs);
+        self.run_padded(pool, &xs, a, bias, y)
+    }
+
+    /// The zero-padded (and converted) copy of the input in `out`.
+    fn pad<S: Copy + Send + Sync>(
+        &self,
+        pool: &Pool,
+        x: &[S],
+        conv: impl Fn(S) -> T + Sync,
+        out: &mut AlignedVec<T>,
+    ) {
+        let g = self.g;
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
-        let mut guard;
-        let xs: &[T] = if g.ph == 0 && g.pw == 0 {
-            x
-        } else {
-            guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-            guard.resize(g.n * g.in_blocks * hp * wp * g.bi, T::default());
-            pad_into(
-                pool,
-                x,
-                g.n * g.in_blocks,
-                (g.h, g.w, g.bi),
-                (g.ph, g.pw),
-                &mut guard,
-            );
-            &guard[..]
-        };
+        out.resize(g.n * g.in_blocks * hp * wp * g.bi, T::default());
+        pad_into(
+            pool,
+            x,
+            g.n * g.in_blocks,
+            (g.h, g.w, g.bi),
+            (g.ph, g.pw),
+            out,
+            conv,
+        );
+    }
+
+    /// [`Gather::run`] on the zero-padded input `xs`.
+    fn run_padded(&self, pool: &Pool, xs: &[T], a: &[T], bias: Option<&[f32]>, y: &mut [f32]) {
+        let g = self.g;
+        let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
         let rs = g.r * g.s;
         // Padded input planes by (image x input block, row, column), filter
         // blocks by (output block, input block), output pixels by (image,

@@ -73,14 +73,16 @@ fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> 
     cfg.nest(&format!("conv {which}"), loops)
 }
 
-/// Zero-padded copies of `[N][blocks][h][w][b]` planes.
-fn pad_into<T: Copy + Default + Send + Sync>(
+/// Zero-padded copies of `[N][blocks][h][w][b]` planes, each value passed
+/// through `conv` (identity, or rounding to bf16).
+fn pad_into<S: Copy + Send + Sync, T: Copy + Default + Send + Sync>(
     pool: &Pool,
-    src: &[T],
+    src: &[S],
     planes: usize,
     (h, w, b): (usize, usize, usize),
     (ph, pw): (usize, usize),
     dst: &mut [T],
+    conv: impl Fn(S) -> T + Sync,
 ) {
     let (hp, wp) = (h + 2 * ph, w + 2 * pw);
     let d = SyncPtr(dst.as_mut_ptr());
@@ -94,7 +96,10 @@ fn pad_into<T: Copy + Default + Send + Sync>(
         for y in 0..h {
             let row = &mut out[(ph + y) * wp * b..][..wp * b];
             row[..pw * b].fill(T::default());
-            row[pw * b..(pw + w) * b].copy_from_slice(&inp[y * w * b..][..w * b]);
+            let src = &inp[y * w * b..][..w * b];
+            for (o, v) in row[pw * b..(pw + w) * b].iter_mut().zip(src) {
+                *o = conv(*v);
+            }
             row[(pw + w) * b..].fill(T::default());
         }
     });
@@ -592,6 +597,7 @@ impl Conv {
                 (pr.h, pr.w, t.bc),
                 (pr.pad_h, pr.pad_w),
                 &mut guard,
+                |v| v,
             );
             &guard[..]
         };
