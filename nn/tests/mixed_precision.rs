@@ -248,3 +248,41 @@ fn convolutions_run_bf16_where_it_pays_with_f32_gradients_to_rounding() {
         );
     }
 }
+
+/// A recurrent layer switches to bf16 where its kernel beats f32 (planned
+/// again with blocks of 32: 28 features padded to one block), trains with
+/// gradients near the f32 ones, and switching back gives the f32 graph's
+/// loss exactly.
+#[test]
+fn recurrent_layers_switch_to_bf16_and_back() {
+    use brgemm::bf16::Bf16Isa;
+    use brgemm_nn::Recurrent;
+    let pool = Pool::new(2).unwrap();
+    let (n, feats, steps, hidden) = (8, 28, 5, 32);
+    let x = Lcg(7).tensor(Shape::new(n, feats, steps, 1));
+    let labels = [0, 1, 2, 0, 1, 2, 0, 1];
+    let graph = || {
+        let mut b = GraphBuilder::new(Shape::new(n, feats, steps, 1));
+        let h = b
+            .layer(b.input(), Recurrent::lstm(feats, hidden, 3).last_only())
+            .unwrap();
+        let out = b
+            .layer(h, Linear::new(hidden, 3, Activation::Identity, 4))
+            .unwrap();
+        b.build(out).unwrap()
+    };
+    let loss = |g: &mut Graph| {
+        g.compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
+            .unwrap()
+    };
+    let mut a = graph();
+    let la = loss(&mut a);
+    let mut b = graph();
+    let on = b.set_bf16(true).unwrap();
+    let lstm_on = forced() || Bf16Isa::Amx.is_supported();
+    assert_eq!(on, usize::from(lstm_on) + linears_in_bf16(&b));
+    let lb = loss(&mut b);
+    assert!((la - lb).abs() < 1e-2 * la.abs(), "loss f32 {la} vs bf16 {lb}");
+    b.set_bf16(false).unwrap();
+    assert_eq!(loss(&mut b), la);
+}

@@ -8,7 +8,7 @@ use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{Shape, Tensor};
 use brgemm_primitives::init::Rng;
 use brgemm_primitives::rnn::{RnnBf16, RnnBf16Weights};
-use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnGrads, RnnState};
+use brgemm_primitives::{Blocked, CellKind, Pool, Rnn, RnnGrads, RnnState, RnnTuning};
 
 /// A recurrent layer over sequences.
 ///
@@ -318,8 +318,20 @@ impl Layer for Recurrent {
             )));
         }
         let values = self.weights();
-        let rnn = Rnn::new(self.kind, input.h, input.n, self.features, self.hidden)
-            .map_err(|e| refuse(e.to_string()))?;
+        let heuristic = match self.bf16 {
+            true => RnnTuning::heuristic_bf16,
+            false => RnnTuning::heuristic,
+        };
+        let tuning = heuristic(input.n, self.features, self.hidden);
+        let rnn = Rnn::with_tuning(
+            self.kind,
+            input.h,
+            input.n,
+            self.features,
+            self.hidden,
+            tuning,
+        )
+        .map_err(|e| refuse(e.to_string()))?;
         let mut plan = Plan {
             n: input.n,
             steps: input.h,
@@ -461,14 +473,20 @@ impl Layer for Recurrent {
     }
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {
-        self.bf16 = on;
-        Ok(match &mut self.plan {
-            Some(p) => {
-                p.bf = on.then(|| Bf16Side::new(&p.rnn)).flatten();
-                p.bf.is_some()
+        let was = std::mem::replace(&mut self.bf16, on);
+        let Some(p) = &self.plan else {
+            return Ok(false);
+        };
+        // Planned again: the blocks follow the precision.
+        let input = Shape::new(p.n, self.features, p.steps, 1);
+        if was != on {
+            if let Err(e) = self.build(input) {
+                self.bf16 = was;
+                self.build(input)?;
+                return Err(e);
             }
-            None => false,
-        })
+        }
+        Ok(self.plan.as_ref().is_some_and(|p| p.bf.is_some()))
     }
 
     fn params(&mut self) -> Vec<Param<'_>> {

@@ -130,6 +130,22 @@ impl RnnTuning {
     }
 }
 
+impl RnnTuning {
+    /// [`RnnTuning::heuristic`] with the input and hidden blocks rounded up
+    /// to multiples of 32, the AMX kernel's granule (28 input features
+    /// become one block of 32 with 4 zero columns): the bf16 passes then
+    /// run every product on AMX where the CPU has it, not the input
+    /// projection on the next kernel, which is slower than f32.
+    pub fn heuristic_bf16(n: usize, c: usize, k: usize) -> RnnTuning {
+        let t = RnnTuning::heuristic(n, c, k);
+        RnnTuning {
+            bc: t.bc.next_multiple_of(32),
+            bk: t.bk.next_multiple_of(32),
+            ..t
+        }
+    }
+}
+
 /// What forward keeps for backward, and the outputs.
 #[derive(Debug, Clone)]
 pub struct RnnState {
