@@ -282,7 +282,10 @@ fn recurrent_layers_switch_to_bf16_and_back() {
     let lstm_on = forced() || Bf16Isa::Amx.is_supported();
     assert_eq!(on, usize::from(lstm_on) + linears_in_bf16(&b));
     let lb = loss(&mut b);
-    assert!((la - lb).abs() < 1e-2 * la.abs(), "loss f32 {la} vs bf16 {lb}");
+    assert!(
+        (la - lb).abs() < 1e-2 * la.abs(),
+        "loss f32 {la} vs bf16 {lb}"
+    );
     b.set_bf16(false).unwrap();
     assert_eq!(loss(&mut b), la);
 }
