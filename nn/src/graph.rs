@@ -518,6 +518,9 @@ impl Graph {
     /// Mixed precision on or off for every layer that has bf16 passes
     /// ([`Layer::set_bf16`]); returns how many run them. A layer that cannot
     /// is an error naming it (the layers before it are switched already).
+    /// Layers may be planned again with other blocks, which reorders their
+    /// parameters; the optimizer's moments start afresh, as after every
+    /// change to the layers.
     pub fn set_bf16(&mut self, on: bool) -> Result<usize> {
         let mut n = 0;
         for l in self.layers_mut() {
