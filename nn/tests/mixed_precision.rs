@@ -289,3 +289,38 @@ fn recurrent_layers_switch_to_bf16_and_back() {
     b.set_bf16(false).unwrap();
     assert_eq!(loss(&mut b), la);
 }
+
+/// Inference folds a batch norm into the convolution before it; where the
+/// layer runs bf16 the folded convolution does too, and the outputs stay
+/// within bf16 rounding of f32's.
+#[test]
+fn folded_convolutions_infer_in_bf16_near_f32() {
+    use brgemm_nn::Mode;
+    let pool = Pool::new(2).unwrap();
+    let stage = |channels| StageSpec {
+        channels,
+        kernel: 3,
+        batchnorm: true,
+        pool: 1,
+    };
+    let spec = CnnSpec {
+        input: (32, 8, 8),
+        stages: vec![stage(32), stage(64)],
+        hidden: vec![],
+        classes: 3,
+        dropout: 0.0,
+    };
+    let x = Lcg(3).tensor(Shape::new(4, 32, 8, 8));
+    let labels = [0, 1, 2, 1];
+    let out = |bf: bool| {
+        let mut g = spec.graph(4, 5).unwrap();
+        g.set_bf16(bf).unwrap();
+        // One step so the batch norms hold statistics to fold.
+        g.train_step(&pool, &x, &labels, &Optimizer::adam(1e-3))
+            .unwrap();
+        g.forward(&pool, &x, Mode::Eval).unwrap().data().to_vec()
+    };
+    let (y32, y16) = (out(false), out(true));
+    let (diff, norm) = diff_and_norm(&y32, &y16);
+    assert!(diff <= 3e-2 * norm, "|diff| {diff}, |y| {norm}");
+}

@@ -46,6 +46,8 @@ struct Fold {
     conv: Conv,
     w: Filter,
     bias: Vec<f32>,
+    /// Its bf16 forward where the layer runs bf16 (packed on first use).
+    bf: Option<Bf16Side>,
 }
 
 /// The bf16 side of mixed precision: the passes and their operands.
@@ -386,10 +388,19 @@ impl Layer for Conv2d {
                 channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
             }
             let y = p.y.get_mut(p.output, bk)?;
-            match (&self.fold, &mut p.bf) {
-                (Some(f), _) if mode == Mode::Eval => {
-                    f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?
-                }
+            match (&mut self.fold, &mut p.bf) {
+                (Some(f), _) if mode == Mode::Eval => match &mut f.bf {
+                    Some(b) => {
+                        let o = &mut b.ops;
+                        if !o.packed {
+                            b.conv.pack_filter(pool, &f.w, &mut o.wv, &mut o.wtv)?;
+                            o.packed = true;
+                        }
+                        b.conv
+                            .forward(pool, &f.conv, p.x.get(), &o.wv, &f.bias, y)?
+                    }
+                    None => f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?,
+                },
                 (_, Some(b)) => {
                     let o = &mut b.ops;
                     if !o.packed {
@@ -479,7 +490,14 @@ impl Layer for Conv2d {
         for (ko, b) in bias.iter_mut().take(k).enumerate() {
             *b = p.bias[ko] * a.scale[ko] + a.shift[ko];
         }
-        self.fold = Some(Fold { conv, w: fw, bias });
+        // bf16 inference where the layer trains in bf16.
+        let bf = p.bf.as_ref().and_then(|_| Bf16Side::new(&conv));
+        self.fold = Some(Fold {
+            conv,
+            w: fw,
+            bias,
+            bf,
+        });
         true
     }
 
