@@ -540,3 +540,40 @@ fn reading_the_cell_states_as_a_sequence_is_an_error() {
     assert!(e.contains("sequence rows") && e.contains("3 steps"), "{e}");
     assert_eq!(rnn.sequence(st.h()).unwrap().len(), 3 * 2 * 5);
 }
+
+/// The bf16 passes refuse a layer other than the one they were planned
+/// for, and packed weights of the wrong size, by name.
+#[test]
+fn bf16_passes_refuse_another_layer_and_short_weights() {
+    let pool = Pool::new(1).unwrap();
+    let a = Rnn::new(CellKind::Lstm, 3, 4, 32, 32).unwrap();
+    let b = Rnn::new(CellKind::Lstm, 3, 4, 32, 64).unwrap();
+    let m = RnnBf16::new(&a).unwrap();
+    let mut pw = RnnBf16Weights::default();
+    let (x, bias) = (a.x_layout(), vec![0.0; a.bias_len()]);
+    let mut st = a.state();
+    let e = m
+        .forward(&pool, &a, &x, &pw, &bias, None, None, &mut st)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("packed R"), "{e}");
+    m.pack_weights(&pool, &a.w_layout(), &a.r_layout(), &mut pw)
+        .unwrap();
+    m.forward(&pool, &a, &x, &pw, &bias, None, None, &mut st)
+        .unwrap();
+    let mut st_b = b.state();
+    let e = m
+        .forward(
+            &pool,
+            &b,
+            &b.x_layout(),
+            &pw,
+            &vec![0.0; b.bias_len()],
+            None,
+            None,
+            &mut st_b,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not the layer"), "{e}");
+}

@@ -9,7 +9,7 @@
 //! in BPTT each dG block) is rounded into a bf16 copy as the cell writes
 //! it, and the next step's recurrent BRGEMM reads that copy.
 
-use super::{Recurrent, Rnn, RnnGrads, RnnState};
+use super::{CellKind, Recurrent, Rnn, RnnGrads, RnnState, RnnTuning};
 use crate::error::{check_buf, shape, Result};
 use crate::fc_bf16::{to_bf16, FcBf16};
 use crate::layout::Blocked;
@@ -41,6 +41,9 @@ impl Default for RnnBf16Weights {
 
 /// The bf16 passes of an [`Rnn`].
 pub struct RnnBf16 {
+    /// The layer planned for: (cell, t, n, c, k) and its tuning.
+    dims: (CellKind, usize, usize, usize, usize),
+    tuning: RnnTuning,
     input: FcBf16,
     recur: FcBf16,
     rec: Kernel,
@@ -72,6 +75,8 @@ impl RnnBf16 {
             });
         let buf = || Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN));
         Ok(RnnBf16 {
+            dims: (rnn.kind, rnn.t, rnn.n, rnn.c, rnn.k),
+            tuning: tn.clone(),
             input: FcBf16::new(&rnn.input)?,
             recur: FcBf16::new(&rnn.recur)?,
             rec: Kernel::new(&desc.beta(Beta::One))?,
@@ -101,7 +106,21 @@ impl RnnBf16 {
         self.recur.pack_weights(pool, r, &mut out.r, &mut out.rt)
     }
 
-    fn views(rnn: &Rnn) -> (usize, usize, usize, usize) {
+    /// An error unless `rnn` is the layer these passes were planned for
+    /// (the kernels' blocks and the buffers' sizes come from it).
+    fn check(&self, rnn: &Rnn) -> Result<()> {
+        if (rnn.kind, rnn.t, rnn.n, rnn.c, rnn.k) != self.dims || *rnn.tuning() != self.tuning {
+            return Err(shape(
+                "rnn",
+                format!("{rnn:?}"),
+                "is not the layer these bf16 passes were planned for",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hidden blocks, gate blocks, elements per R block, rows of a sequence.
+    fn grid(rnn: &Rnn) -> (usize, usize, usize, usize) {
         let tn = rnn.tuning();
         let kb = rnn.padded_k() / tn.bk;
         (
@@ -127,7 +146,8 @@ impl RnnBf16 {
         st: &mut RnnState,
     ) -> Result<()> {
         let pool = pool.for_work(rnn.flops());
-        let (kb, gkb, blk, rows) = Self::views(rnn);
+        self.check(rnn)?;
+        let (kb, gkb, blk, rows) = Self::grid(rnn);
         check_buf("packed R", packed.r.len(), gkb * kb * blk)?;
         rnn.check_forward(x, h0, c0, st)?;
         let mut xb = self.xb.lock().unwrap_or_else(|e| e.into_inner());
@@ -163,7 +183,8 @@ impl RnnBf16 {
         gr: &mut RnnGrads,
     ) -> Result<()> {
         let pool = pool.for_work(rnn.flops());
-        let (kb, gkb, blk, _) = Self::views(rnn);
+        self.check(rnn)?;
+        let (kb, gkb, blk, _) = Self::grid(rnn);
         check_buf("packed Rt", packed.rt.len(), gkb * kb * blk)?;
         rnn.check_backward(dh, dc_last, x, st, gr)?;
         let mut dgb = self.dgb.lock().unwrap_or_else(|e| e.into_inner());
