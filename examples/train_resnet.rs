@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release --example train_resnet [-- --data DIR --epochs N --batch B --lr LR
-//!     --train-limit N --seed S --save FILE --load FILE]
+//!     --train-limit N --seed S --save FILE --load FILE --dtype f32|bf16]
 //! ```
 //!
 //! `--save` writes the trained graph's values (`Graph::save`: versioned,
@@ -30,7 +30,7 @@ mod cli;
 
 const USAGE: &str = "train_resnet: a small ResNet on Fashion-MNIST (layer graph)\n\
     usage: train_resnet [--data DIR --epochs N --batch B --lr LR --train-limit N --seed S\n\
-    --save FILE --load FILE]";
+    --save FILE --load FILE --dtype f32|bf16]";
 
 /// Ends the process with status 1 and the error.
 fn fail(e: impl std::fmt::Display) -> ! {
@@ -70,12 +70,21 @@ fn accuracy(g: &mut Graph, pool: &Pool, set: &ImageSet) -> f64 {
 fn main() {
     let args = cli::parse(
         USAGE,
-        &[cli::value(
-            "train-limit",
-            "N",
-            "train on the first N images only",
-        )],
+        &[
+            cli::value("train-limit", "N", "train on the first N images only"),
+            cli::value(
+                "dtype",
+                "T",
+                "f32 or bf16 (bf16 operands where they beat f32 here, f32 master weights)",
+            ),
+        ],
     );
+    let dtype: String = args.get_or("dtype", "f32".to_string());
+    let bf16 = match dtype.as_str() {
+        "f32" => false,
+        "bf16" => true,
+        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
+    };
     let epochs = args.epochs(8);
     let bs = args.positive("batch", 64);
     let seed: u64 = args.get_or("seed", 1);
@@ -104,8 +113,9 @@ fn main() {
     if let Some(path) = args.get::<String>("load") {
         g.load(&path).unwrap_or_else(|e| fail(e));
     }
+    let in_bf16 = g.set_bf16(bf16).unwrap_or_else(|e| fail(e));
     println!(
-        "fashion-mnist: {} train / {} test images; small ResNet ({} layers); batch {bs}, {} thread(s)",
+        "fashion-mnist: {} train / {} test images; small ResNet ({} layers, {in_bf16} in bf16); batch {bs}, {} thread(s), {dtype}",
         tr.data.len(),
         te.data.len(),
         g.layer_names().len(),
