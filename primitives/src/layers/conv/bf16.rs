@@ -47,13 +47,9 @@ struct Upd {
     kq: usize,
     /// Pixels per channel of an image's transposed X plane.
     wt: usize,
-    /// Per image: its dY plane in a K block's planes, its X plane in a C
-    /// block's planes.
-    a_off: Vec<usize>,
-    b_off: Vec<usize>,
     dyv: Mutex<AlignedVec<bf16>>,
     xt: Mutex<AlignedVec<bf16>>,
-    /// The other threads' dW partial sums when the pairs are split.
+    /// The other threads' dW partial sums when the images are split.
     partials: Mutex<AlignedVec<f32>>,
 }
 
@@ -101,21 +97,19 @@ impl ConvBf16 {
                 // offsets past its end.
                 let wt = kq + (p.r - 1) * p.dil_h * wp + (p.s - 1) * p.dil_w;
                 debug_assert!(wt >= hp * wp);
-                let (mut a_off, mut b_off) = (vec![], vec![]);
-                for n in 0..p.n {
-                    a_off.push(n * kb * kq * t.bk);
-                    b_off.push(n * cb * t.bc * wt);
-                }
+                // One image per call: the images are the calls, in an
+                // order that keeps an image's planes in L2 for every tap.
                 let d = Descriptor::new(t.bk, t.bc, kq)
                     .dtype(DataType::Bf16)
                     .ldb(wt)
-                    .batch_form(BatchForm::Offset);
+                    .batch_form(BatchForm::Stride {
+                        a: kb * kq * t.bk,
+                        b: cb * t.bc * wt,
+                    });
                 Ok(Upd {
                     kernels: Chunked::new(d, Epilogue::default())?,
                     kq,
                     wt,
-                    a_off,
-                    b_off,
                     dyv: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
                     xt: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
                     partials: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
@@ -187,7 +181,7 @@ impl ConvBf16 {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         conv.check_x("X", x)?;
-        check_buf("packed W", wv.len(), conv.filter().data.len())?;
+        check_buf("packed W", wv.len(), conv.filter_len())?;
         check_buf("bias", bias.len(), conv.padded_k())?;
         conv.check_y("Y", y)?;
         self.fwd
@@ -210,14 +204,10 @@ impl ConvBf16 {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         let Some(g) = &self.bwd else {
-            return Err(shape(
-                "stride",
-                format!("({}, {})", self.params.stride_h, self.params.stride_w),
-                "bf16 backward-data gathers at stride 1 only; the f32 pass scatters",
-            ));
+            return Err(self.strided("backward-data"));
         };
         conv.check_y("dZ", dz)?;
-        check_buf("packed Wt", wtv.len(), conv.filter().data.len())?;
+        check_buf("packed Wt", wtv.len(), conv.filter_len())?;
         conv.check_x("dX", dx)?;
         g.run_converted(pool, &dz.data, round_bf16, wtv, None, &mut dx.data);
         Ok(())
@@ -245,15 +235,11 @@ impl ConvBf16 {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         let Some(u) = &self.upd else {
-            return Err(shape(
-                "stride",
-                format!("({}, {})", self.params.stride_h, self.params.stride_w),
-                "bf16 backward-weights runs at stride 1 only; the f32 pass strides",
-            ));
+            return Err(self.strided("backward-weights"));
         };
         conv.check_y("dZ", dz)?;
         conv.check_x("X", x)?;
-        conv.check_f("dW", dw, conv.filter())?;
+        conv.check_f("dW", dw, false)?;
         check_buf("db", db.len(), conv.padded_k())?;
         let pr = &self.params;
         let (bc, bk, kq, wt) = (self.bc, self.bk, u.kq, u.wt);
@@ -267,11 +253,11 @@ impl ConvBf16 {
         let plane = kq * bk;
         dyv.resize(pr.n * kb * plane, bf16::ZERO);
         let dp = SyncPtr(dyv.as_mut_ptr());
+        let zero = vec![0.0f32; bk];
         pool.for_each(pr.n * kb, |i| {
             // SAFETY: plane i belongs to this iteration alone.
             let out = unsafe { std::slice::from_raw_parts_mut(dp.get().add(i * plane), plane) };
             let src = &dz.data[i * p * q * bk..][..p * q * bk];
-            let zero = vec![0.0f32; bk];
             let px = |m: usize| {
                 let (row, col) = (m / wp, m % wp);
                 match row < p && col < q {
@@ -342,20 +328,14 @@ impl ConvBf16 {
                     0 => dwp.get(),
                     k => pp.get().add((k - 1) * dw_len),
                 };
-                let a = (dyp as *const bf16).add(ki * plane);
                 for n0 in lo..hi {
                     let k = u.kernels.pick(n0 == lo, false);
+                    let a = (dyp as *const bf16).add((n0 * kb + ki) * plane);
                     for tap in 0..rs {
                         let (r, s) = (tap / pr.s, tap % pr.s);
                         let b = (xtp as *const bf16)
-                            .add(ci * xplane + r * pr.dil_h * wp + s * pr.dil_w);
-                        let batch = RawBatch::Offset {
-                            a,
-                            b,
-                            a_offs: u.a_off[n0..].as_ptr(),
-                            b_offs: u.b_off[n0..].as_ptr(),
-                            count: 1,
-                        };
+                            .add((n0 * cb + ci) * xplane + r * pr.dil_h * wp + s * pr.dil_w);
+                        let batch = RawBatch::Stride { a, b, count: 1 };
                         k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
                     }
                 }
@@ -380,6 +360,15 @@ impl ConvBf16 {
             }
         });
         Ok(())
+    }
+
+    /// The error of a bf16 pass that runs at stride 1 only.
+    fn strided(&self, pass: &str) -> crate::Error {
+        shape(
+            "stride",
+            format!("({}, {})", self.params.stride_h, self.params.stride_w),
+            format!("bf16 {pass} runs at stride 1 only; the layer's f32 pass does the others"),
+        )
     }
 
     fn check(&self, conv: &Conv) -> Result<()> {

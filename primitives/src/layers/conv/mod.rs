@@ -412,12 +412,29 @@ impl Conv {
         let p = &self.params;
         self.check_t(what, t, (p.k, p.p(), p.q(), self.tuning.bk))
     }
-    fn check_f(&self, what: &str, f: &Filter, want: Filter) -> Result<()> {
-        if f.dims() != want.dims() {
+    /// The dims of the layer's filter, `(k, c, r, s, bk, bc)`, or with
+    /// `transposed` of the filter backward-data reads.
+    fn filter_dims(&self, transposed: bool) -> (usize, usize, usize, usize, usize, usize) {
+        let (p, t) = (&self.params, &self.tuning);
+        match transposed {
+            false => (p.k, p.c, p.r, p.s, t.bk, t.bc),
+            true => (p.c, p.k, p.r, p.s, t.bc, t.bk),
+        }
+    }
+    /// Elements of the (padded, blocked) filter.
+    fn filter_len(&self) -> usize {
+        let (p, t) = (&self.params, &self.tuning);
+        p.k.div_ceil(t.bk) * p.c.div_ceil(t.bc) * p.r * p.s * t.bk * t.bc
+    }
+    /// Compares without building the wanted filter: the passes check on
+    /// every call.
+    fn check_f(&self, what: &str, f: &Filter, transposed: bool) -> Result<()> {
+        let want = self.filter_dims(transposed);
+        if f.dims() != want {
             return Err(shape(
                 what,
                 format!("(k, c, r, s, bk, bc) = {:?}", f.dims()),
-                format!("layer needs {:?}", want.dims()),
+                format!("layer needs {want:?}"),
             ));
         }
         Ok(())
@@ -434,7 +451,7 @@ impl Conv {
     ) -> Result<()> {
         let pool = pool.for_work(self.flops());
         self.check_x("X", x)?;
-        self.check_f("W", w, self.filter())?;
+        self.check_f("W", w, false)?;
         self.check_y("Y", y)?;
         check_buf("bias", bias.len(), self.padded_k())?;
         self.fwd
@@ -481,8 +498,8 @@ impl Conv {
     /// Writes the transposed filter backward-data reads.
     pub fn transpose_filter(&self, pool: &Pool, w: &Filter, wt: &mut Filter) -> Result<()> {
         let pool = pool.for_work(self.flops());
-        self.check_f("W", w, self.filter())?;
-        self.check_f("Wt", wt, self.filter_t())?;
+        self.check_f("W", w, false)?;
+        self.check_f("Wt", wt, true)?;
         w.transpose_into(wt, pool)
     }
 
@@ -497,7 +514,7 @@ impl Conv {
     ) -> Result<()> {
         let pool = pool.for_work(self.flops());
         self.check_y("dZ", dz)?;
-        self.check_f("Wt", wt, self.filter_t())?;
+        self.check_f("Wt", wt, true)?;
         self.check_x("dX", dx)?;
         match &self.bwd {
             Bwd::Gather(g) => g.run(pool, &dz.data, &wt.data, None, &mut dx.data),
@@ -576,7 +593,7 @@ impl Conv {
         let pool = pool.for_work(self.flops());
         self.check_y("dZ", dz)?;
         self.check_x("X", x)?;
-        self.check_f("dW", dw, self.filter())?;
+        self.check_f("dW", dw, false)?;
         check_buf("db", db.len(), self.padded_k())?;
         let pr = &self.params;
         let t = &self.tuning;
