@@ -27,11 +27,14 @@ pub fn round_bf16(x: f32) -> bf16 {
 /// cache lines (x1.4 on AMX against the 16-byte offset a `Vec` gets).
 pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut AlignedVec<bf16>) {
     dst.resize(src.len(), bf16::ZERO);
-    pool.for_slices(dst, |lo, out| {
-        for (o, v) in out.iter_mut().zip(&src[lo..]) {
-            *o = round_bf16(*v);
-        }
-    });
+    pool.for_slices(dst, |lo, out| round_slice(out, &src[lo..]));
+}
+
+/// Rounds `src` into `dst` (nearest even), as far as the shorter reaches.
+pub(crate) fn round_slice(dst: &mut [bf16], src: &[f32]) {
+    for (o, v) in dst.iter_mut().zip(src) {
+        *o = round_bf16(*v);
+    }
 }
 
 /// The block grid of a weight tensor to pack: `outer x inner` block pairs
@@ -82,9 +85,7 @@ pub(crate) fn pack_vnni(
             };
             ROUNDED.with_borrow_mut(|r| {
                 r.resize(blk, bf16::ZERO);
-                for (o, v) in r.iter_mut().zip(&src[from..][..blk]) {
-                    *o = round_bf16(*v);
-                }
+                round_slice(r, &src[from..][..blk]);
                 // Forward A (m = bo, k = bi): rows i, i+1 interleaved.
                 for (ip, out) in dv.chunks_exact_mut(2 * bo).enumerate() {
                     let (r0, r1) = (&r[2 * ip * bo..][..bo], &r[(2 * ip + 1) * bo..][..bo]);

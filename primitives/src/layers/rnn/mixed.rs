@@ -46,9 +46,11 @@ pub struct RnnBf16 {
     tuning: RnnTuning,
     input: FcBf16,
     recur: FcBf16,
+    /// The recurrent product of forward and of BPTT (beta = 1; the same
+    /// shape both ways: bk x bn x bk blocks, R or R^T as A).
     rec: Kernel,
-    rec_t: Kernel,
-    rec_t0: Kernel,
+    /// As `rec` with beta = 0, for dh_0.
+    rec0: Kernel,
     /// Rounded X, the bf16 copies of h_prev (forward) and of dG (BPTT).
     xb: Mutex<AlignedVec<bf16>>,
     hb: Mutex<AlignedVec<bf16>>,
@@ -80,8 +82,7 @@ impl RnnBf16 {
             input: FcBf16::new(&rnn.input)?,
             recur: FcBf16::new(&rnn.recur)?,
             rec: Kernel::new(&desc.beta(Beta::One))?,
-            rec_t: Kernel::new(&desc.beta(Beta::One))?,
-            rec_t0: Kernel::new(&desc)?,
+            rec0: Kernel::new(&desc)?,
             xb: buf(),
             hb: buf(),
             dgb: buf(),
@@ -191,8 +192,8 @@ impl RnnBf16 {
         dgb.resize(gr.dg.data.len(), bf16::ZERO);
         let bl = gr.dg.block_len();
         let rec = Recurrent {
-            kernel: &self.rec_t,
-            kernel0: &self.rec_t0,
+            kernel: &self.rec,
+            kernel0: &self.rec0,
             w: View::new(&packed.rt, [gkb * blk, blk]),
             b16: Some(ViewMut::new(&mut dgb, [gkb * bl, bl])),
         };

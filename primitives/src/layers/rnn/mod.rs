@@ -38,6 +38,7 @@
 //! two phases per step `d`), so a whole sequence is one hand-off to the pool
 //! with a barrier between steps rather than one hand-off per step.
 
+use crate::engine::bf16::round_slice;
 use crate::error::{shape, Result};
 use crate::fc::{Fc, FcTuning};
 use crate::layout::{check_shape, Blocked, Inner, Shape};
@@ -66,13 +67,6 @@ struct Recurrent<'a, T> {
     kernel0: &'a Kernel,
     w: View<2, T>,
     b16: Option<ViewMut<2, bf16>>,
-}
-
-/// Rounds `src` into `dst` (bf16, nearest even).
-fn round_into(dst: &mut [bf16], src: &[f32]) {
-    for (o, v) in dst.iter_mut().zip(src) {
-        *o = crate::engine::bf16::round_bf16(*v);
-    }
 }
 
 /// Which recurrent cell.
@@ -520,7 +514,7 @@ impl Rnn {
         if let Some(hb) = rec.b16 {
             // SAFETY: the bf16 copy has h_prev's layout (its owner sized it).
             let out = unsafe { hb.slice([0, 0], step_len) };
-            round_into(out, &st.h_prev.data[..step_len]);
+            round_slice(out, &st.h_prev.data[..step_len]);
         }
         if self.kind == CellKind::Lstm {
             match c0 {
@@ -593,7 +587,7 @@ impl Rnn {
                 if t + 1 < self.t {
                     hpv.slice([row + nb, ki], blk).copy_from_slice(hout);
                     if let Some(hb) = rec.b16 {
-                        round_into(hb.slice([row + nb, ki], blk), hout);
+                        round_slice(hb.slice([row + nb, ki], blk), hout);
                     }
                 }
             }
@@ -763,7 +757,7 @@ impl Rnn {
                     if let Some(db16) = rec.b16 {
                         for j in 0..self.kind.gates() {
                             let at = [row, j * kb + ki];
-                            round_into(db16.slice(at, blk), dgv.slice(at, blk));
+                            round_slice(db16.slice(at, blk), dgv.slice(at, blk));
                         }
                     }
                 }
