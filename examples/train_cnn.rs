@@ -28,11 +28,7 @@ fn main() {
             cli::flag("batchnorm", "batch normalisation after each convolution"),
             cli::value("dropout", "P", "dropout before the FC head, in [0, 1)"),
             cli::value("train-limit", "N", "train on the first N images only"),
-            cli::value(
-                "dtype",
-                "T",
-                "f32 or bf16 (bf16 operands where they beat f32 here, f32 master weights)",
-            ),
+            cli::DTYPE,
         ],
     );
     let mut cfg = train_cnn::CnnConfig::default();
@@ -42,12 +38,8 @@ fn main() {
     cfg.dropout = args.get_or("dropout", cfg.dropout);
     cfg.optimizer = Optimizer::adam(args.lr(1e-3));
     cfg.check_finite = !args.flag("no-finite-check");
-    let dtype: String = args.get_or("dtype", "f32".to_string());
-    cfg.bf16 = match dtype.as_str() {
-        "f32" => false,
-        "bf16" => true,
-        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
-    };
+    cfg.bf16 = args.bf16();
+    let dtype = if cfg.bf16 { "bf16" } else { "f32" };
     let bn = args.flag("batchnorm");
     for s in &mut cfg.stages {
         s.batchnorm = bn;

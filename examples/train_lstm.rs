@@ -32,19 +32,11 @@ fn main() {
             cli::flag("bidirectional", "every layer in both directions"),
             cli::flag("rnn", "the plain tanh cell instead of the LSTM"),
             cli::value("train-limit", "N", "train on the first N sequences only"),
-            cli::value(
-                "dtype",
-                "T",
-                "f32 or bf16 (bf16 operands where they beat f32 here, f32 master weights)",
-            ),
+            cli::DTYPE,
         ],
     );
-    let dtype: String = args.get_or("dtype", "f32".to_string());
-    let bf16 = match dtype.as_str() {
-        "f32" => false,
-        "bf16" => true,
-        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
-    };
+    let bf16 = args.bf16();
+    let dtype = if bf16 { "bf16" } else { "f32" };
     let explicit: Option<String> = args.get("data");
     let dir = explicit
         .clone()

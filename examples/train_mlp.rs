@@ -53,11 +53,7 @@ fn main() {
         args.no_model_files("GPU MLP");
         return gpu_main(&cfg, &device, &dtype);
     }
-    cfg.bf16 = match dtype.as_str() {
-        "f32" => false,
-        "bf16" => true,
-        other => cli::usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
-    };
+    cfg.bf16 = args.bf16();
     let save = args.save_path();
     // Activations, gradients and scratch of every layer, f32, about 6 per
     // width per row.

@@ -37,6 +37,13 @@ pub const fn flag(name: &'static str, help: &'static str) -> Opt {
     }
 }
 
+/// `--dtype f32|bf16` of the CPU training examples ([`Args::bf16`]).
+pub const DTYPE: Opt = value(
+    "dtype",
+    "T",
+    "f32 or bf16 (bf16 operands where they beat f32 here, f32 master weights)",
+);
+
 /// The options every training example takes.
 pub const COMMON: &[Opt] = &[
     value(
@@ -178,6 +185,15 @@ impl Args {
             usage_error(format!("--lr {v}: must be finite and above 0"));
         }
         v
+    }
+    /// `--dtype`: f32 (false, the default) or bf16 (true); anything else
+    /// ends the process naming the value.
+    pub fn bf16(&self) -> bool {
+        match self.values.get("dtype").map(String::as_str) {
+            None | Some("f32") => false,
+            Some("bf16") => true,
+            Some(other) => usage_error(format!("--dtype {other:?}: expected f32 or bf16")),
+        }
     }
     /// Whether `--name` was given.
     pub fn flag(&self, name: &str) -> bool {

@@ -12,8 +12,8 @@ use super::{expect_values, need_training, weight_and_bias, Bf16Operands, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::{same_layout, Buf, RowBuf, Shape, Tensor};
-use brgemm::bf16::Bf16Isa;
-use brgemm::Activation;
+use brgemm::bf16::{bf16, Bf16Isa};
+use brgemm::{Activation, AlignedVec};
 use brgemm_primitives::eltwise::{flatten, unflatten};
 use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
@@ -33,17 +33,24 @@ pub struct Linear {
     state: State<Plan>,
 }
 
-/// The bf16 side of mixed precision: the passes and their operands.
+/// The bf16 side of mixed precision: the passes, the packed weights, and
+/// the step's input and output gradient rounded (the FC passes read bf16
+/// operands in their blocked layouts).
 struct Bf16Side {
     fc: FcBf16,
     ops: Bf16Operands,
+    xb: AlignedVec<bf16>,
+    dzb: AlignedVec<bf16>,
 }
 
 impl Bf16Side {
     fn new(fc: &Fc) -> brgemm_primitives::Result<Bf16Side> {
+        let buf = || AlignedVec::new(brgemm::buffer::ALIGN);
         Ok(Bf16Side {
             fc: FcBf16::new(fc)?,
             ops: Bf16Operands::new(),
+            xb: buf(),
+            dzb: buf(),
         })
     }
 }
@@ -282,8 +289,8 @@ impl Layer for Linear {
                     b.fc.pack_weights(pool, &p.w, &mut o.wv, &mut o.wtv)?;
                     o.packed = true;
                 }
-                to_bf16(pool, p.x.get().data(), &mut o.xb);
-                b.fc.forward(pool, &o.xb, &o.wv, &p.bias, y)?;
+                to_bf16(pool, p.x.get().data(), &mut b.xb);
+                b.fc.forward(pool, &b.xb, &o.wv, &p.bias, y)?;
             }
             None => {
                 // The pre-activation only where its gradient needs it (GELU).
@@ -305,8 +312,8 @@ impl Layer for Linear {
         match &mut p.bf {
             // The transposed weights were packed with the forward's.
             Some(b) => {
-                to_bf16(pool, p.dz.data(), &mut b.ops.dzb);
-                b.fc.backward_data(pool, &b.ops.dzb, &b.ops.wtv, dx)?;
+                to_bf16(pool, p.dz.data(), &mut b.dzb);
+                b.fc.backward_data(pool, &b.dzb, &b.ops.wtv, dx)?;
             }
             None => {
                 p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;

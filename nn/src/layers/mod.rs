@@ -19,14 +19,11 @@ use crate::layer::Param;
 use brgemm::bf16::bf16;
 use brgemm::AlignedVec;
 
-/// The bf16 operands of a layer's mixed-precision passes: its weights
-/// packed from the f32 masters for forward (`wv`) and backward-data
-/// (`wtv`), and the step's input (`xb`) and output gradient (`dzb`) rounded.
+/// A layer's weights packed for its bf16 passes from the f32 masters: for
+/// forward (`wv`) and for backward-data (`wtv`).
 pub(crate) struct Bf16Operands {
     pub(crate) wv: AlignedVec<bf16>,
     pub(crate) wtv: AlignedVec<bf16>,
-    pub(crate) xb: AlignedVec<bf16>,
-    pub(crate) dzb: AlignedVec<bf16>,
     /// Whether `wv`/`wtv` hold the current weights (reset whenever the
     /// parameters are handed out for writing).
     pub(crate) packed: bool,
@@ -38,8 +35,6 @@ impl Bf16Operands {
         Bf16Operands {
             wv: buf(),
             wtv: buf(),
-            xb: buf(),
-            dzb: buf(),
             packed: false,
         }
     }
