@@ -509,7 +509,9 @@ fn bench_conv(o: &Opts) {
 /// timings of its f32 pass in this process: `vs_f32` is the ratio of the
 /// medians. Every bf16 pass rounds its f32 operands itself;
 /// `gflops_with_packing` also counts packing the filter (forward; a
-/// training step does it once).
+/// training step does it once). `pct_fp32_peak` sets the bf16 GFLOP/s
+/// against the fp32 FMA peak probed between the bf16 samples (AMX lines
+/// pass 100%).
 #[allow(clippy::too_many_arguments)]
 fn bench_conv_bf16(
     conv: &brgemm_primitives::Conv,
@@ -534,7 +536,14 @@ fn bench_conv_bf16(
     conv.transpose_filter(pool, wf, &mut wt).unwrap();
     let flops = conv.flops();
     let isa = cb.isa().name();
+    // The fp32 FMA peak of the bf16 sample, measured between its samples.
+    let peak = std::cell::Cell::new(0.0);
     let time = |f: &mut dyn FnMut()| measure_pool(f, pool, probe, samples).secs;
+    let time_bf16 = |f: &mut dyn FnMut()| {
+        let m = measure_pool(f, pool, probe, samples);
+        peak.set(m.peak_gflops);
+        m.secs
+    };
     // Seconds of f32, bf16 (the pass rounds its f32 input itself), bf16
     // with the filter packed too (once per training step), f32 again: the
     // f32 figure is the mean of the two around the bf16 ones.
@@ -544,16 +553,18 @@ fn bench_conv_bf16(
             pass,
             flops / b / 1e9,
             format!(
-                r#""isa":"{isa}","gflops_with_packing":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_packing":{:.2}"#,
+                r#""isa":"{isa}","gflops_with_packing":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_packing":{:.2},"fp32_peak_gflops":{:.1},"pct_fp32_peak":{:.1}"#,
                 flops / bc / 1e9,
                 flops / f / 1e9,
                 f / b,
-                f / bc
+                f / bc,
+                peak.get(),
+                100.0 * flops / b / 1e9 / peak.get()
             ),
         )
     };
     let f0 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
-    let b = time(&mut || cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap());
+    let b = time_bf16(&mut || cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap());
     let bc = time(&mut || {
         cb.pack_filter(pool, wf, &mut wv, &mut wtv).unwrap();
         cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap()
@@ -566,7 +577,7 @@ fn bench_conv_bf16(
             conv.backward_weights(pool, dz, x, &mut dw, &mut db)
                 .unwrap()
         });
-        let b = time(&mut || {
+        let b = time_bf16(&mut || {
             cb.backward_weights(pool, conv, dz, x, &mut dw, &mut db)
                 .unwrap()
         });
@@ -581,7 +592,7 @@ fn bench_conv_bf16(
     }
     // Backward-data reads the filter packed with forward's: one figure.
     let f0 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
-    let b = time(&mut || cb.backward_data(pool, conv, dz, &wtv, &mut dx).unwrap());
+    let b = time_bf16(&mut || cb.backward_data(pool, conv, dz, &wtv, &mut dx).unwrap());
     let f1 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
     report("bwd", [f0, b, b, f1]);
 }
@@ -665,11 +676,12 @@ fn bench_lstm(o: &Opts) {
             // step in training), each timed between two f32 timings.
             if let Ok(mb) = brgemm_primitives::rnn::RnnBf16::new(&rnn) {
                 let mut pw = brgemm_primitives::rnn::RnnBf16Weights::default();
-                let time = |f: &mut dyn FnMut()| measure_pool(f, &pool, &probe, samples).secs;
+                let time = |f: &mut dyn FnMut()| measure_pool(f, &pool, &probe, samples);
                 let f0 = time(&mut || {
                     rnn.forward(&pool, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
                         .unwrap()
-                });
+                })
+                .secs;
                 let b = time(&mut || {
                     mb.pack_weights(&pool, &d.w, &d.r, &mut pw).unwrap();
                     mb.forward(&pool, &rnn, &d.x, &pw, &d.bias, None, None, &mut d.st)
@@ -678,11 +690,13 @@ fn bench_lstm(o: &Opts) {
                 let f1 = time(&mut || {
                     rnn.forward(&pool, &d.x, &d.w, &d.r, &d.bias, None, None, &mut d.st)
                         .unwrap()
-                });
+                })
+                .secs;
                 let g0 = time(&mut || {
                     rnn.backward(&pool, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
                         .unwrap()
-                });
+                })
+                .secs;
                 let gb = time(&mut || {
                     mb.backward_from_state(&pool, &rnn, &d.dh, None, &d.x, &pw, &d.st, &mut d.gr)
                         .unwrap()
@@ -690,17 +704,20 @@ fn bench_lstm(o: &Opts) {
                 let g1 = time(&mut || {
                     rnn.backward(&pool, &d.dh, &d.x, &d.w, &d.r, &d.st, &mut d.gr)
                         .unwrap()
-                });
+                })
+                .secs;
                 for (pass, flops, f, b) in [
                     ("fwd", rnn.flops(), (f0 + f1) / 2.0, b),
                     ("bwd_upd", 2.0 * rnn.flops(), (g0 + g1) / 2.0, gb),
                 ] {
+                    let gf = flops / b.secs / 1e9;
                     println!(
-                        r#"{{"bench":"lstm","pass":"{pass}","dtype":"bf16","t":{t},"n":{n},"c":{c},"k":{k},"isa":"{}","threads":{threads},"gflops":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2}}}"#,
+                        r#"{{"bench":"lstm","pass":"{pass}","dtype":"bf16","t":{t},"n":{n},"c":{c},"k":{k},"isa":"{}","threads":{threads},"gflops":{gf:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"fp32_peak_gflops":{:.1},"pct_fp32_peak":{:.1}}}"#,
                         mb.isa().name(),
-                        flops / b / 1e9,
                         flops / f / 1e9,
-                        f / b
+                        f / b.secs,
+                        b.peak_gflops,
+                        100.0 * gf / b.peak_gflops
                     );
                 }
             }
