@@ -64,16 +64,21 @@ up() {
   command -v mpirun >/dev/null || die "mpirun not found (apt-get install openmpi-bin)"
   down
   mkdir -p "$STATE"
-  # Token bucket: a burst of 100 us of traffic at the rate (at least four
-  # frames), so that a message of a few hundred kB takes the wire's time
-  # rather than passing in one burst (tbf's watchdog is a high-resolution
-  # timer: measured 0.94-0.96 Gb/s at 1 Gb/s, 8.8 at 10 Gb/s between two
-  # nodes here; a single TCP stream over veth tops out near 15 Gb/s at
-  # MTU 1500 on these cores, so 25 Gb/s links are CPU-bound unless --mtu 9000).
+  # Token bucket: a burst of 1 ms of traffic at the rate (at least four
+  # frames). tbf releases a burst per watchdog timer wake-up, and in these
+  # VMs the wake-ups come every ~150 us, not on time: with a 100 us burst
+  # one TCP stream reached 0.69 Gb/s of 1 Gb/s and 0.44 each way both ways
+  # at once (what an all-reduce does); with 1 ms, 0.97 and 0.96 (9.6 and
+  # 9.1 at 10 Gb/s). Above ~13-16 Gb/s a stream over veth is CPU-bound at
+  # any MTU on these cores, so 25 Gb/s links deliver less than their rate:
+  # `bench mpi --cluster` measures what the wire gives. The queue holds
+  # 10 ms (a longer one only inflates the round trip under load). Rates
+  # are printed with %.0f: mawk's %d stops at 2^31-1, which made every
+  # link above 2.1 Gb/s a 2.1 Gb/s one (MPI measured 2.06 Gb/s on "10").
   local rate_bps burst
-  rate_bps=$(awk -v g="$gbps" 'BEGIN { printf "%d", g * 1e9 }')
-  burst=$(awk -v r="$rate_bps" -v m="$mtu" 'BEGIN { b = r / 8 * 1e-4; if (b < 4 * m) b = 4 * m; printf "%d", b }')
-  local shape="tbf rate ${rate_bps}bit burst ${burst} latency 100ms"
+  rate_bps=$(awk -v g="$gbps" 'BEGIN { printf "%.0f", g * 1e9 }')
+  burst=$(awk -v r="$rate_bps" -v m="$mtu" 'BEGIN { b = r / 8 * 1e-3; if (b < 4 * m) b = 4 * m; printf "%.0f", b }')
+  local shape="tbf rate ${rate_bps}bit burst ${burst} latency 10ms"
 
   ip link add "$BRIDGE" type bridge
   ip addr add "$SUBNET.1/24" dev "$BRIDGE"
