@@ -1,10 +1,102 @@
 //! The RNN's layouts (input, state, weight and gradient buffers sized for
-//! its plan) and its conversions from and to plain layouts.
+//! its plan), what forward keeps and backward returns ([`RnnState`],
+//! [`RnnGrads`]), and the conversions from and to plain layouts.
 
 use crate::error::{check_buf, shape, Result};
 use crate::layout::{Blocked, Inner};
 
-use super::{CellKind, Rnn, RnnGrads, RnnState};
+use super::{CellKind, Rnn};
+
+/// What forward keeps for backward, and the outputs.
+#[derive(Debug, Clone)]
+pub struct RnnState {
+    /// h_1 .. h_T (`T*Np x K`).
+    pub(crate) h: Blocked,
+    /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
+    pub(crate) h_prev: Blocked,
+    /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
+    pub(crate) c: Blocked,
+    /// Activated gates of every step (`T*Np x g*Kp`).
+    pub(crate) gates: Blocked,
+}
+
+/// Gradients of a backward pass.
+#[derive(Debug, Clone)]
+pub struct RnnGrads {
+    /// dL/dX (`T*Np x C`).
+    pub(crate) dx: Blocked,
+    /// dL/dW (layout of W).
+    pub(crate) dw: Blocked,
+    /// dL/dR (layout of R).
+    pub(crate) dr: Blocked,
+    /// dL/db (length `g*Kp`).
+    pub(crate) db: Vec<f32>,
+    /// dL/dh_0 (`Np x K`).
+    pub(crate) dh0: Blocked,
+    /// dL/dc_0 (`Np x K`; LSTM only).
+    pub(crate) dc0: Blocked,
+    /// Scratch: dL/dG (`T*Np x g*Kp`).
+    pub(crate) dg: Blocked,
+    /// Scratch: dL/dh of the step being processed, accumulated (`T*Np x K`).
+    pub(crate) dh: Blocked,
+    /// Scratch: R transposed (`K x g*Kp` blocked as FC `wt`).
+    pub(crate) rt: Blocked,
+    /// Scratch: W transposed, for dX.
+    pub(crate) wt: Blocked,
+    /// Scratch: the recurrent FC's (duplicate) bias gradient.
+    pub(crate) db_r: Vec<f32>,
+}
+
+impl RnnState {
+    /// h_1 .. h_T (`T*Np x K`).
+    pub fn h(&self) -> &Blocked {
+        &self.h
+    }
+    /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
+    pub fn h_prev(&self) -> &Blocked {
+        &self.h_prev
+    }
+    /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
+    pub fn c(&self) -> &Blocked {
+        &self.c
+    }
+    /// Activated gates of every step (`T*Np x g*Kp`).
+    pub fn gates(&self) -> &Blocked {
+        &self.gates
+    }
+}
+
+impl RnnGrads {
+    /// dL/dX (`T*Np x C`).
+    pub fn dx(&self) -> &Blocked {
+        &self.dx
+    }
+    /// dL/dW (layout of W).
+    pub fn dw(&self) -> &Blocked {
+        &self.dw
+    }
+    /// dL/dR (layout of R).
+    pub fn dr(&self) -> &Blocked {
+        &self.dr
+    }
+    /// dL/db (length `g*Kp`).
+    pub fn db(&self) -> &[f32] {
+        &self.db
+    }
+    /// dL/dh_0 (`Np x K`).
+    pub fn dh0(&self) -> &Blocked {
+        &self.dh0
+    }
+    /// dL/dc_0 (`Np x K`; LSTM only).
+    pub fn dc0(&self) -> &Blocked {
+        &self.dc0
+    }
+    /// dL/dW, dL/dR and dL/db together, writable (an optimizer holding
+    /// them next to the weights).
+    pub fn weights_mut(&mut self) -> (&mut Blocked, &mut Blocked, &mut [f32]) {
+        (&mut self.dw, &mut self.dr, &mut self.db)
+    }
+}
 
 impl Rnn {
     fn seq(&self, cols: usize, bc: usize) -> Blocked {

@@ -55,6 +55,8 @@ mod cell;
 mod io;
 mod mixed;
 
+pub use self::io::{RnnGrads, RnnState};
+
 pub use self::mixed::{RnnBf16, RnnBf16Weights};
 
 /// The recurrent operands of the step loops: the kernels (forward: `kernel`
@@ -140,46 +142,6 @@ impl RnnTuning {
     }
 }
 
-/// What forward keeps for backward, and the outputs.
-#[derive(Debug, Clone)]
-pub struct RnnState {
-    /// h_1 .. h_T (`T*Np x K`).
-    pub(crate) h: Blocked,
-    /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
-    pub(crate) h_prev: Blocked,
-    /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
-    pub(crate) c: Blocked,
-    /// Activated gates of every step (`T*Np x g*Kp`).
-    pub(crate) gates: Blocked,
-}
-
-/// Gradients of a backward pass.
-#[derive(Debug, Clone)]
-pub struct RnnGrads {
-    /// dL/dX (`T*Np x C`).
-    pub(crate) dx: Blocked,
-    /// dL/dW (layout of W).
-    pub(crate) dw: Blocked,
-    /// dL/dR (layout of R).
-    pub(crate) dr: Blocked,
-    /// dL/db (length `g*Kp`).
-    pub(crate) db: Vec<f32>,
-    /// dL/dh_0 (`Np x K`).
-    pub(crate) dh0: Blocked,
-    /// dL/dc_0 (`Np x K`; LSTM only).
-    pub(crate) dc0: Blocked,
-    /// Scratch: dL/dG (`T*Np x g*Kp`).
-    dg: Blocked,
-    /// Scratch: dL/dh of the step being processed, accumulated (`T*Np x K`).
-    dh: Blocked,
-    /// Scratch: R transposed (`K x g*Kp` blocked as FC `wt`).
-    rt: Blocked,
-    /// Scratch: W transposed, for dX.
-    wt: Blocked,
-    /// Scratch: the recurrent FC's (duplicate) bias gradient.
-    db_r: Vec<f32>,
-}
-
 /// A planned LSTM or RNN layer for sequences of `t` steps, minibatch `n`,
 /// `c` input features and `k` hidden units.
 pub struct Rnn {
@@ -220,57 +182,6 @@ impl std::fmt::Debug for Rnn {
             .field("k", &self.k)
             .field("tuning", &self.tuning)
             .finish()
-    }
-}
-
-impl RnnState {
-    /// h_1 .. h_T (`T*Np x K`).
-    pub fn h(&self) -> &Blocked {
-        &self.h
-    }
-    /// h_0 .. h_(T-1) (`T*Np x K`), the recurrent operand of each step.
-    pub fn h_prev(&self) -> &Blocked {
-        &self.h_prev
-    }
-    /// c_0 .. c_T (`(T+1)*Np x K`; LSTM only, else empty).
-    pub fn c(&self) -> &Blocked {
-        &self.c
-    }
-    /// Activated gates of every step (`T*Np x g*Kp`).
-    pub fn gates(&self) -> &Blocked {
-        &self.gates
-    }
-}
-
-impl RnnGrads {
-    /// dL/dX (`T*Np x C`).
-    pub fn dx(&self) -> &Blocked {
-        &self.dx
-    }
-    /// dL/dW (layout of W).
-    pub fn dw(&self) -> &Blocked {
-        &self.dw
-    }
-    /// dL/dR (layout of R).
-    pub fn dr(&self) -> &Blocked {
-        &self.dr
-    }
-    /// dL/db (length `g*Kp`).
-    pub fn db(&self) -> &[f32] {
-        &self.db
-    }
-    /// dL/dh_0 (`Np x K`).
-    pub fn dh0(&self) -> &Blocked {
-        &self.dh0
-    }
-    /// dL/dc_0 (`Np x K`; LSTM only).
-    pub fn dc0(&self) -> &Blocked {
-        &self.dc0
-    }
-    /// dL/dW, dL/dR and dL/db together, writable (an optimizer holding
-    /// them next to the weights).
-    pub fn weights_mut(&mut self) -> (&mut Blocked, &mut Blocked, &mut [f32]) {
-        (&mut self.dw, &mut self.dr, &mut self.db)
     }
 }
 
