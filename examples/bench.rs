@@ -9,7 +9,8 @@
 //! cargo run --release --example bench -- resnet50 [--quick] [--batch B] [--dtype bf16] [--layers] [--fusion] [--unfused]
 //! cargo run --release --features cuda --example bench -- gpu [--device cuda|opencl] [--quick]
 //! cargo build --release --features mpi --example bench
-//! mpirun -np R target/release/examples/bench mpi
+//! mpirun -np R target/release/examples/bench mpi [--progress loop|thread|layers] [--bucket-kb N]
+//! target/release/examples/bench mpi --cluster [--gbps 1,10,25]   # root: the emulated cluster
 //! ```
 //!
 //! Every line carries GFLOP/s and `pct_peak`, the share of the FMA peak of
@@ -43,6 +44,10 @@ mod gpu_bench;
 
 #[path = "support/fill.rs"]
 mod fill;
+
+#[cfg(feature = "mpi")]
+#[path = "support/mpi_bench.rs"]
+mod mpi_bench;
 use brgemm::{peak, BatchForm, Isa, Kernel, KernelOptions, RegisterTile};
 use brgemm_primitives::Pool;
 use fill::{fill, LstmData};
@@ -67,7 +72,18 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // The benches to run: the words that are neither options nor the value
     // of an option that takes one.
-    const VALUED: [&str; 4] = ["--layer", "--batch", "--dtype", "--device"];
+    const VALUED: [&str; 10] = [
+        "--layer",
+        "--batch",
+        "--dtype",
+        "--device",
+        "--progress",
+        "--bucket-kb",
+        "--models",
+        "--link-gbps",
+        "--gbps",
+        "--nodes",
+    ];
     let what: Vec<&str> = args
         .iter()
         .enumerate()
@@ -102,7 +118,7 @@ fn main() {
             "lstm" => bench_lstm(&opts),
             "loops" => bench_loops(),
             "resnet50" => bench_resnet50(&opts, &args),
-            "mpi" => bench_mpi(),
+            "mpi" => bench_mpi(&args),
             #[cfg(feature = "gpu")]
             "gpu" => gpu_bench::bench_gpu(&args, opts.quick),
             #[cfg(not(feature = "gpu"))]
@@ -761,166 +777,16 @@ fn bench_loops() {
 }
 
 #[cfg(not(feature = "mpi"))]
-fn bench_mpi() {
+fn bench_mpi(_: &[String]) {
     eprintln!(
         "bench mpi needs the mpi feature: cargo build --release --features mpi --example bench"
     );
     std::process::exit(2);
 }
 
-/// Weak scaling of data-parallel training of the MLP and the CNN: a fixed
-/// batch per rank, one thread per rank; rank 0 prints the global samples/s,
-/// the all-reduce time of one step run alone, and the share of it hidden
-/// under backward.
 #[cfg(feature = "mpi")]
-fn bench_mpi() {
-    use brgemm_distributed::{install_abort_on_panic, mpi};
-    use brgemm_nn::models::{mlp, LayerSpec};
-    use brgemm_nn::Tensor;
-    use brgemm_primitives::Activation;
-    use mpi::traits::*;
-    let universe = mpi::initialize().expect("MPI");
-    install_abort_on_panic();
-    let rank = universe.world().rank() as usize;
-    let (per_rank, feats, hidden, classes) = (64usize, 1024usize, 1024usize, 10usize);
-    let specs = [
-        LayerSpec {
-            out: hidden,
-            act: Activation::Relu,
-        },
-        LayerSpec {
-            out: hidden,
-            act: Activation::Relu,
-        },
-        LayerSpec {
-            out: hidden,
-            act: Activation::Relu,
-        },
-        LayerSpec {
-            out: classes,
-            act: Activation::Identity,
-        },
-    ];
-    let mut model = mlp(feats, per_rank, &specs, 1).expect("model");
-    let mut x = Tensor::zeros(model.input_shape());
-    x.data_mut()
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);
-    let labels: Vec<usize> = (0..per_rank).map(|i| (i + rank) % classes).collect();
-    let desc = format!(r#""model":"mlp","layers":"{feats}-{hidden}x3-{classes}""#);
-    mpi_line(&universe, &mut model, &x, &labels, per_rank, &desc);
-
-    // The CNN of train_cnn (conv 1->32, pool, conv 32->64, pool, FC 128, FC 10)
-    // on 28x28 images.
-    let cnn_rank = 32usize;
-    let spec = brgemm_nn::models::CnnSpec {
-        input: (1, 28, 28),
-        stages: [32, 64]
-            .iter()
-            .map(|&channels| brgemm_nn::models::StageSpec {
-                channels,
-                kernel: 3,
-                batchnorm: false,
-                pool: 2,
-            })
-            .collect(),
-        hidden: vec![128],
-        classes,
-        dropout: 0.0,
-    };
-    let mut cnn = spec.graph(cnn_rank, 1).expect("cnn");
-    let mut xi = Tensor::zeros(cnn.input_shape());
-    xi.data_mut()
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, v)| *v = ((i * 7 + rank) % 11) as f32 / 11.0);
-    let labels: Vec<usize> = (0..cnn_rank).map(|i| (i + rank) % classes).collect();
-    mpi_line(
-        &universe,
-        &mut cnn,
-        &xi,
-        &labels,
-        cnn_rank,
-        r#""model":"cnn","layers":"conv3x3-32,pool,conv3x3-64,pool,fc128,fc10""#,
-    );
-}
-
-/// Weak-scaling figures of one model: rank 0 prints the JSON line.
-#[cfg(feature = "mpi")]
-fn mpi_line<R: brgemm_distributed::Replica>(
-    universe: &brgemm_distributed::mpi::environment::Universe,
-    model: &mut R,
-    x: &R::Input,
-    labels: &[usize],
-    per_rank: usize,
-    desc: &str,
-) {
-    use brgemm_distributed::{mpi::traits::*, DataParallel};
-    use brgemm_primitives::optim::Optimizer;
-    let world = universe.world();
-    let size = world.size() as usize;
-    let rank = world.rank();
-    let pool = Pool::new(1).expect("pool");
-    let mut dp = DataParallel::new(world, model, 1 << 20);
-    dp.broadcast_parameters(model);
-    let opt = Optimizer::Sgd {
-        lr: 1e-3,
-        momentum: 0.9,
-    };
-    let global = per_rank * size;
-    for _ in 0..3 {
-        dp.train_step(model, &pool, x, labels, global, &opt)
-            .expect("step");
-    }
-    // Hidden share from step times, not from when requests started: over
-    // shared memory the reduction is CPU work on the cores that compute, so
-    // it can slow backward without ever being waited for.
-    let steps = 20;
-    let timed = |f: &mut dyn FnMut()| {
-        dp_barrier(universe);
-        let t = Instant::now();
-        for _ in 0..steps {
-            f();
-        }
-        t.elapsed().as_secs_f64() / steps as f64
-    };
-    // Every rank runs the same step alone (gradients and optimizer, no
-    // communication), concurrently: same memory and core contention.
-    let local = timed(&mut || {
-        model
-            .compute_gradients_with(&pool, x, labels, &mut |_, _| {})
-            .expect("gradients");
-        model.apply_gradients(&opt).expect("optimizer step");
-    });
-    let standalone = dp.calibrate(7);
-    let ddp = timed(&mut || {
-        dp.train_step(model, &pool, x, labels, global, &opt)
-            .expect("step");
-    });
-    if rank == 0 {
-        let s = dp.stats;
-        let hid = if size > 1 {
-            (1.0 - (ddp - local) / standalone).clamp(0.0, 1.0)
-        } else {
-            1.0
-        };
-        println!(
-            r#"{{"bench":"mpi",{desc},"batch_per_rank":{per_rank},"ranks":{size},"threads":1,"buckets":{},"samples_per_s":{:.1},"step_ms":{:.3},"local_step_ms":{:.3},"allreduce_ms":{:.3},"waited_after_backward_ms":{:.3},"hidden":{hid:.2}}}"#,
-            dp.buckets(),
-            global as f64 / ddp,
-            1e3 * ddp,
-            1e3 * local,
-            1e3 * standalone,
-            1e3 * s.exposed_s / s.steps.max(1) as f64,
-        );
-    }
-}
-
-#[cfg(feature = "mpi")]
-fn dp_barrier(u: &brgemm_distributed::mpi::environment::Universe) {
-    use brgemm_distributed::mpi::traits::*;
-    u.world().barrier();
+fn bench_mpi(args: &[String]) {
+    mpi_bench::bench(args)
 }
 
 /// bf16 lines: AMX on every bench shape it fits (m and k multiples of 32),

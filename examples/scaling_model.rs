@@ -3,18 +3,17 @@
 //!
 //! ```text
 //! cargo run --release --example scaling_model -- [--bandwidth-gbps 100] [--latency-us 5]
-//!     [--batch 64] [--threads T] [--max-nodes 256]
+//!     [--host-us-per-mb 0] [--batch 64] [--threads T] [--max-nodes 256]
 //! ```
 //!
-//! Cost model (ring all-reduce of B bytes over p nodes, one message in flight):
-//!
-//! ```text
-//!   t(B, p) = 2 (p - 1) * latency + 2 (p - 1) / p * B / bandwidth
-//! ```
-//!
-//! Timeline of one step (weak scaling, `--batch` samples per node): forward,
-//! then backward from the last layer down. Layer l's gradient is ready after
-//! its backward-weights pass; its all-reduce starts then, or when the network
+//! The cost model is [`brgemm_dl::scaling`] (ring all-reduce of B bytes
+//! over p nodes: `2 (p-1) latency + 2 (p-1)/p B / bandwidth`; optionally
+//! `--host-us-per-mb`, the cores' time per MB all-reduced where no NIC
+//! offloads the work, which delays the backward it overlaps), checked
+//! against measured steps by `bench mpi --cluster`. Timeline of one step
+//! (weak scaling, `--batch` samples per node): forward, then backward from
+//! the last layer down. Layer l's gradient is ready after its
+//! backward-weights pass; its all-reduce starts then, or when the network
 //! is free, whichever is later. The step ends when backward and the last
 //! all-reduce have both finished, plus the optimizer. Layer 0's all-reduce
 //! can never hide (nothing of backward is left after it); the table reports,
@@ -26,6 +25,7 @@
 //! 32->64 + pool, FC 3136->128, FC 128->10 on 28x28 images; a conv layer's
 //! times include its ReLU and pooling).
 
+use brgemm_dl::scaling::{Link, Timeline};
 use brgemm_primitives::optim::{OptState, Optimizer};
 use brgemm_primitives::{Activation, Conv, ConvParams, Fc, Pool, Pool2d, PoolKind};
 use std::time::Instant;
@@ -199,39 +199,38 @@ struct Projection {
     comm_exposed: f64,
 }
 
-fn project(layers: &[LayerCost], opt_s: f64, p: usize, lat: f64, bw: f64) -> Projection {
-    let ring = |bytes: f64| {
-        if p == 1 {
-            0.0
-        } else {
-            let pf = p as f64;
-            2.0 * (pf - 1.0) * lat + 2.0 * (pf - 1.0) / pf * bytes / bw
-        }
-    };
-    let fwd: f64 = layers.iter().map(|l| l.fwd).sum();
-    let mut t = fwd;
-    let mut net_free = 0.0f64;
-    let mut ends = vec![0.0; layers.len()];
-    for (i, l) in layers.iter().enumerate().rev() {
+/// The step on `p` nodes by [`brgemm_dl::scaling`]: each layer's gradient
+/// ready after its backward-weights pass, sent as a bucket of its own.
+fn project(layers: &[LayerCost], opt_s: f64, p: usize, link: &Link) -> Projection {
+    let mut t: f64 = layers.iter().map(|l| l.fwd).sum();
+    let mut ready = Vec::with_capacity(layers.len());
+    for l in layers.iter().rev() {
         t += l.upd;
-        let start = t.max(net_free);
-        net_free = start + ring(l.grad_bytes);
-        ends[i] = net_free;
+        ready.push((t, l.grad_bytes));
         t += l.bwd;
     }
-    let backward_end = t;
-    let comm_end = net_free;
+    let tl = Timeline {
+        ready,
+        backward_end: t,
+        tail: opt_s,
+    };
+    let pr = tl.predict(&vec![1; layers.len()], p, link);
     Projection {
-        step: backward_end.max(comm_end) + opt_s,
-        exposed: ends.iter().map(|&e| e > backward_end + 1e-12).collect(),
-        comm_exposed: (comm_end - backward_end).max(0.0),
+        step: pr.step_s,
+        // `ready` runs from the last layer down.
+        exposed: pr.bucket_exposed.into_iter().rev().collect(),
+        comm_exposed: pr.exposed_s,
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let bw = arg(&args, "--bandwidth-gbps", 100.0) * 1e9 / 8.0;
-    let lat = arg(&args, "--latency-us", 5.0) * 1e-6;
+    let link = Link::new(
+        arg(&args, "--bandwidth-gbps", 100.0),
+        arg(&args, "--latency-us", 5.0),
+    )
+    .with_host_cost(arg(&args, "--host-us-per-mb", 0.0));
+    let (bw, lat) = (link.bytes_per_s, link.latency_s);
     let batch = arg(&args, "--batch", 64.0) as usize;
     let max_nodes = arg(&args, "--max-nodes", 256.0) as usize;
     let threads = arg(&args, "--threads", Pool::global().threads() as f64) as usize;
@@ -250,7 +249,7 @@ fn main() {
             lat * 1e6
         );
         let (layers, opt_s) = measure(&pool, batch, &dims, false);
-        report(&layers, opt_s, batch, max_nodes, lat, bw);
+        report(&layers, opt_s, batch, max_nodes, &link);
     }
     if which == "cnn" || which == "both" {
         println!(
@@ -259,11 +258,11 @@ fn main() {
             lat * 1e6
         );
         let (layers, opt_s) = measure_cnn(&pool, batch);
-        report(&layers, opt_s, batch, max_nodes, lat, bw);
+        report(&layers, opt_s, batch, max_nodes, &link);
     }
 }
 
-fn report(layers: &[LayerCost], opt_s: f64, batch: usize, max_nodes: usize, lat: f64, bw: f64) {
+fn report(layers: &[LayerCost], opt_s: f64, batch: usize, max_nodes: usize, link: &Link) {
     println!("\nmeasured per step on this machine (ms):");
     println!("  layer              fwd     bwd-data  bwd-weights  gradient MB");
     for l in layers {
@@ -277,12 +276,12 @@ fn report(layers: &[LayerCost], opt_s: f64, batch: usize, max_nodes: usize, lat:
         );
     }
     println!("  optimizer        {:7.3}", opt_s * 1e3);
-    let base = project(layers, opt_s, 1, lat, bw);
+    let base = project(layers, opt_s, 1, link);
     println!("\nnodes  step ms  samples/s    efficiency  exposed comm ms  layers whose all-reduce is not hidden");
     let mut first_unhidden: Vec<Option<usize>> = vec![None; layers.len()];
     let mut p = 1;
     while p <= max_nodes {
-        let pr = project(layers, opt_s, p, lat, bw);
+        let pr = project(layers, opt_s, p, link);
         let names: Vec<&str> = layers
             .iter()
             .zip(&pr.exposed)

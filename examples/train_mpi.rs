@@ -21,7 +21,7 @@
 //! the rank count changes the reduction order).
 
 use brgemm_distributed::mpi;
-use brgemm_distributed::{install_abort_on_panic, DataParallel, GradDtype};
+use brgemm_distributed::{install_abort_on_panic, DataParallel, GradDtype, Progress};
 use brgemm_dl::checkpoint::Checkpoint;
 use brgemm_dl::fit::{self, Samples};
 use brgemm_dl::nn::models::{mlp, LayerSpec};
@@ -38,7 +38,7 @@ mod cli;
 
 const USAGE: &str = "train_mpi: data-parallel training under mpirun\n\
     usage: mpirun -np N train_mpi [--model mlp|cnn|resnet --epochs N --batch GLOBAL --lr LR --seed S --data DIR --train-limit N\n\
-    --checkpoint DIR --resume DIR --grad-dtype f32|bf16]";
+    --checkpoint DIR --resume DIR --grad-dtype f32|bf16 --progress loop|thread|layers --bucket-kb N --link-gbps G --latency-us L]";
 
 fn main() {
     // Options first: a usage error ends every rank alike, before MPI starts.
@@ -62,6 +62,18 @@ fn main() {
                 "go on from DIR/checkpoint.bin (same --batch and --seed, any rank count) to --epochs in all",
             ),
             cli::value(
+                "progress",
+                "P",
+                "how the all-reduce moves during backward: loop[:US] (default, tests from the loop nests every 100 us), thread[:US] or layers",
+            ),
+            cli::value("bucket-kb", "N", "all-reduce buckets of at least N KiB (default: from --link-gbps, else per model)"),
+            cli::value(
+                "link-gbps",
+                "G",
+                "the link between nodes, for the default bucket size (the scaling model's: 10 x nodes x latency x bandwidth)",
+            ),
+            cli::value("latency-us", "L", "with --link-gbps: the link's latency (default 20)"),
+            cli::value(
                 "grad-dtype",
                 "T",
                 "f32 (default) or bf16: gradients rounded to bf16 on the wire, half the bytes",
@@ -74,7 +86,8 @@ fn main() {
         ],
     );
     args.no_model_files("data-parallel run");
-    let universe = mpi::initialize().expect("MPI initialises once");
+    let (universe, _) =
+        brgemm_distributed::initialize(mpi::Threading::Serialized).expect("MPI initialises once");
     install_abort_on_panic();
     let world = universe.world();
     match args.get_or("model", "mlp".to_string()).as_str() {
@@ -125,12 +138,18 @@ struct Plan {
     opts: RunOpts,
 }
 
-/// `--checkpoint`, `--resume`, the fault-test hook and the wire's dtype.
+/// `--checkpoint`, `--resume`, the fault-test hook, the wire's dtype, the
+/// progress strategy and the bucket size.
 struct RunOpts {
     save: Option<PathBuf>,
     from: Option<PathBuf>,
     kill_after: Option<usize>,
     grad_dtype: GradDtype,
+    progress: Progress,
+    /// `--bucket-kb`, in bytes.
+    bucket: Option<usize>,
+    /// `--link-gbps` and `--latency-us`.
+    link: Option<brgemm_dl::scaling::Link>,
 }
 
 impl RunOpts {
@@ -153,7 +172,32 @@ impl RunOpts {
                 "bf16" => GradDtype::Bf16,
                 other => cli::usage_error(format!("--grad-dtype {other:?}: expected f32 or bf16")),
             },
+            progress: args.get::<String>("progress").map_or_else(Progress::default, |p| {
+                p.parse()
+                    .unwrap_or_else(|e| cli::usage_error(format!("--progress {e}")))
+            }),
+            bucket: args.get::<usize>("bucket-kb").map(|k| {
+                if k == 0 {
+                    cli::usage_error("--bucket-kb 0: expected a positive number of KiB");
+                }
+                k << 10
+            }),
+            link: args.get::<f64>("link-gbps").map(|g| {
+                let lat: f64 = args.get_or("latency-us", 20.0);
+                if !(g > 0.0 && lat >= 0.0) {
+                    cli::usage_error(format!("--link-gbps {g} --latency-us {lat}: expected a positive rate and a latency >= 0"));
+                }
+                brgemm_dl::scaling::Link::new(g, lat)
+            }),
         }
+    }
+
+    /// The bucket size: `--bucket-kb`, else the scaling model's for
+    /// `--link-gbps`, else the model's `default`.
+    fn bucket_bytes(&self, nodes: usize, default: usize) -> usize {
+        self.bucket
+            .or_else(|| self.link.map(|l| l.bucket_bytes(nodes)))
+            .unwrap_or(default)
     }
 }
 
@@ -169,21 +213,30 @@ fn run(
     te: &impl Samples,
     what: &str,
 ) {
-    let mut dp = DataParallel::new(world, &mut model, plan.bucket_bytes);
+    let bucket = plan
+        .opts
+        .bucket_bytes(world.size() as usize, plan.bucket_bytes);
+    let mut dp = DataParallel::new(world, &mut model, bucket);
     dp.set_grad_dtype(plan.opts.grad_dtype);
+    dp.set_progress(plan.opts.progress).unwrap_or_else(|e| {
+        eprintln!("--progress: {e}");
+        dp.world().abort(2)
+    });
     dp.broadcast_parameters(&mut model);
     dp.calibrate(5);
     let (rank, size) = (dp.rank(), dp.size());
     let pool = cli::pool();
     if rank == 0 {
         println!(
-            "{what}: {} train / {} test; {size} rank(s) x {} thread(s); global batch {}; {} all-reduce bucket(s) of {:?} gradients",
+            "{what}: {} train / {} test; {size} rank(s) x {} thread(s); global batch {}; {} all-reduce bucket(s) of >= {} KiB of {:?} gradients, progress {}",
             tr.len(),
             te.len(),
             pool.threads(),
             plan.global,
             dp.buckets(),
-            dp.grad_dtype()
+            bucket >> 10,
+            dp.grad_dtype(),
+            dp.progress()
         );
     }
     let mut x = Tensor::zeros(model.input_shape());

@@ -16,6 +16,9 @@
 //!   to resume it (`train_mpi --checkpoint/--resume`).
 //! - [`data`], [`idx`]: the embedded UCI digits, Fashion-MNIST from its IDX
 //!   files, and the data-set types.
+//! - [`scaling`]: the cost model of a data-parallel step (ring all-reduce
+//!   on a link, buckets under backward), for projections and for checking
+//!   measured multi-node steps.
 //! - [`fit`]: the one training loop of every layer graph, on any
 //!   [`fit::Samples`]; [`train`], [`train_cnn`] and [`train_lstm`] are the
 //!   MLP, CNN and sequence examples' networks on it.
@@ -41,6 +44,7 @@ pub mod data;
 mod error;
 pub mod fit;
 pub mod idx;
+pub mod scaling;
 pub mod train;
 pub mod train_cnn;
 #[cfg(feature = "gpu")]

@@ -7,7 +7,7 @@
 //! `BRGEMM_REQUIRE_CLUSTER=1` (the test script sets it where it can create
 //! a namespace; a missing capability is then a failure) or
 //! `BRGEMM_CLUSTER_TEST=1` (skipped without root). Needs OpenMPI and the
-//! `train_mpi` example built with `--features mpi`.
+//! `train_mpi` and `bench` examples built with `--features mpi`.
 #![cfg(feature = "mpi")]
 
 use std::path::Path;
@@ -60,21 +60,90 @@ fn bytes_sent(dev: &str) -> u64 {
     std::fs::read_to_string(p).map_or(0, |s| s.trim().parse().unwrap_or(0))
 }
 
-#[test]
-fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
+/// Whether the cluster tests run here (see the module docs); they take
+/// turns, since both use the same names.
+fn enabled() -> Option<std::sync::MutexGuard<'static, ()>> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let required = std::env::var_os("BRGEMM_REQUIRE_CLUSTER").is_some();
     if !required && std::env::var_os("BRGEMM_CLUSTER_TEST").is_none() {
         eprintln!("SKIPPED: set BRGEMM_CLUSTER_TEST=1 (root) to bring up the emulated cluster");
-        return;
+        return None;
     }
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     if !capable() {
         assert!(
             !required,
             "BRGEMM_REQUIRE_CLUSTER is set but this process cannot create a network namespace"
         );
         eprintln!("SKIPPED: no network namespaces here (needs root / CAP_NET_ADMIN)");
-        return;
+        return None;
     }
+    Some(turn)
+}
+
+/// Nothing named `brgc` is left: no link, no namespace.
+fn assert_all_gone() {
+    let left = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(!left.contains("brgc"), "links left behind: {left}");
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ns.stdout).contains("brgc"),
+        "namespaces left behind"
+    );
+}
+
+/// `bench mpi --cluster` brings the cluster up per node count, prints a
+/// line per model and node count with the figures the cluster is for, and
+/// takes it down again.
+#[test]
+fn bench_mpi_over_the_cluster_prints_its_figures_and_cleans_up() {
+    let Some(_turn) = enabled() else { return };
+    let out = Command::new(support::example("bench"))
+        .args([
+            "mpi",
+            "--cluster",
+            "--gbps",
+            "10",
+            "--nodes",
+            "1,2",
+            "--models",
+            "cnn",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (line, ranks) in lines.iter().zip(["1", "2"]) {
+        for key in [
+            "\"link_gbps\":10",
+            &format!("\"ranks\":{ranks}"),
+            "\"model\":\"cnn\"",
+            "\"samples_per_s\":",
+            "\"allreduce_ms\":",
+            "\"hidden\":",
+            "\"predicted_step_ms\":",
+        ] {
+            assert!(line.contains(key), "{key} missing: {line}");
+        }
+    }
+    assert!(lines[1].contains("\"vs_twice_one_node\":"), "{}", lines[1]);
+    assert!(!lines[1].contains("\"wire_gbps\":null"), "{}", lines[1]);
+    assert_all_gone();
+}
+
+#[test]
+fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
+    let Some(_turn) = enabled() else { return };
     let cluster = Cluster;
     let (ok, text) = sh(&["up", "2", "--gbps", "1"]);
     assert!(ok, "cluster.sh up: {text}");
@@ -128,15 +197,5 @@ fn train_mpi_runs_over_two_emulated_nodes_and_the_cluster_goes_away() {
     assert!(ok && text.contains("resumed after epoch 1"), "{text}");
     std::fs::remove_dir_all(&dir).ok();
     drop(cluster);
-    let left = Command::new("ip")
-        .args(["-o", "link", "show"])
-        .output()
-        .unwrap();
-    let left = String::from_utf8_lossy(&left.stdout);
-    assert!(!left.contains("brgc"), "links left behind: {left}");
-    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
-    assert!(
-        !String::from_utf8_lossy(&ns.stdout).contains("brgc"),
-        "namespaces left behind"
-    );
+    assert_all_gone();
 }

@@ -31,12 +31,40 @@ pub use mpi;
 
 use brgemm_nn::{Graph, Tensor as NnTensor};
 use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::progress;
 use brgemm_primitives::{Error, Pool, Result};
-use mpi::collective::SystemOperation;
+use mpi::collective::{SystemOperation, UnsafeUserOperation};
+use mpi::request::{LocalScope, Request};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use std::cell::RefCell;
 use std::ops::Range;
-use std::time::Instant;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
+
+/// The environment variable that picks OpenMPI's `MPI_Iallreduce`
+/// algorithm (libnbc), which [`initialize`] sets when the user has not.
+pub const IALLREDUCE_ALGORITHM: &str = "OMPI_MCA_coll_libnbc_iallreduce_algorithm";
+
+/// Initialises MPI for data-parallel training (`threading`: what the
+/// process needs; [`Progress::Thread`] needs `Threading::Serialized`).
+///
+/// With OpenMPI it first makes the non-blocking all-reduce a ring (setting
+/// [`IALLREDUCE_ALGORITHM`] to 1 unless the user has set it): for fewer than
+/// four ranks libnbc's default is a binomial reduce and then a broadcast,
+/// so every byte crosses the link twice, one direction at a time. Measured
+/// on the emulated cluster at 1 Gb/s, the CNN's 1.6 MB of gradients: a
+/// training step of 30.8 ms with the default, 18.3 ms with the ring (2
+/// ranks). Other MPIs ignore the variable. Call it before any thread of the
+/// process reads the environment (first thing in `main`).
+pub fn initialize(
+    threading: mpi::Threading,
+) -> Option<(mpi::environment::Universe, mpi::Threading)> {
+    if std::env::var_os(IALLREDUCE_ALGORITHM).is_none() {
+        std::env::set_var(IALLREDUCE_ALGORITHM, "1");
+    }
+    mpi::initialize_with_threading(threading)
+}
 
 /// Makes any panic abort every rank of the job: the default hook prints the
 /// message, then `MPI_Abort(MPI_COMM_WORLD, 1)` ends all processes.
@@ -67,6 +95,12 @@ pub struct CommStats {
     pub standalone_s: f64,
     /// Seconds the steps waited for communication after backward ended.
     pub exposed_s: f64,
+    /// Seconds in forward and backward (with the bucket copies and the
+    /// MPI calls made during them).
+    pub backward_s: f64,
+    /// Seconds after the wait: gradients copied back, the non-finite
+    /// guard and the optimizer.
+    pub finish_s: f64,
 }
 
 impl CommStats {
@@ -165,6 +199,52 @@ impl Slot {
     fn len(&self) -> usize {
         self.lens.iter().sum()
     }
+    /// The group's gradients times `scale` into `dst` (from its start).
+    fn put(&self, grads: &[&mut [f32]], dst: &mut [f32], scale: f32) {
+        let mut at = 0;
+        for g in grads {
+            for (d, v) in dst[at..at + g.len()].iter_mut().zip(g.iter()) {
+                *d = v * scale;
+            }
+            at += g.len();
+        }
+    }
+    /// The group's gradients from `src` (from its start).
+    fn take<R: Replica>(&self, model: &mut R, src: &[f32]) {
+        let mut at = 0;
+        for g in model.gradients_mut(self.group) {
+            let n = g.len();
+            g.copy_from_slice(&src[at..at + n]);
+            at += n;
+        }
+    }
+}
+
+/// The L2 norm of all of `model`'s gradients (the non-finite guard's).
+fn gradient_norm<R: Replica>(model: &mut R) -> f64 {
+    (0..model.groups())
+        .map(|g| {
+            let n = brgemm_primitives::guard::norm(model.gradients_mut(g).iter().map(|s| &**s));
+            n * n
+        })
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// One step's times on this rank with the trainer's own bucket copies but
+/// no communication ([`DataParallel::local_step_times`]): what the scaling
+/// model (`brgemm_dl::scaling::Timeline`) predicts a step from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepTimes {
+    /// Per parameter group, in the order backward completes them: seconds
+    /// from the start of the step (forward included) until its gradients
+    /// were in their bucket, and their bytes.
+    pub ready: Vec<(f64, usize)>,
+    /// Seconds from the start of the step to the end of backward.
+    pub backward_end: f64,
+    /// Seconds of the step's tail: gradients copied back from the buckets,
+    /// the non-finite guard, the optimizer.
+    pub finish: f64,
 }
 
 /// How gradients travel between ranks ([`DataParallel::set_grad_dtype`]).
@@ -247,6 +327,205 @@ fn by_bucket<'a, T>(mut buf: &'a mut [T], buckets: &[Range<usize>]) -> Vec<Optio
         .collect()
 }
 
+/// How the gradient all-reduce makes progress while backward computes
+/// ([`DataParallel::set_progress`]).
+///
+/// Over TCP, OpenMPI moves a non-blocking all-reduce only inside MPI calls
+/// (see [`brgemm_primitives::progress`]); what differs is who makes them.
+/// Measured on the emulated cluster (`bench mpi --cluster`, 2 nodes), the
+/// loop-nest hook led or tied: at 1 Gb/s the CNN's step took 17.9 ms with
+/// it, 17.6 with the thread and 20.6 testing between layers only; the
+/// ResNet's 27.2, 27.9 and 27.2; at 10 Gb/s all three were within 2-7%
+/// (the link's cost there is the cores' TCP work, not waiting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// `MPI_Test` only between layers, when a group's gradients come in.
+    Layers,
+    /// Also from inside the passes: the loop nests' progress hook tests the
+    /// buckets in flight between kernel calls, at most every `interval_us`
+    /// microseconds. No thread, no context switch; MPI is called from the
+    /// thread that computes.
+    LoopNest {
+        /// Least time between two tests.
+        interval_us: u32,
+    },
+    /// A communication thread owns the step's MPI calls: backward hands it
+    /// each full bucket, it starts the all-reduce and tests it every
+    /// `interval_us` (sleeping in between: on a core shared with compute a
+    /// spinning thread would take half of it). Needs MPI initialised with
+    /// at least `Threading::Serialized`.
+    Thread {
+        /// Time between two tests.
+        interval_us: u32,
+    },
+}
+
+impl Default for Progress {
+    /// `LoopNest` every 100 us. An `MPI_Test` over TCP costs microseconds
+    /// (a poll of the sockets), so testing every 20 us slowed the passes
+    /// under a 1 Gb/s all-reduce by about 2 ms per MB; 100 us kept the
+    /// data moving at 1-25 Gb/s (`bench mpi --cluster`, README).
+    fn default() -> Self {
+        Progress::LoopNest { interval_us: 100 }
+    }
+}
+
+impl std::fmt::Display for Progress {
+    /// The form [`Progress::from_str`](std::str::FromStr) reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Progress::Layers => write!(f, "layers"),
+            Progress::LoopNest { interval_us } => write!(f, "loop:{interval_us}"),
+            Progress::Thread { interval_us } => write!(f, "thread:{interval_us}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Progress {
+    type Err = String;
+    /// `layers`, `loop[:US]` or `thread[:US]` (default interval 100 us).
+    fn from_str(s: &str) -> std::result::Result<Progress, String> {
+        let (kind, us) = s.split_once(':').unwrap_or((s, "100"));
+        let interval_us =
+            us.parse::<u32>().ok().filter(|&u| u > 0).ok_or_else(|| {
+                format!("{s:?}: the interval {us:?} is not a positive number of us")
+            })?;
+        match kind {
+            "layers" => Ok(Progress::Layers),
+            "loop" => Ok(Progress::LoopNest { interval_us }),
+            "thread" => Ok(Progress::Thread { interval_us }),
+            _ => Err(format!("{s:?}: expected layers, loop[:US] or thread[:US]")),
+        }
+    }
+}
+
+/// A full bucket's send and receive slices, ready to start.
+enum Ready<'b> {
+    F32(&'b [f32], &'b mut [f32]),
+    Bf16(&'b [u16], &'b mut [u16]),
+}
+
+/// The step's all-reduces in flight, in one request scope.
+struct Inflight<'a, 's> {
+    world: &'a SimpleCommunicator,
+    scope: &'s LocalScope<'a>,
+    op16: Option<&'a UnsafeUserOperation>,
+    f32s: Vec<Request<'a, [f32], &'s LocalScope<'a>>>,
+    u16s: Vec<Request<'a, [u16], &'s LocalScope<'a>>>,
+    loss: Option<Request<'a, f32, &'s LocalScope<'a>>>,
+}
+
+impl<'a, 's> Inflight<'a, 's> {
+    fn new(
+        world: &'a SimpleCommunicator,
+        scope: &'s LocalScope<'a>,
+        op16: Option<&'a UnsafeUserOperation>,
+    ) -> Self {
+        Inflight {
+            world,
+            scope,
+            op16,
+            f32s: Vec::new(),
+            u16s: Vec::new(),
+            loss: None,
+        }
+    }
+    fn start(&mut self, b: Ready<'a>) {
+        match b {
+            Ready::F32(s, r) => self.f32s.push(self.world.immediate_all_reduce_into(
+                self.scope,
+                s,
+                r,
+                SystemOperation::sum(),
+            )),
+            Ready::Bf16(s, r) => {
+                let op = self.op16.expect("a bf16 bucket has the bf16 sum");
+                self.u16s
+                    .push(self.world.immediate_all_reduce_into(self.scope, s, r, op))
+            }
+        }
+    }
+    /// Starts the loss's sum after the last bucket (the same order on every
+    /// rank), so its round trip overlaps the buckets' tail.
+    fn loss(&mut self, send: &'a f32, recv: &'a mut f32) {
+        self.loss = Some(self.world.immediate_all_reduce_into(
+            self.scope,
+            send,
+            recv,
+            SystemOperation::sum(),
+        ));
+    }
+    fn pending(&self) -> usize {
+        self.f32s.len() + self.u16s.len()
+    }
+    /// One `MPI_Test` per request in flight: what moves the bytes.
+    fn test(&mut self) {
+        fn keep<R>(v: &mut Vec<R>, test: impl Fn(R) -> std::result::Result<(), R>) {
+            *v = std::mem::take(v)
+                .into_iter()
+                .filter_map(|r| test(r).err())
+                .collect();
+        }
+        keep(&mut self.f32s, |r| r.test().map(drop));
+        keep(&mut self.u16s, |r| r.test().map(drop));
+    }
+    /// Waits for the buckets in flight.
+    fn drain(&mut self) {
+        for r in self.f32s.drain(..) {
+            r.wait();
+        }
+        for r in self.u16s.drain(..) {
+            r.wait();
+        }
+    }
+    fn wait(mut self) {
+        self.drain();
+        if let Some(r) = self.loss {
+            r.wait();
+        }
+    }
+}
+
+/// At most one open per `every`, looking at the clock every 8th call only
+/// (the hook runs between kernel calls of a microsecond or two).
+struct Gate {
+    every: Duration,
+    last: Instant,
+    calls: u32,
+}
+
+impl Gate {
+    fn new(interval_us: u32) -> Gate {
+        Gate {
+            every: Duration::from_micros(u64::from(interval_us)),
+            last: Instant::now(),
+            calls: 0,
+        }
+    }
+    fn open(&mut self) -> bool {
+        self.calls = self.calls.wrapping_add(1);
+        self.calls.is_multiple_of(8) && self.due()
+    }
+    /// Whether `every` has passed since the last open (and opens if so).
+    fn due(&mut self) -> bool {
+        let now = Instant::now();
+        let open = now - self.last >= self.every;
+        if open {
+            self.last = now;
+        }
+        open
+    }
+}
+
+/// The communicator and the bf16 sum, lent to the communication thread.
+struct Shared<'a>(&'a SimpleCommunicator, Option<&'a UnsafeUserOperation>);
+
+// SAFETY: `set_progress` accepts `Progress::Thread` only where MPI was
+// initialised with at least MPI_THREAD_SERIALIZED, and while the thread
+// runs the lending thread makes no MPI call (it computes, then joins), so
+// MPI calls never overlap.
+unsafe impl Send for Shared<'_> {}
+
 /// A data-parallel trainer bound to a communicator and a model's shape.
 pub struct DataParallel {
     world: SimpleCommunicator,
@@ -262,6 +541,8 @@ pub struct DataParallel {
     bf16: Option<Bf16Wire>,
     /// Statistics of the steps so far.
     pub stats: CommStats,
+    /// How the all-reduce progresses during backward.
+    progress: Progress,
     /// Steps run so far (named by the non-finite guard).
     steps: u64,
     /// Whether a non-finite global loss or gradient stops training.
@@ -305,6 +586,7 @@ impl DataParallel {
             recv: vec![0.0; offset],
             bf16: None,
             stats: CommStats::default(),
+            progress: Progress::default(),
             steps: 0,
             check_finite: true,
         }
@@ -320,6 +602,34 @@ impl DataParallel {
                 self.bf16.get_or_insert_with(|| Bf16Wire::new(n));
             }
         }
+    }
+
+    /// How the all-reduce makes progress during backward (default
+    /// [`Progress::LoopNest`]).
+    ///
+    /// # Errors
+    /// [`Progress::Thread`] where MPI was initialised below
+    /// `Threading::Serialized` (use `mpi::initialize_with_threading`).
+    pub fn set_progress(&mut self, progress: Progress) -> Result<()> {
+        if let Progress::Thread { .. } = progress {
+            let level = mpi::environment::threading_support();
+            if level < mpi::Threading::Serialized {
+                return Err(Error::Setting {
+                    what: "progress".into(),
+                    value: format!("{progress:?}"),
+                    reason: format!(
+                        "a communication thread needs MPI initialised with Threading::Serialized or more, this one has {level:?}"
+                    ),
+                });
+            }
+        }
+        self.progress = progress;
+        Ok(())
+    }
+
+    /// How the all-reduce makes progress during backward.
+    pub fn progress(&self) -> Progress {
+        self.progress
     }
 
     /// How gradients travel.
@@ -350,15 +660,7 @@ impl DataParallel {
         self.steps += 1;
         if self.check_finite {
             let norm = match self.size {
-                1 => (0..model.groups())
-                    .map(|g| {
-                        let n = brgemm_primitives::guard::norm(
-                            model.gradients_mut(g).iter().map(|s| &**s),
-                        );
-                        n * n
-                    })
-                    .sum::<f64>()
-                    .sqrt(),
+                1 => gradient_norm(model),
                 _ => brgemm_primitives::guard::norm([grads]),
             };
             brgemm_primitives::guard::check_step(index, loss, norm)?;
@@ -378,6 +680,17 @@ impl DataParallel {
     /// Number of all-reduce buckets per step.
     pub fn buckets(&self) -> usize {
         self.buckets.len()
+    }
+    /// Per bucket, in the order they start: how many parameter groups it
+    /// holds (groups in the order backward completes them, the last first).
+    pub fn bucket_groups(&self) -> Vec<usize> {
+        let mut n = vec![0; self.buckets.len()];
+        self.slots.iter().for_each(|s| n[s.bucket] += 1);
+        n
+    }
+    /// Bytes of f32 gradients per step.
+    pub fn gradient_bytes(&self) -> usize {
+        4 * self.send.len()
     }
     /// The communicator.
     pub fn world(&self) -> &SimpleCommunicator {
@@ -424,29 +737,29 @@ impl DataParallel {
     /// and the step counters reset.
     pub fn calibrate(&mut self, reps: usize) -> f64 {
         let mut t = Vec::with_capacity(reps.max(1));
+        let send = self.send.clone();
         let mut buf = self.send.clone();
-        let mut buf16 = self.bf16.as_ref().map_or(Vec::new(), |w| w.send.clone());
-        let bf16 = self.bf16.as_ref().map(|w| &w.op);
+        let send16 = self.bf16.as_ref().map_or(Vec::new(), |w| w.send.clone());
+        let mut buf16 = send16.clone();
+        let op16 = self.bf16.as_ref().map(|w| &w.op);
         for _ in 0..reps.max(1) {
             self.world.barrier();
             let s = Instant::now();
-            for b in &self.buckets {
-                match bf16 {
-                    None => {
-                        let send = buf[b.clone()].to_vec();
-                        self.world.all_reduce_into(
-                            &send[..],
-                            &mut buf[b.clone()],
-                            SystemOperation::sum(),
-                        );
-                    }
-                    Some(op) => {
-                        let send = buf16[b.clone()].to_vec();
-                        self.world
-                            .all_reduce_into(&send[..], &mut buf16[b.clone()], op);
-                    }
+            // The step's own path (non-blocking all-reduce, then wait), one
+            // bucket after another: blocking MPI_Allreduce takes other
+            // algorithms than MPI_Iallreduce.
+            mpi::request::scope(|scope| {
+                let mut f = Inflight::new(&self.world, scope, op16);
+                let mut recvs = by_bucket(&mut buf, &self.buckets);
+                let mut recvs16 = by_bucket(&mut buf16, &self.buckets);
+                for (b, range) in self.buckets.iter().enumerate() {
+                    f.start(match op16 {
+                        None => Ready::F32(&send[range.clone()], recvs[b].take().unwrap()),
+                        Some(_) => Ready::Bf16(&send16[range.clone()], recvs16[b].take().unwrap()),
+                    });
+                    f.drain();
                 }
-            }
+            });
             t.push(s.elapsed().as_secs_f64());
         }
         t.sort_by(f64::total_cmp);
@@ -455,6 +768,54 @@ impl DataParallel {
             ..CommStats::default()
         };
         self.stats.standalone_s
+    }
+
+    /// A step on this rank's rows as [`DataParallel::train_step`] runs it,
+    /// its bucket copies included, with the all-reduce left out (the
+    /// buckets come back as they went: this rank's gradient scaled by its
+    /// share of `global_rows`), timed: when each group's gradients were in
+    /// their bucket, the end of backward, the tail. Makes no MPI call.
+    pub fn local_step_times<R: Replica>(
+        &mut self,
+        model: &mut R,
+        pool: &Pool,
+        x: &R::Input,
+        labels: &[usize],
+        global_rows: usize,
+        opt: &Optimizer,
+    ) -> Result<StepTimes> {
+        let scale = labels.len() as f32 / global_rows.max(1) as f32;
+        // One rank copies nothing (as in `train_step`).
+        let copies = self.size > 1;
+        let mut times = StepTimes::default();
+        let (slots, send) = (&self.slots, &mut self.send);
+        let t0 = Instant::now();
+        model.compute_gradients_with(pool, x, labels, &mut |group, grads| {
+            let slot = slots
+                .iter()
+                .find(|s| s.group == group)
+                .expect("every group has a slot");
+            if copies {
+                slot.put(grads, &mut send[slot.offset..], scale);
+            }
+            times
+                .ready
+                .push((t0.elapsed().as_secs_f64(), 4 * slot.len()));
+        })?;
+        times.backward_end = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let norm = if copies {
+            for slot in &self.slots {
+                slot.take(model, &self.send[slot.offset..]);
+            }
+            brgemm_primitives::guard::norm([&self.send[..]])
+        } else {
+            gradient_norm(model)
+        };
+        brgemm_primitives::guard::check_step(self.steps, 0.0, norm)?;
+        model.apply_gradients(opt)?;
+        times.finish = t1.elapsed().as_secs_f64();
+        Ok(times)
     }
 
     /// One data-parallel step on this rank's rows: `x` holds them in its
@@ -485,84 +846,157 @@ impl DataParallel {
             return self.finish_step(model, loss, &[], opt);
         }
         let scale = labels.len() as f32 / global_rows as f32;
-        let (slots, buckets) = (&self.slots, &self.buckets);
+        let (slots, buckets, progress) = (&self.slots, &self.buckets, self.progress);
         let world = &self.world;
         let (send, recv) = (&mut self.send, &mut self.recv);
-        let (bf16, send16, recv16) = match &mut self.bf16 {
+        let (op16, send16, recv16) = match &mut self.bf16 {
             Some(w) => (Some(&w.op), &mut w.send[..], &mut w.recv[..]),
             None => (None, &mut [][..], &mut [][..]),
         };
-        let mut first_start: Option<Instant> = None;
+        let mut started = false;
+        let step_start = Instant::now();
         let (mut backward_end, mut wait_end) = (Instant::now(), Instant::now());
-        let loss = mpi::request::scope(|scope| -> Result<f32> {
-            // Per bucket, its send and receive slices, taken when it starts
-            // (the bf16 wire's too; none with f32).
-            let (mut sends, mut recvs) = (by_bucket(send, buckets), by_bucket(recv, buckets));
-            let (mut sends16, mut recvs16) =
-                (by_bucket(send16, buckets), by_bucket(recv16, buckets));
-            let (mut pending, mut pending16) = (Vec::new(), Vec::new());
-            let mut filled = vec![0usize; buckets.len()];
-            let loss = model.compute_gradients_with(pool, x, labels, &mut |group, grads| {
-                let slot = slots
-                    .iter()
-                    .find(|s| s.group == group)
-                    .expect("every group has a slot");
-                let b = slot.bucket;
-                let mut at = slot.offset - buckets[b].start;
-                let dst = sends[b]
-                    .as_mut()
-                    .expect("bucket not started before its groups are in");
-                for g in grads.iter() {
-                    for (d, v) in dst[at..at + g.len()].iter_mut().zip(g.iter()) {
-                        *d = v * scale;
-                    }
-                    at += g.len();
-                }
-                filled[b] += slot.len();
-                if filled[b] == buckets[b].len() {
-                    let s: &[f32] = sends[b].take().unwrap();
-                    first_start.get_or_insert_with(Instant::now);
-                    match bf16 {
-                        None => {
-                            let r = recvs[b].take().unwrap();
-                            pending.push(world.immediate_all_reduce_into(
-                                scope,
-                                s,
-                                r,
-                                SystemOperation::sum(),
-                            ));
-                        }
-                        Some(op) => {
-                            let s16 = sends16[b].take().unwrap();
-                            s16.iter_mut().zip(s).for_each(|(d, v)| *d = to_bf16(*v));
-                            let r16 = recvs16[b].take().unwrap();
-                            pending16.push(world.immediate_all_reduce_into(scope, &*s16, r16, op));
-                        }
-                    }
-                }
-                // Drive progress of the buckets already in flight.
-                pending = std::mem::take(&mut pending)
-                    .into_iter()
-                    .filter_map(|r| r.test().err())
-                    .collect();
-                pending16 = std::mem::take(&mut pending16)
-                    .into_iter()
-                    .filter_map(|r| r.test().err())
-                    .collect();
-            })?;
-            backward_end = Instant::now();
-            for r in pending {
-                r.wait();
+        let (mut local_loss, mut global_loss) = (0.0f32, 0.0f32);
+        let (loss_send, loss_recv) = (&mut local_loss, &mut global_loss);
+        // Per bucket, its send and receive slices, taken when it starts
+        // (the bf16 wire's too; none with f32).
+        let (mut sends, mut recvs) = (by_bucket(send, buckets), by_bucket(recv, buckets));
+        let (mut sends16, mut recvs16) = (by_bucket(send16, buckets), by_bucket(recv16, buckets));
+        let mut filled = vec![0usize; buckets.len()];
+        // Copies a completed group into its bucket; a full bucket's slices
+        // come back, ready to start.
+        let mut fill = |group: usize, grads: &mut [&mut [f32]]| -> Option<Ready<'_>> {
+            let slot = slots
+                .iter()
+                .find(|s| s.group == group)
+                .expect("every group has a slot");
+            let b = slot.bucket;
+            let dst = sends[b]
+                .as_mut()
+                .expect("bucket not started before its groups are in");
+            slot.put(grads, &mut dst[slot.offset - buckets[b].start..], scale);
+            filled[b] += slot.len();
+            if filled[b] < buckets[b].len() {
+                return None;
             }
-            for r in pending16 {
-                r.wait();
+            let s: &[f32] = sends[b].take().unwrap();
+            let r = recvs[b].take().unwrap();
+            Some(match op16 {
+                None => Ready::F32(s, r),
+                Some(_) => {
+                    let s16 = sends16[b].take().unwrap();
+                    s16.iter_mut().zip(s).for_each(|(d, v)| *d = to_bf16(*v));
+                    Ready::Bf16(s16, recvs16[b].take().unwrap())
+                }
+            })
+        };
+        match progress {
+            Progress::Layers | Progress::LoopNest { .. } => {
+                mpi::request::scope(|scope| -> Result<f32> {
+                    let inflight = RefCell::new(Inflight::new(world, scope, op16));
+                    // With the loop-nest hook, tests between layers are
+                    // rate-limited too (a ResNet has dozens of groups).
+                    let gate = RefCell::new(match progress {
+                        Progress::LoopNest { interval_us } => Some(Gate::new(interval_us)),
+                        _ => None,
+                    });
+                    let mut ready = |group: usize, grads: &mut [&mut [f32]]| {
+                        let mut f = inflight.borrow_mut();
+                        let started_now = fill(group, grads).map(|b| f.start(b)).is_some();
+                        started |= started_now;
+                        if started_now || gate.borrow_mut().as_mut().is_none_or(|g| g.due()) {
+                            f.test();
+                        }
+                    };
+                    let loss = match progress {
+                        Progress::LoopNest { .. } => {
+                            let mut hook = || {
+                                // Nothing in flight (most kernel calls of a
+                                // step): no clock, no MPI.
+                                let Ok(mut f) = inflight.try_borrow_mut() else {
+                                    return;
+                                };
+                                if f.pending() > 0
+                                    && gate.borrow_mut().as_mut().is_some_and(Gate::open)
+                                {
+                                    f.test();
+                                }
+                            };
+                            progress::with_hook(&mut hook, || {
+                                model.compute_gradients_with(pool, x, labels, &mut ready)
+                            })
+                        }
+                        _ => model.compute_gradients_with(pool, x, labels, &mut ready),
+                    }?;
+                    backward_end = Instant::now();
+                    let mut f = inflight.into_inner();
+                    *loss_send = loss * scale;
+                    f.loss(loss_send, loss_recv);
+                    f.wait();
+                    wait_end = Instant::now();
+                    Ok(loss)
+                })?
             }
-            wait_end = Instant::now();
-            Ok(loss)
-        })?;
-        if first_start.is_some() {
+            Progress::Thread { interval_us } => std::thread::scope(|threads| -> Result<f32> {
+                let (tx, rx) = std::sync::mpsc::channel::<Ready<'_>>();
+                let comm = Shared(world, op16);
+                let (ltx, lrx) = std::sync::mpsc::channel::<f32>();
+                let thread = threads.spawn(move || {
+                    let comm = comm;
+                    mpi::request::scope(|scope| {
+                        let mut f = Inflight::new(comm.0, scope, comm.1);
+                        let tick = std::time::Duration::from_micros(u64::from(interval_us));
+                        loop {
+                            let next = if f.pending() == 0 {
+                                rx.recv().ok()
+                            } else {
+                                match rx.recv_timeout(tick) {
+                                    Ok(b) => Some(b),
+                                    Err(RecvTimeoutError::Timeout) => {
+                                        f.test();
+                                        continue;
+                                    }
+                                    Err(RecvTimeoutError::Disconnected) => None,
+                                }
+                            };
+                            match next {
+                                Some(b) => {
+                                    f.start(b);
+                                    f.test();
+                                }
+                                None => break,
+                            }
+                        }
+                        // Backward is over: the loss rides with the tail.
+                        if let Ok(l) = lrx.recv() {
+                            *loss_send = l;
+                            f.loss(loss_send, loss_recv);
+                        }
+                        f.wait();
+                    })
+                });
+                let mut ready = |group: usize, grads: &mut [&mut [f32]]| {
+                    if let Some(b) = fill(group, grads) {
+                        started = true;
+                        tx.send(b).expect("the communication thread runs");
+                    }
+                };
+                let loss = model.compute_gradients_with(pool, x, labels, &mut ready);
+                backward_end = Instant::now();
+                drop(tx);
+                let _ = ltx.send(loss.as_ref().map_or(0.0, |l| l * scale));
+                drop(ltx);
+                thread
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+                wait_end = Instant::now();
+                loss
+            })?,
+        };
+        if started {
             self.stats.steps += 1;
             self.stats.exposed_s += (wait_end - backward_end).as_secs_f64();
+            self.stats.backward_s += (backward_end - step_start).as_secs_f64();
         }
         if let Some(w) = &self.bf16 {
             self.recv
@@ -572,19 +1006,36 @@ impl DataParallel {
         }
         // The summed (already scaled) gradients replace the local ones.
         for slot in &self.slots {
-            let mut at = slot.offset;
-            for g in model.gradients_mut(slot.group) {
-                let n = g.len();
-                g.copy_from_slice(&self.recv[at..at + n]);
-                at += n;
-            }
+            slot.take(model, &self.recv[slot.offset..]);
         }
-        let mut global_loss = 0.0f32;
-        self.world
-            .all_reduce_into(&(loss * scale), &mut global_loss, SystemOperation::sum());
         let recv = std::mem::take(&mut self.recv);
         let out = self.finish_step(model, global_loss, &recv, opt);
+        if started {
+            self.stats.finish_s += wait_end.elapsed().as_secs_f64();
+        }
         self.recv = recv;
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Progress;
+
+    #[test]
+    fn progress_strategies_read_back_what_they_print_and_name_bad_values() {
+        for p in [
+            Progress::Layers,
+            Progress::LoopNest { interval_us: 7 },
+            Progress::Thread { interval_us: 250 },
+            Progress::default(),
+        ] {
+            assert_eq!(p.to_string().parse::<Progress>(), Ok(p));
+        }
+        assert_eq!("loop".parse(), Ok(Progress::LoopNest { interval_us: 100 }));
+        let e = "loop:0".parse::<Progress>().unwrap_err();
+        assert!(e.contains("\"0\""), "{e}");
+        let e = "spin".parse::<Progress>().unwrap_err();
+        assert!(e.contains("spin") && e.contains("thread"), "{e}");
     }
 }

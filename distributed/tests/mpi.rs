@@ -129,6 +129,21 @@ fn a_residual_graph_on_two_and_three_ranks_ends_with_the_weights_of_one() {
     assert_close(&three, &one, "graph 3 ranks (9+8+8 images) vs 1");
 }
 
+/// Every progress strategy sums the same gradients: the loop-nest hook
+/// testing at every chance (1 us), the communication thread, and tests
+/// between layers only, on 2 and 3 ranks of a CNN.
+#[test]
+fn every_progress_strategy_ends_with_the_weights_of_one_rank() {
+    let one = params_of("cnn", 1, 25, "progress");
+    for p in ["loop:1", "thread:10", "layers"] {
+        let tag = format!("progress-{}", p.replace(':', "-"));
+        let two = params_with("cnn", 2, 25, &tag, &["--progress", p, "--bucket-kb", "1"]);
+        assert_close(&two, &one, &format!("CNN 2 ranks, progress {p}, vs 1"));
+        let three = params_with("cnn", 3, 25, &tag, &["--progress", p]);
+        assert_close(&three, &one, &format!("CNN 3 ranks, progress {p}, vs 1"));
+    }
+}
+
 #[test]
 fn a_panicking_rank_ends_the_job_quickly() {
     let (ok, text, took) = mpirun(2, &["train", "--steps", "50", "--panic-rank", "1"]);

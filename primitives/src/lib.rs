@@ -13,7 +13,9 @@
 //!   passes too small to pay for a hand-off stay on the caller).
 //!   [`layout`], [`tensor`]: [`Blocked`] matrices, [`Tensor4`] activations
 //!   and [`Filter`]s, owning their storage, with plain conversions.
-//!   [`PassConfig`]: a pass's loop order and blocking.
+//!   [`PassConfig`]: a pass's loop order and blocking. [`progress`]: the
+//!   hook the nests call between kernel calls (non-blocking communication
+//!   progresses there).
 //! - [`layers`]: the layers, forward and backward. [`fc`]: [`Fc`] and its
 //!   [`FcTuning`]; [`fc_bf16`]: its bf16-operand passes; [`conv`]: [`Conv`];
 //!   [`rnn`]: LSTM and tanh-RNN layers ([`Rnn`]) over whole sequences;
@@ -39,7 +41,7 @@ pub mod train;
 
 // The modules under their flat names too (the paths the API has always had).
 pub(crate) use engine::view;
-pub use engine::{layout, loops, tensor, threads};
+pub use engine::{layout, loops, progress, tensor, threads};
 pub(crate) use engine::{math, pass};
 pub(crate) use layers::act;
 pub use layers::{conv, eltwise, fc, fc_bf16, norm, pool2d, rnn};

@@ -4,10 +4,11 @@
 //!
 //! ```text
 //! ddp_check train [--model mlp|cnn|graph] --steps S --global-batch G --out FILE [--bucket-kb B] [--panic-rank R] [--grad-bf16]
+//!     [--progress loop[:US]|thread[:US]|layers]
 //! ddp_check allreduce            (bucketed all-reduce vs the local sum)
 //! ```
 
-use brgemm_distributed::{install_abort_on_panic, DataParallel, GradDtype, Replica};
+use brgemm_distributed::{install_abort_on_panic, DataParallel, GradDtype, Progress, Replica};
 use brgemm_nn::models::{mlp, CnnSpec, LayerSpec, StageSpec};
 use brgemm_nn::{
     Conv2d, GlobalAvgPool, Graph, GraphBuilder, Linear, Relu, Shape, Tensor as NnTensor,
@@ -29,7 +30,8 @@ fn arg(args: &[String], name: &str, default: usize) -> usize {
 }
 
 fn main() {
-    let universe = mpi::initialize().expect("MPI initialises once");
+    let (universe, _) =
+        brgemm_distributed::initialize(mpi::Threading::Serialized).expect("MPI initialises once");
     install_abort_on_panic();
     let world = universe.world();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -142,6 +144,10 @@ fn drive(
     let mut dp = DataParallel::new(world, &mut model, bucket);
     if args.iter().any(|a| a == "--grad-bf16") {
         dp.set_grad_dtype(GradDtype::Bf16);
+    }
+    if let Some(p) = args.iter().position(|a| a == "--progress") {
+        let p: Progress = args[p + 1].parse().expect("--progress");
+        dp.set_progress(p).expect("progress strategy");
     }
     dp.broadcast_parameters(&mut model);
     dp.calibrate(3);

@@ -513,7 +513,13 @@ impl LoopNest {
                 shared: shared.as_ref(),
                 instance: 0,
             };
-            self.level(0, &mut cur, t, threads, &body, &mut ctx);
+            // Between kernel calls on the caller's thread: the progress
+            // hook of non-blocking communication (`progress`).
+            let polled = |idx: &[usize]| {
+                body(idx);
+                super::progress::poll();
+            };
+            self.level(0, &mut cur, t, threads, &polled, &mut ctx);
         };
         if threads == 1 {
             go(0);

@@ -7,6 +7,7 @@ pub mod layout;
 pub mod loops;
 pub(crate) mod math;
 pub(crate) mod pass;
+pub mod progress;
 pub mod tensor;
 pub mod threads;
 pub(crate) mod view;
