@@ -72,7 +72,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // The benches to run: the words that are neither options nor the value
     // of an option that takes one.
-    const VALUED: [&str; 10] = [
+    const VALUED: [&str; 11] = [
         "--layer",
         "--batch",
         "--dtype",
@@ -83,6 +83,7 @@ fn main() {
         "--link-gbps",
         "--gbps",
         "--nodes",
+        "--mtu",
     ];
     let what: Vec<&str> = args
         .iter()

@@ -4,7 +4,7 @@
 //! ```text
 //! mpirun -np R target/release/examples/bench mpi [--progress layers|loop[:US]|thread[:US]]
 //!     [--bucket-kb N] [--models mlp,cnn,resnet] [--link-gbps G]
-//! target/release/examples/bench mpi --cluster [--gbps 1,10,25] [--nodes 1,2] [same flags]
+//! target/release/examples/bench mpi --cluster [--gbps 1,10,25] [--nodes 1,2] [--mtu M] [same flags]
 //! ```
 //!
 //! Rank 0 prints a line per model: samples/s, the step and the same step
@@ -84,14 +84,15 @@ fn drive_cluster(args: &[String]) {
         // samples/s of each model's 1-node line at this rate
         let mut one_node: Vec<(String, f64)> = Vec::new();
         for &n in &nodes {
-            let up = Command::new(script)
-                .args(["up", &n.to_string(), "--gbps", &g.to_string()])
-                .stderr(Stdio::inherit())
-                .output()
-                .unwrap_or_else(|e| {
-                    eprintln!("bench mpi --cluster: cannot run {script}: {e}");
-                    std::process::exit(2)
-                });
+            let mut up = Command::new(script);
+            up.args(["up", &n.to_string(), "--gbps", &g.to_string()]);
+            if let Some(m) = flag(args, "--mtu") {
+                up.args(["--mtu", m]);
+            }
+            let up = up.stderr(Stdio::inherit()).output().unwrap_or_else(|e| {
+                eprintln!("bench mpi --cluster: cannot run {script}: {e}");
+                std::process::exit(2)
+            });
             let _down = Cluster(script);
             let text = String::from_utf8_lossy(&up.stdout);
             let Some(margs) = text
