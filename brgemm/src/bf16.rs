@@ -485,7 +485,12 @@ unsafe fn bias_relu(
     }
 }
 
-/// [`bias_relu`] compiled for AVX-512 (16 lanes instead of SSE's 4).
+/// [`bias_relu`] in AVX-512 intrinsics, 16 rows per vector (a masked one
+/// for the tail), the bias loaded once per block. The plain loops compiled
+/// for AVX-512 stayed scalar (the compiler cannot tell that C and the bias
+/// do not overlap): one `vmovss`/`vaddss`/`vmaxss` per value, 18% of a
+/// bf16 3x3 convolution's forward (64 channels, 56x56) against 52% in the
+/// AMX block itself.
 ///
 /// # Safety
 /// As [`bias_relu`], on a CPU with AVX-512F.
@@ -500,5 +505,37 @@ unsafe fn bias_relu_avx512(
     bias: *const f32,
     relu: bool,
 ) {
-    bias_relu(cb, ldc, m0, rows, cols, bias, relu)
+    use std::arch::x86_64::*;
+    if rows > 32 {
+        return bias_relu(cb, ldc, m0, rows, cols, bias, relu);
+    }
+    let mask = |r0: usize| -> __mmask16 {
+        let n = rows.saturating_sub(r0).min(16);
+        ((1u32 << n) - 1) as __mmask16
+    };
+    let (k0, k1) = (mask(0), mask(16));
+    let zero = _mm512_setzero_ps();
+    let (b0, b1) = if bias.is_null() {
+        (zero, zero)
+    } else {
+        (
+            _mm512_maskz_loadu_ps(k0, bias.add(m0)),
+            _mm512_maskz_loadu_ps(k1, bias.add(m0 + 16)),
+        )
+    };
+    for j in 0..cols {
+        let col = cb.add(j * ldc);
+        for (k, b, off) in [(k0, b0, 0), (k1, b1, 16)] {
+            if k == 0 {
+                continue;
+            }
+            let mut v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, col.add(off)), b);
+            if relu {
+                // max(0, v) returns its second operand where either is NaN:
+                // NaN stays NaN, as `Activation::apply` has it.
+                v = _mm512_max_ps(zero, v);
+            }
+            _mm512_mask_storeu_ps(col.add(off), k, v);
+        }
+    }
 }

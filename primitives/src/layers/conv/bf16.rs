@@ -29,7 +29,7 @@
 
 use super::gather::Gather;
 use super::{Bwd, Conv, ConvParams};
-use crate::engine::bf16::{pack_vnni, round_bf16, WeightGrid};
+use crate::engine::bf16::{interleave_round, pack_vnni, round_slice, transpose_round, WeightGrid};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
 use crate::math::add_rows;
@@ -185,7 +185,7 @@ impl ConvBf16 {
         check_buf("bias", bias.len(), conv.padded_k())?;
         conv.check_y("Y", y)?;
         self.fwd
-            .run_converted(pool, &x.data, round_bf16, wv, Some(bias), &mut y.data);
+            .run_converted(pool, &x.data, round_slice, wv, Some(bias), &mut y.data);
         conv.clear_channel_tail(pool, y);
         Ok(())
     }
@@ -209,7 +209,7 @@ impl ConvBf16 {
         conv.check_y("dZ", dz)?;
         check_buf("packed Wt", wtv.len(), conv.filter_len())?;
         conv.check_x("dX", dx)?;
-        g.run_converted(pool, &dz.data, round_bf16, wtv, None, &mut dx.data);
+        g.run_converted(pool, &dz.data, round_slice, wtv, None, &mut dx.data);
         Ok(())
     }
 
@@ -266,13 +266,9 @@ impl ConvBf16 {
                 }
             };
             for (mp, pair) in out.chunks_exact_mut(2 * bk).enumerate() {
-                let (r0, r1) = (px(2 * mp), px(2 * mp + 1));
                 // Two pixels' channels interleaved: one 32-bit word per
-                // channel, so the loop vectorises.
-                for ((o, a), b) in pair.chunks_exact_mut(2).zip(r0).zip(r1) {
-                    o[0] = round_bf16(*a);
-                    o[1] = round_bf16(*b);
-                }
+                // channel.
+                interleave_round(pair, px(2 * mp), px(2 * mp + 1));
             }
         });
         // X channel-major per padded plane, zero in the padding and beyond.
@@ -284,15 +280,11 @@ impl ConvBf16 {
             let out = unsafe { std::slice::from_raw_parts_mut(xp.get().add(i * xplane), xplane) };
             out.fill(bf16::ZERO);
             let src = &x.data[i * pr.h * pr.w * bc..][..pr.h * pr.w * bc];
-            // Channel rows written in turn (each a run of pixels).
-            for (j, dst) in out.chunks_exact_mut(wt).enumerate() {
-                for y in 0..pr.h {
-                    let d = &mut dst[(y + pr.pad_h) * wp + pr.pad_w..][..pr.w];
-                    let s = &src[y * pr.w * bc..][..pr.w * bc];
-                    for (o, px) in d.iter_mut().zip(s.chunks_exact(bc)) {
-                        *o = round_bf16(px[j]);
-                    }
-                }
+            // Each image row's pixels into the channel rows (runs of pixels).
+            for y in 0..pr.h {
+                let s = &src[y * pr.w * bc..][..pr.w * bc];
+                let d = &mut out[(y + pr.pad_h) * wp + pr.pad_w..];
+                transpose_round(d, wt, s, bc, pr.w);
             }
         });
         let (dyp, xtp) = (dyv.as_ptr() as usize, xt.as_ptr() as usize);

@@ -147,18 +147,24 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             return self.run_padded(pool, x, a, bias, y);
         }
         let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        self.pad(pool, x, |v| v, &mut xs);
+        self.pad(
+            pool,
+            x,
+            |o: &mut [T], v: &[T]| o.copy_from_slice(v),
+            &mut xs,
+        );
         self.run_padded(pool, &xs, a, bias, y)
     }
 
-    /// As [`Gather::run`] from an input of another type, converted by
-    /// `conv` in the same pass that makes the zero-padded copy (f32 input
-    /// rounded for a bf16 pass: one sweep over it, not two).
+    /// As [`Gather::run`] from an input of another type, converted a row
+    /// at a time by `conv(out, in)` in the same pass that makes the
+    /// zero-padded copy (f32 input rounded for a bf16 pass: one sweep over
+    /// it, not two).
     pub(super) fn run_converted<S: Copy + Send + Sync>(
         &self,
         pool: &Pool,
         x: &[S],
-        conv: impl Fn(S) -> T + Sync,
+        conv: impl Fn(&mut [T], &[S]) + Sync,
         a: &[T],
         bias: Option<&[f32]>,
         y: &mut [f32],
@@ -173,7 +179,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         &self,
         pool: &Pool,
         x: &[S],
-        conv: impl Fn(S) -> T + Sync,
+        conv: impl Fn(&mut [T], &[S]) + Sync,
         out: &mut AlignedVec<T>,
     ) {
         let g = self.g;

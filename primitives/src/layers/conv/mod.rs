@@ -73,8 +73,8 @@ fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> 
     cfg.nest(&format!("conv {which}"), loops)
 }
 
-/// Zero-padded copies of `[N][blocks][h][w][b]` planes, each value passed
-/// through `conv` (identity, or rounding to bf16).
+/// Zero-padded copies of `[N][blocks][h][w][b]` planes, each row passed
+/// through `conv(out, in)` (a copy, or rounding to bf16).
 fn pad_into<S: Copy + Send + Sync, T: Copy + Default + Send + Sync>(
     pool: &Pool,
     src: &[S],
@@ -82,7 +82,7 @@ fn pad_into<S: Copy + Send + Sync, T: Copy + Default + Send + Sync>(
     (h, w, b): (usize, usize, usize),
     (ph, pw): (usize, usize),
     dst: &mut [T],
-    conv: impl Fn(S) -> T + Sync,
+    conv: impl Fn(&mut [T], &[S]) + Sync,
 ) {
     let (hp, wp) = (h + 2 * ph, w + 2 * pw);
     let d = SyncPtr(dst.as_mut_ptr());
@@ -97,9 +97,7 @@ fn pad_into<S: Copy + Send + Sync, T: Copy + Default + Send + Sync>(
             let row = &mut out[(ph + y) * wp * b..][..wp * b];
             row[..pw * b].fill(T::default());
             let src = &inp[y * w * b..][..w * b];
-            for (o, v) in row[pw * b..(pw + w) * b].iter_mut().zip(src) {
-                *o = conv(*v);
-            }
+            conv(&mut row[pw * b..(pw + w) * b], src);
             row[(pw + w) * b..].fill(T::default());
         }
     });
@@ -614,7 +612,7 @@ impl Conv {
                 (pr.h, pr.w, t.bc),
                 (pr.pad_h, pr.pad_w),
                 &mut guard,
-                |v| v,
+                |o: &mut [f32], v: &[f32]| o.copy_from_slice(v),
             );
             &guard[..]
         };
