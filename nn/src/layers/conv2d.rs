@@ -61,16 +61,13 @@ impl Bf16Side {
     /// ([`brgemm::bf16::Bf16Isa::beats_f32`]: AMX, a bf16 kernel the CPU
     /// policy measured faster than f32, or one forced by name) once
     /// the input is rounded; None where they do not, or where the blocks
-    /// cannot pair. A 1x1 convolution is memory-bound: rounding its input
-    /// costs what bf16 saves (ResNet-50 training step, batch 16, Sapphire
-    /// Rapids with AMX, 1 thread: the 1x1 layers' forward 366 ms f32 vs 498
-    /// ms bf16, backward 834 vs 863; the 3x3 layers' 257 vs 122 and 549 vs
-    /// 399), so it stays f32 until activations arrive in bf16.
+    /// cannot pair. 1x1 convolutions too, since the rounding loops run in
+    /// AVX-512: with them scalar, a 1x1 layer's rounded input cost what
+    /// bf16 saved and they stayed f32 (ResNet-50 training, batch 16,
+    /// Sapphire Rapids with AMX, alternated in one session: bf16 over f32
+    /// 1.24-1.28x with the 3x3 layers alone in bf16, 1.49-1.62x with the 1x1
+    /// layers as well; inference 24-25 -> 39-41 img/s on one thread).
     fn new(conv: &Conv) -> Option<Bf16Side> {
-        let p = conv.params();
-        if p.r * p.s == 1 {
-            return None;
-        }
         let cb = ConvBf16::new(conv).ok()?;
         let pays = cb.isa().beats_f32();
         pays.then(|| Bf16Side {
