@@ -44,11 +44,18 @@ crate::math::widest! {
 
 crate::math::widest! {
     /// `dst[2i] = bf16(a[i])`, `dst[2i + 1] = bf16(b[i])`: two rows rounded
-    /// into VNNI pairs (the reduction dimension interleaved by two).
-    pub(crate) fn interleave_round / interleave_round_plain(dst: &mut [bf16], a: &[f32], b: &[f32]) {
-        for ((o, a), b) in dst.chunks_exact_mut(2).zip(a).zip(b) {
+    /// into VNNI pairs (the reduction dimension interleaved by two); and
+    /// `sum[i] += a[i] + b[i]` (a bias gradient in the same read).
+    pub(crate) fn interleave_round / interleave_round_plain(
+        dst: &mut [bf16],
+        a: &[f32],
+        b: &[f32],
+        sum: &mut [f32],
+    ) {
+        for (((o, a), b), s) in dst.chunks_exact_mut(2).zip(a).zip(b).zip(sum) {
             o[0] = round_bf16(*a);
             o[1] = round_bf16(*b);
+            *s += a + b;
         }
     }
 }
@@ -198,9 +205,13 @@ mod tests {
         assert_eq!(a[7].to_bits(), 0x3F80);
         assert_eq!(a[8].to_bits(), 0x3F82);
         let (mut a, mut b) = (vec![bf16::ZERO; 1000], vec![bf16::ZERO; 1000]);
-        interleave_round(&mut a, &src[..500], &src[500..]);
-        interleave_round_plain(&mut b, &src[..500], &src[500..]);
+        let (mut sa, mut sb) = (vec![1.0f32; 500], vec![1.0f32; 500]);
+        interleave_round(&mut a, &src[..500], &src[500..], &mut sa);
+        interleave_round_plain(&mut b, &src[..500], &src[500..], &mut sb);
         assert_eq!(bits(&a), bits(&b));
+        let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(fbits(&sa), fbits(&sb));
+        assert_eq!(sa[30], 1.0 + src[30] + src[530]);
         assert_eq!(a[1].to_bits(), round_bf16(src[500]).to_bits());
     }
 
