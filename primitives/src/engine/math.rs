@@ -93,10 +93,33 @@ pub(crate) use widest;
 widest! {
     /// `out += ` the sum of the rows of `src` (rows of `out.len()`, in
     /// order): a bias gradient's reduction over pixels or minibatch rows.
+    ///
+    /// For the common block widths the sums stay in registers (a fixed-size
+    /// copy of `out`): summed through memory, every row waited for the
+    /// previous row's store, 13% of a 1x1 convolution's backward-weights.
+    /// The additions happen in the same order either way.
     pub(crate) fn add_rows / add_rows_plain(out: &mut [f32], src: &[f32]) {
-        for row in src.chunks_exact(out.len()) {
-            for (o, v) in out.iter_mut().zip(row) {
-                *o += v;
+        #[inline(always)]
+        fn fixed<const N: usize>(out: &mut [f32], src: &[f32]) {
+            let mut acc = [0.0f32; N];
+            acc.copy_from_slice(out);
+            for row in src.chunks_exact(N) {
+                for (a, v) in acc.iter_mut().zip(row) {
+                    *a += v;
+                }
+            }
+            out.copy_from_slice(&acc);
+        }
+        match out.len() {
+            64 => fixed::<64>(out, src),
+            32 => fixed::<32>(out, src),
+            16 => fixed::<16>(out, src),
+            _ => {
+                for row in src.chunks_exact(out.len()) {
+                    for (o, v) in out.iter_mut().zip(row) {
+                        *o += v;
+                    }
+                }
             }
         }
     }
@@ -106,7 +129,12 @@ widest! {
 mod tests {
     #[test]
     fn add_rows_dispatched_equals_plain() {
-        let bk = 48;
+        for bk in [48, 64, 32, 16] {
+            add_rows_case(bk);
+        }
+    }
+
+    fn add_rows_case(bk: usize) {
         let src: Vec<f32> = (0..bk * 37)
             .map(|i| ((i * 37) % 101) as f32 / 7.0 - 6.0)
             .collect();
