@@ -15,7 +15,7 @@ fn round(v: &[f32]) -> Vec<f64> {
 }
 
 #[test]
-fn forward_and_backward_data_match_the_rounded_reference() {
+fn forward_and_backward_passes_match_the_rounded_reference() {
     let pool = Pool::new(2).unwrap().always_parallel();
     // (n, c, k, blocks): AMX-sized blocks, AVX512-BF16 tails, small blocks.
     for (n, c, k, b) in [
@@ -83,6 +83,35 @@ fn forward_and_backward_data_match_the_rounded_reference() {
                     );
                 }
             }
+            // Backward-weights from the f32 dZ and X (rounded by the pass;
+            // db from the f32 dZ), every element written.
+            let mut dw = fc.w_layout();
+            dw.data_mut().fill(f32::NAN);
+            let mut db = vec![f32::NAN; fc.padded_k()];
+            fb.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                .unwrap();
+            assert!(
+                dw.data().iter().all(|v| v.is_finite()),
+                "dW not all written"
+            );
+            let got = dw.to_plain();
+            for j in 0..k {
+                for i in 0..c {
+                    let want: f64 = (0..n).map(|r| gr[r * k + j] * xr[r * c + i]).sum();
+                    let g = got[j * c + i] as f64;
+                    assert!(
+                        (g - want).abs() < 1e-4 * (1.0 + n as f64 * 0.05),
+                        "{n}x{c}x{k} dW[{j}][{i}]: {g} vs {want}"
+                    );
+                }
+                let want: f64 = (0..n).map(|r| gs[r * k + j] as f64).sum();
+                assert!(
+                    (db[j] as f64 - want).abs() < 1e-4 * (1.0 + n as f64 * 0.05),
+                    "{n}x{c}x{k} db[{j}]: {} vs {want}",
+                    db[j]
+                );
+            }
+            assert!(db[k..].iter().all(|v| *v == 0.0), "db padding");
         }
     }
 }

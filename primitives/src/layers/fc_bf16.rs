@@ -12,10 +12,10 @@
 //! over the whole minibatch, where bf16 inputs would cost accuracy for
 //! little time (it is one of three passes).
 
-use crate::engine::bf16::{pack_vnni, WeightGrid};
+use crate::engine::bf16::{interleave_round, pack_vnni, transpose_round, WeightGrid};
 use crate::error::{shape, Result};
 use crate::fc::Fc;
-use crate::layout::{Blocked, SyncPtr};
+use crate::layout::{check_shape, Blocked, Inner, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
 use brgemm::bf16::bf16;
@@ -23,11 +23,22 @@ use brgemm::Kernel;
 use brgemm::{
     Activation, AlignedVec, BatchForm, DataType, Descriptor, Epilogue, Prefetch, RawBatch,
 };
+use std::sync::Mutex;
 
 /// The bf16 forward and backward-data of an [`Fc`] layer.
 pub struct FcBf16 {
     fwd: Kernel,
     bwd: Kernel,
+    /// Backward-weights: one call per (K block, C block) over every row.
+    upd: Kernel,
+    /// Rows of the update's reduction: N rounded up to 32 (AMX's k step).
+    rows_pad: usize,
+    /// dZ as VNNI pairs of rows (per K block) and X channel-major (per C
+    /// block), made by each backward-weights call.
+    dzv: Mutex<AlignedVec<bf16>>,
+    xt: Mutex<AlignedVec<bf16>>,
+    n: usize,
+    c: usize,
     nest_fwd: LoopNest,
     nest_bwd: LoopNest,
     bn: usize,
@@ -96,15 +107,34 @@ impl FcBf16 {
                     b: bn * bk,
                 }),
         )?;
+        // dW block (bk x bc) = dZ block-column^T X block-column over all
+        // rows: A = dZ with pairs of rows interleaved (k = rows), B = X^T.
+        let rows_pad = (nb * bn).next_multiple_of(32);
+        let upd = Kernel::new(
+            &Descriptor::new(bk, bc, rows_pad)
+                .dtype(DataType::Bf16)
+                .ldb(rows_pad)
+                .batch_form(BatchForm::Stride {
+                    a: rows_pad * bk,
+                    b: rows_pad * bc,
+                }),
+        )?;
         let nest = |a, b| {
             LoopNest::new(
                 vec![LoopDef::new("N blocks", nb, 1), LoopDef::new(a, b, 1)],
                 "BA",
             )
         };
+        let buf = || Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN));
         Ok(FcBf16 {
             fwd,
             bwd,
+            upd,
+            rows_pad,
+            dzv: buf(),
+            xt: buf(),
+            n: fc.n,
+            c: fc.c,
             nest_fwd: nest("K blocks", kb)?,
             nest_bwd: nest("C blocks", cb)?,
             bn,
@@ -237,6 +267,85 @@ impl FcBf16 {
                         count: kb,
                     },
                     dxp.get().add((ni * cb + ci) * bn * bc),
+                    std::ptr::null(),
+                )
+            };
+        });
+        Ok(())
+    }
+
+    /// dW = dZ^T X and db = the column sums of dZ from the f32 dZ
+    /// (`fc.y_layout`) and X (`fc.x_layout`), on bf16 operands with f32
+    /// accumulation; `dw` in `fc.w_layout`, overwritten. Each call rounds
+    /// dZ into VNNI pairs of rows (summing db in the same read) and X into
+    /// channel-major rows, then one BRGEMM per (K block, C block) reduces
+    /// over every row at once.
+    pub fn backward_weights(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        x: &Blocked,
+        dw: &mut Blocked,
+        db: &mut [f32],
+    ) -> Result<()> {
+        let pool = pool.for_work(self.work());
+        let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
+        check_shape("dZ", dz, (self.n, self.k, bn, bk, Inner::RowMajor))?;
+        check_shape("X", x, (self.n, self.c, bn, bc, Inner::RowMajor))?;
+        check_shape("dW", dw, (self.k, self.c, bk, bc, Inner::ColMajor))?;
+        crate::error::check_buf("db", db.len(), kb * bk)?;
+        let (rows, kp) = (nb * bn, self.rows_pad);
+        let mut dzv = self.dzv.lock().unwrap_or_else(|e| e.into_inner());
+        let mut xt = self.xt.lock().unwrap_or_else(|e| e.into_inner());
+        dzv.resize(kb * kp * bk, bf16::ZERO);
+        xt.resize(cb * bc * kp, bf16::ZERO);
+        let zero = vec![0.0f32; bk];
+        let (dp, dbp) = (SyncPtr(dzv.as_mut_ptr()), SyncPtr(db.as_mut_ptr()));
+        pool.for_each(kb, |ki| {
+            // SAFETY: K block ki's pairs and its db block belong to this
+            // iteration alone.
+            let (out, sums) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(dp.get().add(ki * kp * bk), kp * bk),
+                    std::slice::from_raw_parts_mut(dbp.get().add(ki * bk), bk),
+                )
+            };
+            sums.fill(0.0);
+            let row = |r: usize| match r < rows {
+                true => &dz.data[((r / bn) * kb + ki) * bn * bk + (r % bn) * bk..][..bk],
+                false => &zero[..],
+            };
+            for (p, pair) in out.chunks_exact_mut(2 * bk).enumerate() {
+                interleave_round(pair, row(2 * p), row(2 * p + 1), sums);
+            }
+        });
+        let xp = SyncPtr(xt.as_mut_ptr());
+        pool.for_each(cb, |ci| {
+            // SAFETY: C block ci's rows belong to this iteration alone.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(xp.get().add(ci * bc * kp), bc * kp) };
+            for ni in 0..nb {
+                let src = &x.data[(ni * cb + ci) * bn * bc..][..bn * bc];
+                transpose_round(&mut out[ni * bn..], kp, src, bc, bn);
+            }
+            for ch in out.chunks_exact_mut(kp) {
+                ch[rows..].fill(bf16::ZERO);
+            }
+        });
+        let (ap, bp) = (dzv.as_ptr() as usize, xt.as_ptr() as usize);
+        let wp = SyncPtr(dw.data.as_mut_ptr());
+        pool.for_each(kb * cb, |item| {
+            let (ki, ci) = (item / cb, item % cb);
+            // SAFETY: dW block (ki, ci) belongs to this item; A and B are
+            // the packed K block ki and C block ci, kp rows each.
+            unsafe {
+                self.upd.execute_raw(
+                    RawBatch::Stride {
+                        a: (ap as *const bf16).add(ki * kp * bk),
+                        b: (bp as *const bf16).add(ci * bc * kp),
+                        count: 1,
+                    },
+                    wp.get().add((ki * cb + ci) * bc * bk),
                     std::ptr::null(),
                 )
             };

@@ -1,6 +1,7 @@
 //! Mixed-precision LSTM/RNN: the input projection, the recurrent BRGEMMs of
-//! every step and backward-data on bf16 operands, f32 accumulation, the
-//! cell arithmetic, c, the kept gates and the weight gradients in f32.
+//! every step, backward-data and the weight gradients on bf16 operands,
+//! f32 accumulation; the cell arithmetic, c, the kept gates and the
+//! gradients themselves in f32.
 //!
 //! The f32 W and R stay the master copies; [`RnnBf16::pack_weights`]
 //! rounds them once per step into the VNNI operands of forward and of the
@@ -170,7 +171,7 @@ impl RnnBf16 {
     }
 
     /// [`Rnn::backward_from_state`] on bf16 operands (the recurrent
-    /// BRGEMMs of BPTT and dX), weight gradients in f32.
+    /// BRGEMMs of BPTT, dX, dW and dR), gradients accumulated in f32.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_from_state(
         &self,
@@ -200,6 +201,12 @@ impl RnnBf16 {
         rnn.bptt(pool, rec, dh, dc_last, st, gr);
         self.input
             .backward_data(pool, &dgb, &packed.wt, &mut gr.dx)?;
-        rnn.weight_grads(pool, x, st, gr)
+        // dW = dG^T X and dR = dG^T H_prev over every step at once, on
+        // bf16 operands (the recurrent FC's bias gradient, equal to db,
+        // goes to scratch as in f32).
+        self.input
+            .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
+        self.recur
+            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut gr.db_r)
     }
 }
