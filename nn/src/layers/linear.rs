@@ -336,7 +336,16 @@ impl Layer for Linear {
         Plan::take_in(pool, dy, &p.y_like, &mut p.dy)?;
         let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
         p.fc.activation_backward(pool, p.dy.get(), p.y.get(), z, &mut p.dz)?;
-        p.fc.backward_weights(pool, &p.dz, p.x.get(), &mut p.dw, &mut p.db)?;
+        match &p.bf {
+            // bf16 operands, f32 sums: 1.7-5.1x the f32 pass from 32 rows
+            // up on AMX (1.05x at 16, 0.97x on 64x128x64).
+            Some(b) => {
+                b.fc.backward_weights(pool, &p.dz, p.x.get(), &mut p.dw, &mut p.db)?
+            }
+            None => {
+                p.fc.backward_weights(pool, &p.dz, p.x.get(), &mut p.dw, &mut p.db)?
+            }
+        }
         // Their writers may fill them again in the next step.
         p.x.release();
         p.dy.release();
