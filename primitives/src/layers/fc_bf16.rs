@@ -31,8 +31,6 @@ pub struct FcBf16 {
     bwd: Kernel,
     /// Backward-weights: one call per (K block, C block) over every row.
     upd: Kernel,
-    /// Rows of the update's reduction: N rounded up to 32 (AMX's k step).
-    rows_pad: usize,
     /// dZ as VNNI pairs of rows (per K block) and X channel-major (per C
     /// block), made by each backward-weights call.
     dzv: Mutex<AlignedVec<bf16>>,
@@ -56,6 +54,12 @@ pub use crate::engine::bf16::{round_bf16, to_bf16};
 /// Whether the kernels of a pass whose calls each reduce over `red`
 /// elements, with `bn` columns and `bo` rows of output, prefetch the next
 /// pair: above the CPU policy's per-call size (docs/tuning-notes.md).
+/// Rows of the backward-weights reduction: the N blocks' rows rounded up
+/// to 32 (AMX's k step; zero rows past N).
+fn upd_rows(nb: usize, bn: usize) -> usize {
+    (nb * bn).next_multiple_of(32)
+}
+
 fn bf16_prefetch(red: usize, bn: usize, bo: usize) -> Prefetch {
     let from = crate::policy().bf16_prefetch_from;
     brgemm::Policy::prefetch_if(from.is_some_and(|f| 2 * red * (bn + bo) > f))
@@ -109,7 +113,7 @@ impl FcBf16 {
         )?;
         // dW block (bk x bc) = dZ block-column^T X block-column over all
         // rows: A = dZ with pairs of rows interleaved (k = rows), B = X^T.
-        let rows_pad = (nb * bn).next_multiple_of(32);
+        let rows_pad = upd_rows(nb, bn);
         let upd = Kernel::new(
             &Descriptor::new(bk, bc, rows_pad)
                 .dtype(DataType::Bf16)
@@ -130,7 +134,6 @@ impl FcBf16 {
             fwd,
             bwd,
             upd,
-            rows_pad,
             dzv: buf(),
             xt: buf(),
             n: fc.n,
@@ -294,7 +297,7 @@ impl FcBf16 {
         check_shape("X", x, (self.n, self.c, bn, bc, Inner::RowMajor))?;
         check_shape("dW", dw, (self.k, self.c, bk, bc, Inner::ColMajor))?;
         crate::error::check_buf("db", db.len(), kb * bk)?;
-        let (rows, kp) = (nb * bn, self.rows_pad);
+        let (rows, kp) = (nb * bn, upd_rows(nb, bn));
         let mut dzv = self.dzv.lock().unwrap_or_else(|e| e.into_inner());
         let mut xt = self.xt.lock().unwrap_or_else(|e| e.into_inner());
         dzv.resize(kb * kp * bk, bf16::ZERO);

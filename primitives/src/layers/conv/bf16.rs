@@ -32,6 +32,7 @@ use super::{Bwd, Conv, ConvParams};
 use crate::engine::bf16::{interleave_round, pack_vnni, round_slice, transpose_round, WeightGrid};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
+use crate::math::add_rows;
 use crate::pass::Chunked;
 use crate::tensor::{Filter, Tensor4};
 use crate::threads::Pool;
@@ -342,17 +343,14 @@ impl ConvBf16 {
             let parts = &partials[..];
             pool.for_slices(&mut dw.data, |lo, out| {
                 for k in 0..split - 1 {
-                    let src = &parts[k * dw_len + lo..][..out.len()];
-                    out.iter_mut().zip(src).for_each(|(o, v)| *o += v);
+                    add_rows(out, &parts[k * dw_len + lo..][..out.len()]);
                 }
             });
         }
         // The planes' sums in image order (the same bits on any thread count).
         let db = &mut db[..kb * bk];
         db.fill(0.0);
-        for part in db_parts.chunks_exact(kb * bk) {
-            db.iter_mut().zip(part).for_each(|(o, v)| *o += v);
-        }
+        add_rows(db, &db_parts);
         Ok(())
     }
 
