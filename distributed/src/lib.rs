@@ -195,6 +195,14 @@ struct Slot {
     bucket: usize,
 }
 
+/// The slot of parameter group `group` (slots run from the last group down,
+/// one per group).
+fn slot_of(slots: &[Slot], group: usize) -> &Slot {
+    let slot = &slots[slots.len() - 1 - group];
+    debug_assert_eq!(slot.group, group);
+    slot
+}
+
 impl Slot {
     fn len(&self) -> usize {
         self.lens.iter().sum()
@@ -791,10 +799,7 @@ impl DataParallel {
         let (slots, send) = (&self.slots, &mut self.send);
         let t0 = Instant::now();
         model.compute_gradients_with(pool, x, labels, &mut |group, grads| {
-            let slot = slots
-                .iter()
-                .find(|s| s.group == group)
-                .expect("every group has a slot");
+            let slot = slot_of(slots, group);
             if copies {
                 slot.put(grads, &mut send[slot.offset..], scale);
             }
@@ -804,16 +809,17 @@ impl DataParallel {
         })?;
         times.backward_end = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let norm = if copies {
+        if copies {
             for slot in &self.slots {
                 slot.take(model, &self.send[slot.offset..]);
             }
-            brgemm_primitives::guard::norm([&self.send[..]])
-        } else {
-            gradient_norm(model)
-        };
-        brgemm_primitives::guard::check_step(self.steps, 0.0, norm)?;
-        model.apply_gradients(opt)?;
+        }
+        // The step's own tail: the guard (a step of its count) and the
+        // optimizer.
+        let send = std::mem::take(&mut self.send);
+        let done = self.finish_step(model, 0.0, &send, opt);
+        self.send = send;
+        done?;
         times.finish = t1.elapsed().as_secs_f64();
         Ok(times)
     }
@@ -866,10 +872,7 @@ impl DataParallel {
         // Copies a completed group into its bucket; a full bucket's slices
         // come back, ready to start.
         let mut fill = |group: usize, grads: &mut [&mut [f32]]| -> Option<Ready<'_>> {
-            let slot = slots
-                .iter()
-                .find(|s| s.group == group)
-                .expect("every group has a slot");
+            let slot = slot_of(slots, group);
             let b = slot.bucket;
             let dst = sends[b]
                 .as_mut()
