@@ -209,12 +209,20 @@ mod ranks {
                 std::process::exit(2)
             })
         });
-        let nominal: Option<f64> = flag(args, "--link-gbps").and_then(|v| v.parse().ok());
+        let nominal: Option<f64> = flag(args, "--link-gbps").map(|v| {
+            v.parse()
+                .ok()
+                .filter(|&g: &f64| g > 0.0)
+                .unwrap_or_else(|| {
+                    eprintln!("bench mpi: --link-gbps {v:?}: expected a positive rate in Gb/s");
+                    std::process::exit(2)
+                })
+        });
         let models: Vec<String> = list(args, "--models", "mlp,cnn,resnet");
         let link = measure_link(&world, progress);
         let rank = world.rank() as usize;
         for name in &models {
-            let (mut model, rows, layers) = build(name, rank);
+            let (mut model, rows, layers) = build(name);
             let mut x = Tensor::zeros(model.input_shape());
             x.data_mut()
                 .iter_mut()
@@ -241,8 +249,7 @@ mod ranks {
     }
 
     /// A model of the bench, its rows per rank and a description.
-    fn build(name: &str, rank: usize) -> (Graph, usize, &'static str) {
-        let _ = rank;
+    fn build(name: &str) -> (Graph, usize, &'static str) {
         match name {
             "mlp" => {
                 let relu = |out| LayerSpec {
