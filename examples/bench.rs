@@ -319,7 +319,8 @@ fn bench_fc(o: &Opts) {
             // Mixed precision: the bf16 passes on the same shape, in the same
             // run; `gflops_with_convert` adds rounding the activations (or
             // output gradients) to bf16 and packing the weights, as one
-            // training step does.
+            // training step does (backward-weights rounds its f32 operands
+            // itself: the same figure).
             if let Ok(fb) = brgemm_primitives::fc_bf16::FcBf16::new(&fc) {
                 use brgemm_primitives::fc_bf16::to_bf16;
                 let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
@@ -390,6 +391,27 @@ fn bench_fc(o: &Opts) {
                 )
                 .secs;
                 bline("bwd", &mb, sc, f32_bwd);
+                // Backward-weights rounds its f32 operands itself: one figure.
+                let f32_upd = measure_pool(
+                    || {
+                        fc.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                            .unwrap()
+                    },
+                    &pool,
+                    &probe,
+                    samples,
+                )
+                .secs;
+                let mb = measure_pool(
+                    || {
+                        fb.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                            .unwrap()
+                    },
+                    &pool,
+                    &probe,
+                    samples,
+                );
+                bline("upd", &mb, mb.secs, f32_upd);
             }
         }
         drop(x);
