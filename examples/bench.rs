@@ -235,12 +235,13 @@ fn bench_fc(o: &Opts) {
         fill(x.data_mut(), 7, 8.0);
         fill(w.data_mut(), 5, 64.0);
         let bias = vec![0.1f32; fc.padded_k()];
-        let (mut y, mut dz, mut dx, mut wt, mut dw) = (
+        let (mut y, mut dz, mut dx, mut wt, mut dw, mut dzt) = (
             fc.y_layout(),
             fc.y_layout(),
             fc.x_layout(),
             fc.wt_layout(),
             fc.w_layout(),
+            fc.dzt_layout(),
         );
         fill(dz.data_mut(), 3, 4.0);
         // Written before any timing: a never-written buffer maps the shared
@@ -248,6 +249,7 @@ fn bench_fc(o: &Opts) {
         fc.transpose_weights(&Pool::new(1).expect("pool"), &w, &mut wt)
             .expect("transpose");
         fill(dx.data_mut(), 2, 8.0);
+        fill(dzt.data_mut(), 2, 8.0);
         fill(y.data_mut(), 2, 8.0);
         fill(dw.data_mut(), 2, 8.0);
         let mut db = vec![0.0f32; fc.padded_k()];
@@ -258,10 +260,11 @@ fn bench_fc(o: &Opts) {
                         cfg: &PassConfig,
                         m: &Measured,
                         s_layout: f64,
+                        extra: &str,
                         sp: Option<f64>| {
                 let gf = flops / m.secs / 1e9;
                 println!(
-                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{}","chunk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{}{}}}"#,
+                    r#"{{"bench":"fc","pass":"{pass}","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"spec":"{}","chunk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_layout":{:.1},{extra}{}{}}}"#,
                     t.bn,
                     t.bc,
                     t.bk,
@@ -281,27 +284,43 @@ fn bench_fc(o: &Opts) {
             let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.forward(p, &x, &w, &bias, &mut y, None).unwrap()
             });
-            line("fwd", &t.fwd, &m, m.secs, sp);
+            line("fwd", &t.fwd, &m, m.secs, "", sp);
+            // Backward-data reads W in place; its figure includes turning
+            // the dZ blocks round. Beside it, the path through a transposed
+            // copy of W: the pass alone (`wt_gflops`) and with the transpose
+            // a training step pays (`wt_gflops_with_layout`).
             let m = measure_pool(
-                || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                || fc.backward_data(&pool, &dz, &w, &mut dzt, &mut dx).unwrap(),
                 &pool,
                 &probe,
                 samples,
             );
             let sp = scaling(threads, &pool, &probe, samples, |p| {
-                fc.backward_data(p, &dz, &wt, &mut dx).unwrap()
+                fc.backward_data(p, &dz, &w, &mut dzt, &mut dx).unwrap()
             });
+            let s1 = measure_pool(
+                || fc.backward_data_wt(&pool, &dz, &wt, &mut dx).unwrap(),
+                &pool,
+                &probe,
+                samples,
+            )
+            .secs;
             let s2 = measure_pool(
                 || {
                     fc.transpose_weights(&pool, &w, &mut wt).unwrap();
-                    fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap()
+                    fc.backward_data_wt(&pool, &dz, &wt, &mut dx).unwrap()
                 },
                 &pool,
                 &probe,
                 samples,
             )
             .secs;
-            line("bwd", &t.bwd, &m, s2, sp);
+            let wt_fields = format!(
+                r#""wt_gflops":{:.1},"wt_gflops_with_layout":{:.1},"#,
+                flops / s1 / 1e9,
+                flops / s2 / 1e9
+            );
+            line("bwd", &t.bwd, &m, m.secs, &wt_fields, sp);
             // upd reads X in place (row-major B): no layout step to add.
             let m = measure_pool(
                 || {
@@ -315,7 +334,7 @@ fn bench_fc(o: &Opts) {
             let sp = scaling(threads, &pool, &probe, samples, |p| {
                 fc.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
             });
-            line("upd", &t.upd, &m, m.secs, sp);
+            line("upd", &t.upd, &m, m.secs, "", sp);
             // Mixed precision: the bf16 passes on the same shape, in the same
             // run; `gflops_with_convert` adds rounding the activations (or
             // output gradients) to bf16 and packing the weights, as one
@@ -368,7 +387,7 @@ fn bench_fc(o: &Opts) {
                 .secs;
                 bline("fwd", &mb, sc, f32_fwd);
                 let f32_bwd = measure_pool(
-                    || fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                    || fc.backward_data(&pool, &dz, &w, &mut dzt, &mut dx).unwrap(),
                     &pool,
                     &probe,
                     samples,

@@ -94,7 +94,7 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize], input_grad: bool) -> (Vec<
             .iter_mut()
             .enumerate()
             .for_each(|(i, v)| *v = (i % 3) as f32 - 1.0);
-        let (mut wtr, mut dw) = (fc.wt_layout(), fc.w_layout());
+        let (mut dzt, mut dw) = (fc.dzt_layout(), fc.w_layout());
         let mut db = vec![0.0; fc.padded_k()];
         let fwd = median(|| fc.forward(pool, &x, &wt, &b, &mut y, None).unwrap());
         let upd = median(|| {
@@ -108,8 +108,7 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize], input_grad: bool) -> (Vec<
             0.0
         } else {
             median(|| {
-                fc.transpose_weights(pool, &wt, &mut wtr).unwrap();
-                fc.backward_data(pool, &dz, &wtr, &mut dx).unwrap();
+                fc.backward_data(pool, &dz, &wt, &mut dzt, &mut dx).unwrap();
             })
         };
         let mut st = OptState::default();

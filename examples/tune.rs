@@ -290,8 +290,7 @@ fn tune_fc(args: &[String]) {
             fc0.w_layout(),
         );
         fill(dz.data_mut(), 3, 4.0);
-        let mut wt = fc0.wt_layout();
-        fc0.transpose_weights(&pool, &w, &mut wt).unwrap();
+        let mut dzt = fc0.dzt_layout();
         let mut db = vec![0.0f32; fc0.padded_k()];
         for pass in ["fwd", "bwd", "upd"] {
             for &(spec, chunk) in &combos {
@@ -311,7 +310,7 @@ fn tune_fc(args: &[String]) {
                 };
                 let mut run = || match pass {
                     "fwd" => fc.forward(&pool, &x, &w, &bias, &mut y, None).unwrap(),
-                    "bwd" => fc.backward_data(&pool, &dz, &wt, &mut dx).unwrap(),
+                    "bwd" => fc.backward_data(&pool, &dz, &w, &mut dzt, &mut dx).unwrap(),
                     _ => fc
                         .backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                         .unwrap(),

@@ -108,10 +108,20 @@ impl Problem {
         let mut dz = fc.y_layout();
         fc.activation_backward(pool, &dy, &y, Some(&z), &mut dz)
             .unwrap();
+        let mut dzt = fc.dzt_layout();
+        let mut dx = fc.x_layout();
+        fc.backward_data(pool, &dz, &w, &mut dzt, &mut dx).unwrap();
+        // The transposed-weights path computes the same dX.
         let mut wt = fc.wt_layout();
         fc.transpose_weights(pool, &w, &mut wt).unwrap();
-        let mut dx = fc.x_layout();
-        fc.backward_data(pool, &dz, &wt, &mut dx).unwrap();
+        let mut dx_wt = fc.x_layout();
+        fc.backward_data_wt(pool, &dz, &wt, &mut dx_wt).unwrap();
+        for (a, b) in dx.data().iter().zip(dx_wt.data()) {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                "dX {a} vs {b} (Wt path)"
+            );
+        }
         let mut dw = fc.w_layout();
         let mut db = vec![f32::NAN; fc.padded_k()]; // every entry must be written
         fc.backward_weights(pool, &dz, &x, &mut dw, &mut db)

@@ -96,9 +96,23 @@ fn a_buffer_of_another_shape_is_an_error_not_an_overflow() {
     assert!(e.to_string().contains("Y"), "{e}");
     let mut dx = small.x_layout();
     let e = fc
-        .backward_data(&pool, &fc.y_layout(), &fc.wt_layout(), &mut dx)
+        .backward_data(&pool, &fc.y_layout(), &w, &mut fc.dzt_layout(), &mut dx)
         .unwrap_err();
     assert!(e.to_string().contains("dX"), "{e}");
+    let e = fc
+        .backward_data_wt(&pool, &fc.y_layout(), &fc.wt_layout(), &mut dx)
+        .unwrap_err();
+    assert!(e.to_string().contains("dX"), "{e}");
+    let e = fc
+        .backward_data(
+            &pool,
+            &fc.y_layout(),
+            &w,
+            &mut small.dzt_layout(),
+            &mut fc.x_layout(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("dZt"), "{e}");
     let mut dw = Blocked::zeros(8, 8, 8, 8, Inner::ColMajor).unwrap();
     let e = fc
         .backward_weights(&pool, &fc.y_layout(), &x, &mut dw, &mut [0.0; 32])

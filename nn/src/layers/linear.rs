@@ -58,7 +58,8 @@ impl Bf16Side {
 struct Plan {
     fc: Fc,
     w: Blocked,
-    wt: Blocked,
+    /// dZ with its blocks transposed: backward-data's workspace.
+    dzt: Blocked,
     bias: Vec<f32>,
     dw: Blocked,
     db: Vec<f32>,
@@ -253,7 +254,7 @@ impl Layer for Linear {
         let mut bias = vec![0.0; fc.padded_k()];
         bias[..self.outputs].copy_from_slice(&b0);
         self.state = State::Built(Plan {
-            wt: fc.wt_layout(),
+            dzt: fc.dzt_layout(),
             dw: fc.w_layout(),
             db: vec![0.0; fc.padded_k()],
             x_like: fc.x_layout(),
@@ -316,8 +317,7 @@ impl Layer for Linear {
                 b.fc.backward_data(pool, &b.dzb, &b.ops.wtv, dx)?;
             }
             None => {
-                p.fc.transpose_weights(pool, &p.w, &mut p.wt)?;
-                p.fc.backward_data(pool, &p.dz, &p.wt, dx)?;
+                p.fc.backward_data(pool, &p.dz, &p.w, &mut p.dzt, dx)?;
             }
         }
         match (p.in_block, p.in_rows) {

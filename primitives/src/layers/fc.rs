@@ -11,7 +11,8 @@
 //! | pass | output loops | reduction | BRGEMM (m x n x k) | A_i | B_i | C |
 //! |---|---|---|---|---|---|---|
 //! | fwd | a, b | c | bk x bn x bc | `W[kb][cb]` | `X[nb][cb]` | `Y[nb][kb]` |
-//! | bwd | a, c | b | bc x bn x bk | `Wt[cb][kb]` | `dZ[nb][kb]` | `dX[nb][cb]` |
+//! | bwd | a, c | b | bn x bc x bk | `dZt[nb][kb]` | `W[kb][cb]` | `dX[nb][cb]` (transposed) |
+//! | bwd (`Wt`) | a, c | b | bc x bn x bk | `Wt[cb][kb]` | `dZ[nb][kb]` | `dX[nb][cb]` |
 //! | upd | b, c | a | bk x bc x bn | `dZ[nb][kb]` | `X[nb][cb]` (row-major B) | `dW[kb][cb]` |
 //!
 //! Data reuse: one BRGEMM call streams a block-row of each operand. The
@@ -27,6 +28,14 @@
 //! finds that call from the nest's order). upd's reduction runs over the
 //! minibatch, inside each output block's calls, so every `dW[kb][cb]` is
 //! owned by one thread: no races, no per-thread partial sums.
+//!
+//! Backward-data reads W where forward left it: the vector dimension of
+//! its BRGEMM is the minibatch, so A is dZ with each block transposed
+//! (`[bk][bn]`, O(NK) per step into a workspace) and each dX block comes
+//! out transposed, turned round in L1 after its last call. The other
+//! choice, vectors over C, needs W transposed (O(KC) per step, for N < C
+//! the larger copy by C/N): [`Fc::backward_data_wt`] keeps it for callers
+//! that reuse one transposed copy over many calls (the LSTM's steps).
 //!
 //! Both output loops are parallel, with the blocking of
 //! [`FcTuning::heuristic`]. Any valid spec gives the same result (the tests
@@ -110,6 +119,7 @@ pub struct Fc {
     fwd: Reduction,
     fwd_pre: Option<Chunked>,
     bwd: Reduction,
+    bwd_wt: Reduction,
     upd: Reduction,
 }
 
@@ -212,11 +222,16 @@ impl Fc {
         let fwd_pre = (act == Activation::Gelu)
             .then(|| Chunked::new(fdesc, pre))
             .transpose()?;
-        let bdesc = Descriptor::new(bc, bn, bk)
-            .batch_form(stride(bc * bk, bn * bk))
+        // dX^T[nb][cb] = sum_kb dZt[nb][kb] (bn x bk) * W[kb][cb] (bk x bc).
+        let bdesc = Descriptor::new(bn, bc, bk)
+            .batch_form(stride(bk * bn, cb * bc * bk))
             .prefetch(pf);
         let none = Epilogue::default();
-        let bwd = Reduction::new("bwd", &t.bwd, loops(), 1, (bdesc, none), Ahead::A)?;
+        let bwd = Reduction::new("bwd", &t.bwd, loops(), 1, (bdesc, none), Ahead::Nothing)?;
+        let tdesc = Descriptor::new(bc, bn, bk)
+            .batch_form(stride(bc * bk, bn * bk))
+            .prefetch(pf);
+        let bwd_wt = Reduction::new("bwd", &t.bwd, loops(), 1, (tdesc, none), Ahead::A)?;
         // X blocks are [bn][bc]: read in place as a row-major B (k = bn rows).
         // Prefetching kernels bring in the next dW block.
         let udesc = Descriptor::new(bk, bc, bn)
@@ -234,6 +249,7 @@ impl Fc {
             fwd,
             fwd_pre,
             bwd,
+            bwd_wt,
             upd,
         })
     }
@@ -262,9 +278,15 @@ impl Fc {
     pub fn w_layout(&self) -> Blocked {
         Blocked::zeros_of(self.w_shape())
     }
-    /// Zero transposed weights, as backward-data reads them (`[C/bc][K/bk][bk][bc]`).
+    /// Zero transposed weights, as [`Fc::backward_data_wt`] reads them
+    /// (`[C/bc][K/bk][bk][bc]`).
     pub fn wt_layout(&self) -> Blocked {
         Blocked::zeros_of(self.wt_shape())
+    }
+    /// The workspace of [`Fc::backward_data`]: dZ with each block
+    /// transposed (`[N/bn][K/bk][bk][bn]`).
+    pub fn dzt_layout(&self) -> Blocked {
+        Blocked::zeros_of(self.dzt_shape())
     }
 
     fn x_shape(&self) -> Shape {
@@ -278,6 +300,10 @@ impl Fc {
     fn w_shape(&self) -> Shape {
         let t = &self.tuning;
         (self.k, self.c, t.bk, t.bc, Inner::ColMajor)
+    }
+    fn dzt_shape(&self) -> Shape {
+        let t = &self.tuning;
+        (self.n, self.k, t.bn, t.bk, Inner::ColMajor)
     }
     fn wt_shape(&self) -> Shape {
         let t = &self.tuning;
@@ -389,8 +415,46 @@ impl Fc {
         Ok(())
     }
 
-    /// dX = dZ W, reading the weights transposed (see [`Fc::transpose_weights`]).
+    /// dX = dZ W, reading W in its forward layout: no copy of the
+    /// weights; `dzt` ([`Fc::dzt_layout`]) receives dZ blocks transposed.
     pub fn backward_data(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        w: &Blocked,
+        dzt: &mut Blocked,
+        dx: &mut Blocked,
+    ) -> Result<()> {
+        let pool = pool.for_work(self.flops());
+        self.check("dZ", dz, self.y_shape())?;
+        self.check("W", w, self.w_shape())?;
+        self.check("dZt", dzt, self.dzt_shape())?;
+        self.check("dX", dx, self.x_shape())?;
+        dz.relayout_into_par(dzt, pool)?;
+        let (bn, bc) = (self.tuning.bn, self.tuning.bc);
+        let (dztv, wv, dxv) = (dzt.blocks(), w.blocks(), dx.blocks_mut());
+        let at = |i: &[usize]| Operands {
+            a: dztv.at([i[0], i[1]]),
+            b: wv.at([i[1], i[2]]),
+            c: dxv.at([i[0], i[2]]),
+            bias: std::ptr::null(),
+        };
+        // SAFETY: as in forward; dX[nb][cb] is owned by one thread, which
+        // turns it round after the call that completed it.
+        unsafe {
+            self.bwd.run(pool, None, at, |i, _, _, last| {
+                if last {
+                    transpose_in_place(dxv.slice([i[0], i[2]], bn * bc), bc, bn);
+                }
+            })
+        };
+        Ok(())
+    }
+
+    /// dX = dZ W from a transposed copy of W ([`Fc::transpose_weights`]):
+    /// for callers that reuse one copy over many calls (the LSTM's input
+    /// projection, the recurrent steps); else [`Fc::backward_data`].
+    pub fn backward_data_wt(
         &self,
         pool: &Pool,
         dz: &Blocked,
@@ -409,7 +473,7 @@ impl Fc {
             bias: std::ptr::null(),
         };
         // SAFETY: as in forward; dX[nb][cb] is owned by one thread.
-        unsafe { self.bwd.run(pool, None, at, |_, _, _, _| {}) };
+        unsafe { self.bwd_wt.run(pool, None, at, |_, _, _, _| {}) };
         Ok(())
     }
 
@@ -461,12 +525,25 @@ impl Fc {
         Ok(())
     }
 
-    /// Writes W transposed into `wt` for backward-data (O(KC), once per
-    /// step; a block copy per block, parallel over `pool`).
+    /// Writes W transposed into `wt` for [`Fc::backward_data_wt`] (O(KC);
+    /// a block copy per block, parallel over `pool`).
     pub fn transpose_weights(&self, pool: &Pool, w: &Blocked, wt: &mut Blocked) -> Result<()> {
         let pool = pool.for_work(self.flops());
         self.check("W", w, self.w_shape())?;
         self.check("Wt", wt, self.wt_shape())?;
         w.transpose_into_par(wt, pool)
     }
+}
+
+/// `block` (`r x c` row-major) becomes its transpose (`c x r` row-major),
+/// through a per-thread copy (an L1-hot block, once per output block).
+fn transpose_in_place(block: &mut [f32], r: usize, c: usize) {
+    thread_local! {
+        static TMP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    TMP.with_borrow_mut(|tmp| {
+        tmp.clear();
+        tmp.extend_from_slice(&block[..r * c]);
+        crate::layout::transpose_block(tmp, block, r, c);
+    });
 }

@@ -552,7 +552,8 @@ impl Rnn {
         self.bptt(pool, rec, dh, dc_last, st, gr);
         // Reductions over all steps at once.
         self.input.transpose_weights(pool, w, &mut gr.wt)?;
-        self.input.backward_data(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
+        self.input
+            .backward_data_wt(pool, &gr.dg, &gr.wt, &mut gr.dx)?;
         self.weight_grads(pool, x, st, gr)
     }
 
