@@ -522,6 +522,7 @@ impl LoopNest {
             self.level(0, &mut cur, t, threads, &polled, &mut ctx);
         };
         if threads == 1 {
+            let _flush = super::fpenv::flush();
             go(0);
         } else {
             pool.broadcast(go);

@@ -3,6 +3,7 @@
 //! every pass's plan shares, and the vectorised element-wise helpers.
 
 pub mod bf16;
+pub(crate) mod fpenv;
 pub mod layout;
 pub mod loops;
 pub(crate) mod math;

@@ -125,12 +125,18 @@ impl Pool {
     /// the calling thread.
     ///
     /// # Errors
-    /// `threads` is 0, or `BRGEMM_MIN_PARALLEL_FLOPS` is set but is not a
-    /// non-negative number.
+    /// `threads` is 0, `BRGEMM_MIN_PARALLEL_FLOPS` is set but is not a
+    /// non-negative number, or `BRGEMM_DENORMALS` is set to something
+    /// other than `flush` or `keep`.
     pub fn new(threads: usize) -> Result<Pool> {
         if threads == 0 {
             return Err(shape("threads", 0, "need at least one thread"));
         }
+        env_setting(
+            "BRGEMM_DENORMALS",
+            |v: &String| v == "flush" || v == "keep",
+            "flush or keep",
+        )?;
         let min_flops = env_setting(
             "BRGEMM_MIN_PARALLEL_FLOPS",
             |v: &f64| *v >= 0.0,
@@ -155,6 +161,7 @@ impl Pool {
             .num_threads(threads - 1)
             .thread_name(|i| format!("brgemm-{}", i + 1))
             .start_handler(move |i| {
+                crate::engine::fpenv::flush_forever();
                 if !cores.is_empty() {
                     core_affinity::set_for_current(cores[(i + 1) % cores.len()]);
                 }
@@ -245,6 +252,7 @@ impl Pool {
     /// `f(0, out)` on the calling thread.
     pub fn for_slices<T: Send, F: Fn(usize, &mut [T]) + Sync>(&self, out: &mut [T], f: F) {
         if out.len() < self.min_elems {
+            let _flush = crate::engine::fpenv::flush();
             return f(0, out);
         }
         let (base, n) = (out.as_mut_ptr() as usize, out.len());
@@ -288,6 +296,9 @@ impl Pool {
 
     /// Runs `f(thread_index)` once on every thread of the pool and waits.
     pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
+        // The workers flush subnormals from their start; the caller while
+        // it runs its share (`fpenv`).
+        let _flush = crate::engine::fpenv::flush();
         let Some(p) = &self.pool else {
             // No hand-off for a single thread: run on the caller.
             return f(0);

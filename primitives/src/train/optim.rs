@@ -127,6 +127,8 @@ impl OptState {
             self.t = 0;
         }
         self.t += 1;
+        // Moments of a converged model go subnormal (`fpenv`).
+        let _flush = crate::engine::fpenv::flush();
         match *opt {
             Optimizer::Sgd { lr, momentum } => sgd(param, grad, &mut self.m, lr, momentum),
             Optimizer::Adam {
