@@ -212,6 +212,7 @@ fn bench_brgemm(o: &Opts) {
 }
 
 fn bench_fc(o: &Opts) {
+    use brgemm_primitives::optim::{OptState, Optimizer};
     use brgemm_primitives::PassConfig;
     use brgemm_primitives::{Activation, Fc};
     let isa = Isa::selected().expect("ISA");
@@ -335,6 +336,69 @@ fn bench_fc(o: &Opts) {
                 fc.backward_weights(p, &dz, &x, &mut dw, &mut db).unwrap()
             });
             line("upd", &t.upd, &m, m.secs, "", sp);
+            // The weight update as a training step pays it: backward-weights
+            // then the optimizer over W (one thread, as `Graph::step` runs
+            // it), against the fused pass (`Fc::backward_weights_step`: each
+            // dW block stepped from L1 by the thread that computed it).
+            // Alternated call by call; medians of the times and of the
+            // per-pair ratios.
+            for (oname, opt) in [
+                (
+                    "sgd",
+                    Optimizer::Sgd {
+                        lr: 1e-4,
+                        momentum: 0.9,
+                    },
+                ),
+                ("adam", Optimizer::adam(1e-5)),
+            ] {
+                let (mut s_sep, mut s_fused) = (OptState::default(), OptState::default());
+                let (mut w_sep, mut w_fused) = (w.clone(), w.clone());
+                let mut db2 = db.clone();
+                let mut sep = || {
+                    fc.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                        .unwrap();
+                    s_sep.step(&opt, w_sep.data_mut(), dw.data());
+                };
+                let mut fused = || {
+                    fc.backward_weights_step(
+                        &pool,
+                        &dz,
+                        &x,
+                        &mut w_fused,
+                        &mut db2,
+                        &opt,
+                        &mut s_fused,
+                    )
+                    .unwrap()
+                };
+                sep();
+                fused();
+                let (mut ts, mut tf, mut ratio) = (vec![], vec![], vec![]);
+                for _ in 0..samples.max(3) {
+                    let t0 = Instant::now();
+                    sep();
+                    let a = t0.elapsed().as_secs_f64();
+                    let t0 = Instant::now();
+                    fused();
+                    let b = t0.elapsed().as_secs_f64();
+                    ts.push(a);
+                    tf.push(b);
+                    ratio.push(a / b);
+                }
+                let med = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let (a, b, r) = (med(&mut ts), med(&mut tf), med(&mut ratio));
+                println!(
+                    r#"{{"bench":"fc","pass":"upd_step","opt":"{oname}","n":{n},"c":{c},"k":{k},"isa":"{isa}","threads":{threads},"fused_ms":{:.3},"unfused_ms":{:.3},"fused_gflops":{:.1},"unfused_gflops":{:.1},"fused_vs_unfused":{r:.2}}}"#,
+                    b * 1e3,
+                    a * 1e3,
+                    flops / b / 1e9,
+                    flops / a / 1e9,
+                );
+            }
             // Mixed precision: the bf16 passes on the same shape, in the same
             // run; `gflops_with_convert` adds rounding the activations (or
             // output gradients) to bf16 and packing the weights, as one

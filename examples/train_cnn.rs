@@ -38,6 +38,7 @@ fn main() {
     cfg.dropout = args.get_or("dropout", cfg.dropout);
     cfg.optimizer = Optimizer::adam(args.lr(1e-3));
     cfg.check_finite = !args.flag("no-finite-check");
+    cfg.fused_update = args.flag("fused-update");
     cfg.bf16 = args.bf16();
     let dtype = if cfg.bf16 { "bf16" } else { "f32" };
     let bn = args.flag("batchnorm");

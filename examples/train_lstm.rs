@@ -69,6 +69,7 @@ fn main() {
     cfg.seed = args.get_or("seed", cfg.seed);
     cfg.optimizer = Optimizer::adam(args.lr(2e-3));
     cfg.check_finite = !args.flag("no-finite-check");
+    cfg.fused_update = args.flag("fused-update");
     cfg.bidirectional = args.flag("bidirectional");
     if args.flag("rnn") {
         cfg.kind = CellKind::Rnn;

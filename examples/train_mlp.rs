@@ -43,6 +43,7 @@ fn main() {
     cfg.seed = args.get_or("seed", cfg.seed);
     cfg.optimizer = Optimizer::adam(args.lr(3e-3));
     cfg.check_finite = !args.flag("no-finite-check");
+    cfg.fused_update = args.flag("fused-update");
     cfg.tuning_file = args.tuning_file();
     if args.get::<String>("data").is_some() {
         cli::usage_error("--data: train_mlp trains on the embedded digits only");

@@ -86,6 +86,11 @@ fn main() {
         ],
     );
     args.no_model_files("data-parallel run");
+    if args.flag("fused-update") {
+        cli::usage_error(
+            "--fused-update: a data-parallel step all-reduces every gradient before the optimizer runs",
+        );
+    }
     let (universe, _) =
         brgemm_distributed::initialize(mpi::Threading::Serialized).expect("MPI initialises once");
     install_abort_on_panic();

@@ -102,6 +102,8 @@ fn main() {
     let pool = cli::pool();
     let save = args.save_path();
     let mut g = models::small_resnet(bs, tr.data.classes, seed).unwrap_or_else(|e| fail(e));
+    // No gradient check runs here, so nothing waits for whole gradients.
+    g.set_fused_update(args.flag("fused-update"));
     if let Some(path) = args.get::<String>("load") {
         g.load(&path).unwrap_or_else(|e| fail(e));
     }

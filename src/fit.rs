@@ -122,6 +122,12 @@ pub struct FitConfig {
     /// or gradient norm is not finite, before the optimizer runs (default);
     /// `false` lets an experiment watch a divergence.
     pub check_finite: bool,
+    /// Step the layers that can inside backward ([`Graph::set_fused_update`]:
+    /// the f32 linear layers' weights, block by block from L1, their
+    /// gradients never stored whole). Off by default; it needs
+    /// `check_finite` off, since that check reads every gradient before the
+    /// optimizer runs.
+    pub fused_update: bool,
 }
 
 impl Default for FitConfig {
@@ -132,6 +138,7 @@ impl Default for FitConfig {
             seed: 1,
             whole_batches: false,
             check_finite: true,
+            fused_update: false,
         }
     }
 }
@@ -197,6 +204,14 @@ pub fn fit(
     mut report: impl FnMut(&EpochReport),
 ) -> Result<()> {
     cfg.optimizer.validate()?;
+    if cfg.fused_update && cfg.check_finite {
+        return Err(Error::Graph(
+            "a fused update cannot wait for the finite check, which reads every gradient \
+             before the optimizer runs: turn the check off (--no-finite-check) to fuse"
+                .into(),
+        ));
+    }
+    g.set_fused_update(cfg.fused_update);
     check_fits(g, train)?;
     check_fits(g, test)?;
     let mut x = Tensor::zeros(g.input_shape());
@@ -212,6 +227,9 @@ pub fn fit(
         plan,
         |g, idx, index| {
             let labels = train.fill(idx, x.data_mut());
+            if cfg.fused_update {
+                return g.train_step_rows(pool, &x, &labels, &cfg.optimizer);
+            }
             let check = cfg.check_finite.then_some(index);
             step(g, pool, &x, &labels, &cfg.optimizer, check)
         },

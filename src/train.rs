@@ -31,6 +31,9 @@ pub struct TrainConfig {
     /// when a step's loss or gradient norm is not finite (default); `false`
     /// lets an experiment watch a divergence.
     pub check_finite: bool,
+    /// Fused optimizer steps ([`crate::fit::FitConfig::fused_update`];
+    /// needs `check_finite` off).
+    pub fused_update: bool,
     /// A tuning file of `examples/tune --save`: layers whose shape it holds
     /// are planned with its blocking and loop orders (the examples set it
     /// from `BRGEMM_TUNING`).
@@ -47,6 +50,7 @@ impl Default for TrainConfig {
             seed: 1,
             bf16: false,
             check_finite: true,
+            fused_update: false,
             tuning_file: None,
         }
     }
@@ -167,6 +171,7 @@ pub fn train_model(
         seed: cfg.seed ^ 0x5eed,
         whole_batches: false,
         check_finite: cfg.check_finite,
+        fused_update: cfg.fused_update,
     };
     fit(&mut model, pool, &fit_cfg, train, test, report)?;
     Ok(model)

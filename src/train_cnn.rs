@@ -30,6 +30,9 @@ pub struct CnnConfig {
     /// Stop when a step's loss or gradient norm is not finite (default;
     /// see [`crate::train::TrainConfig::check_finite`]).
     pub check_finite: bool,
+    /// Fused optimizer steps ([`crate::fit::FitConfig::fused_update`];
+    /// needs `check_finite` off).
+    pub fused_update: bool,
     /// Mixed precision: bf16 operands in forward and backward-data of the
     /// layers where bf16 beats f32 on this CPU ([`Graph::set_bf16`]), f32
     /// master weights, optimizer and loss.
@@ -55,6 +58,7 @@ impl Default for CnnConfig {
             optimizer: Optimizer::adam(1e-3),
             seed: 1,
             check_finite: true,
+            fused_update: false,
             bf16: false,
         }
     }
@@ -106,6 +110,7 @@ pub fn train_model(
         seed: cfg.seed ^ 0xc22,
         whole_batches: true,
         check_finite: cfg.check_finite,
+        fused_update: cfg.fused_update,
     };
     fit(&mut model, pool, &fit_cfg, train, test, report)?;
     Ok(model)

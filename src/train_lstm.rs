@@ -37,6 +37,9 @@ pub struct SeqConfig {
     /// Stop when a step's loss or gradient norm is not finite (default;
     /// see [`crate::train::TrainConfig::check_finite`]).
     pub check_finite: bool,
+    /// Fused optimizer steps ([`crate::fit::FitConfig::fused_update`];
+    /// needs `check_finite` off).
+    pub fused_update: bool,
     /// Mixed precision: bf16 operands in the recurrent and linear layers
     /// where bf16 beats f32 on this CPU ([`Graph::set_bf16`]), f32 master
     /// weights, cell arithmetic, optimizer and loss.
@@ -59,6 +62,7 @@ impl SeqConfig {
             optimizer: Optimizer::adam(2e-3),
             seed: 1,
             check_finite: true,
+            fused_update: false,
             bf16: false,
         }
     }
@@ -140,6 +144,7 @@ pub fn train_model(
         seed: cfg.seed ^ 0x157,
         whole_batches: false,
         check_finite: cfg.check_finite,
+        fused_update: cfg.fused_update,
     };
     let (tr, te) = (sequences(&model, train), sequences(&model, test));
     fit(&mut model, pool, &fit_cfg, &tr, &te, report)?;

@@ -55,6 +55,29 @@ fn a_nan_input_batch_stops_training_at_its_step() {
     assert!(train::train(&off, &pool, &tr, &te, |_| {}).is_ok());
 }
 
+/// A fused update cannot wait for the check: the pair is refused before
+/// training, naming both; without the check it trains as the unfused run
+/// does (the same test accuracy, short last minibatch included).
+#[test]
+fn a_fused_update_needs_the_finite_check_off_and_trains_as_unfused() {
+    let (tr, te) = digits();
+    let tr = tr.subset(&(0..250).collect::<Vec<_>>());
+    let pool = Pool::new(2).unwrap();
+    let mut c = cfg(3e-3);
+    c.fused_update = true;
+    let e = train::train(&c, &pool, &tr, &te, |_| {}).err().unwrap();
+    assert!(e.to_string().contains("finite check"), "{e}");
+    c.check_finite = false;
+    let acc = |c: &train::TrainConfig| {
+        let mut last = 0.0;
+        train::train(c, &pool, &tr, &te, |r| last = r.test_accuracy).unwrap();
+        last
+    };
+    let fused = acc(&c);
+    c.fused_update = false;
+    assert_eq!(fused, acc(&c));
+}
+
 #[test]
 fn a_huge_learning_rate_that_diverges_is_stopped_with_its_step() {
     let (tr, te) = digits();

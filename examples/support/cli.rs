@@ -69,6 +69,10 @@ pub const COMMON: &[Opt] = &[
         "no-finite-check",
         "keep training when a loss or gradient is NaN or infinite",
     ),
+    flag(
+        "fused-update",
+        "step the linear layers' weights inside backward (needs --no-finite-check)",
+    ),
     flag("help", "print this help"),
 ];
 

@@ -199,6 +199,7 @@ impl GraphBuilder {
             opt: Vec::new(),
             times: vec![[Duration::ZERO; 2]; n],
             stale: true,
+            fused_update: false,
         })
     }
 }
@@ -257,6 +258,8 @@ pub struct Graph {
     /// Each node's parameter group: the layers with parameters, numbered
     /// in order of evaluation.
     groups: Vec<Option<usize>>,
+    /// [`Graph::train_step`] steps the layers that can inside backward.
+    fused_update: bool,
 }
 
 /// The callback of a backward that reports each parameter group's
@@ -450,20 +453,71 @@ impl Graph {
     /// dL/d(input) for dL/d(output) `dy` of the last training forward;
     /// every layer's parameter gradients are written.
     pub fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
-        self.backward_from(pool, dy, true, None)
-            .map(|dx| dx.expect("asked for"))
+        self.backward_from(pool, dy, true, None, None)
+            .map(|dx| dx.0.expect("asked for"))
     }
 
     /// Backward; dL/d(input) only when `input` (a training step skips the
     /// backward-data passes of the layers that read the graph's input).
     /// `ready(group, grads)` is called as each layer with parameters
-    /// completes its gradients (see [`Graph::param_groups`]).
+    /// completes its gradients (see [`Graph::param_groups`]). With `fuse`,
+    /// the layers that can step their parameters with that optimizer as
+    /// the gradients complete ([`Layer::backward_step`]); the second result
+    /// marks them, in [`Graph::params`] order.
     fn backward_from(
         &mut self,
         pool: &Pool,
         dy: &Tensor,
         input: bool,
         mut ready: Option<Ready<'_>>,
+        fuse: Option<&Optimizer>,
+    ) -> Result<(Option<Tensor>, Vec<bool>)> {
+        // Each node's parameters: how many, and from where in params order
+        // (last node first).
+        let (mut first, mut stepped, mut states) = (vec![0; self.nodes.len()], vec![], vec![]);
+        if fuse.is_some() {
+            let counts: Vec<usize> = (self.nodes.iter_mut())
+                .map(|n| match &mut n.op {
+                    Op::Layer(l) => l.params().len(),
+                    _ => 0,
+                })
+                .collect();
+            let mut at = 0;
+            for i in (0..counts.len()).rev() {
+                first[i] = at;
+                at += counts[i];
+            }
+            stepped = vec![false; at];
+            states = std::mem::take(&mut self.opt);
+            states.resize_with(at, OptState::default);
+        }
+        let out = self.backward_nodes(
+            pool,
+            dy,
+            input,
+            &mut ready,
+            fuse,
+            &first,
+            &mut stepped,
+            &mut states,
+        );
+        if fuse.is_some() {
+            self.opt = states;
+        }
+        Ok((out?, stepped))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_nodes(
+        &mut self,
+        pool: &Pool,
+        dy: &Tensor,
+        input: bool,
+        ready: &mut Option<Ready<'_>>,
+        fuse: Option<&Optimizer>,
+        first: &[usize],
+        stepped: &mut [bool],
+        states: &mut [OptState],
     ) -> Result<Option<Tensor>> {
         dy.expect("output gradient", self.output_shape())?;
         if self.acts[1..].iter().any(Option::is_none) {
@@ -478,6 +532,15 @@ impl Graph {
             let node = &mut self.nodes[i];
             let outs: Vec<(usize, Tensor)> = match &mut node.op {
                 _ if node.fused => vec![(node.inputs[0], g)],
+                Op::Layer(l) if fuse.is_some() && l.fuses_update() => {
+                    let want = node.inputs[0] != 0 || input;
+                    let n = l.params().len();
+                    let opt = fuse.expect("checked");
+                    let dx =
+                        l.backward_step(pool, &g, want, opt, &mut states[first[i]..first[i] + n])?;
+                    stepped[first[i]..first[i] + n].fill(true);
+                    dx.map(|d| vec![(node.inputs[0], d)]).unwrap_or_default()
+                }
                 Op::Layer(l) if node.inputs[0] == 0 && !input => {
                     l.backward_params(pool, &g)?;
                     vec![]
@@ -576,7 +639,7 @@ impl Graph {
     ) -> Result<f32> {
         let logits = self.forward(pool, x, Mode::Train)?;
         let (loss, dlogits) = softmax_xent_rows(logits, labels)?;
-        self.backward_from(pool, &dlogits, false, Some(ready))?;
+        self.backward_from(pool, &dlogits, false, Some(ready), None)?;
         Ok(loss)
     }
 
@@ -651,14 +714,36 @@ impl Graph {
     /// backward. A bad hyper-parameter is an error naming it.
     pub fn step(&mut self, opt: &Optimizer) -> Result<()> {
         opt.validate()?;
+        self.step_except(opt, &[]);
+        Ok(())
+    }
+
+    /// [`Graph::step`] on the parameters not marked in `done` (in
+    /// [`Graph::params`] order; missing marks are false).
+    fn step_except(&mut self, opt: &Optimizer, done: &[bool]) {
         let mut states = std::mem::take(&mut self.opt);
         let params = self.params();
         states.resize_with(params.len(), OptState::default);
-        for (p, s) in params.into_iter().zip(&mut states) {
-            s.step(opt, p.value, p.grad);
+        for (j, (p, s)) in params.into_iter().zip(&mut states).enumerate() {
+            if !done.get(j).copied().unwrap_or(false) {
+                s.step(opt, p.value, p.grad);
+            }
         }
         self.opt = states;
-        Ok(())
+    }
+
+    /// Fused optimizer steps on or off (off by default). On,
+    /// [`Graph::train_step`] steps the parameters of the layers that can
+    /// ([`Layer::fuses_update`]: the f32 `Linear`) inside backward, each
+    /// weight block from L1 as its gradient completes
+    /// (`Fc::backward_weights_step`), and the rest after; the weights end
+    /// as the unfused step leaves them. Those layers' gradients are then
+    /// not kept ([`Graph::params`] shows the previous ones), so this is for
+    /// single-process training without a gradient check:
+    /// [`Graph::compute_gradients_with`] (data-parallel, the finite guard)
+    /// is unaffected and stays unfused.
+    pub fn set_fused_update(&mut self, on: bool) {
+        self.fused_update = on;
     }
 
     /// One training step on a minibatch: forward, softmax cross-entropy
@@ -672,15 +757,41 @@ impl Graph {
         labels: &[usize],
         opt: &Optimizer,
     ) -> Result<f32> {
+        let n = self.input_shape().n;
+        if labels.len() != n {
+            return Err(Error::Graph(format!(
+                "{} labels for a minibatch of {n}",
+                labels.len()
+            )));
+        }
+        self.train_step_rows(pool, x, labels, opt)
+    }
+
+    /// [`Graph::train_step`] on the first `labels.len()` rows of `x` (at
+    /// most the minibatch; the rest are padding: no loss, zero gradient),
+    /// as a short last minibatch of an epoch needs.
+    pub fn train_step_rows(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        labels: &[usize],
+        opt: &Optimizer,
+    ) -> Result<f32> {
         let logits = self.forward(pool, x, Mode::Train)?;
-        let (loss, dlogits) = softmax_cross_entropy(logits, labels)?;
+        let (loss, dlogits) = softmax_xent_rows(logits, labels)?;
         if !loss.is_finite() {
             return Err(Error::Graph(format!(
                 "loss is {loss}: weights left unchanged"
             )));
         }
-        self.backward_from(pool, &dlogits, false, None)?;
-        self.step(opt)?;
+        if self.fused_update {
+            opt.validate()?;
+            let stepped = self.backward_from(pool, &dlogits, false, None, Some(opt))?;
+            self.step_except(opt, &stepped.1);
+        } else {
+            self.backward_from(pool, &dlogits, false, None, None)?;
+            self.step(opt)?;
+        }
         Ok(loss)
     }
 

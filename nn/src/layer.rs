@@ -3,6 +3,7 @@
 
 use crate::error::Result;
 use crate::tensor::{Shape, Tensor};
+use brgemm_primitives::optim::{OptState, Optimizer};
 use brgemm_primitives::Pool;
 
 /// Training or inference: layers with state that differs between the two
@@ -70,6 +71,31 @@ pub trait Layer: std::any::Any + Send {
     /// is [`Layer::backward`] with the result dropped.
     fn backward_params(&mut self, pool: &Pool, dy: &Tensor) -> Result<()> {
         self.backward(pool, dy).map(drop)
+    }
+
+    /// Whether [`Layer::backward_step`] fuses the optimizer step into this
+    /// layer's backward as it is planned now. False by default.
+    fn fuses_update(&self) -> bool {
+        false
+    }
+
+    /// Backward with the optimizer step fused in ([`crate::Graph::set_fused_update`]):
+    /// dL/dx when `input` (computed before any weight moves), and every
+    /// parameter stepped by `opt` with its state in `states` (in
+    /// [`Layer::params`] order) as its gradient completes, so no weight
+    /// gradient goes to memory whole. Only where [`Layer::fuses_update`].
+    fn backward_step(
+        &mut self,
+        _pool: &Pool,
+        _dy: &Tensor,
+        _input: bool,
+        _opt: &Optimizer,
+        _states: &mut [OptState],
+    ) -> Result<Option<Tensor>> {
+        Err(crate::Error::Graph(format!(
+            "{} has no fused optimizer step",
+            self.name()
+        )))
     }
 
     /// Mixed precision on or off: bf16 operands in the layer's forward and

@@ -392,3 +392,73 @@ fn bad_specs_shapes_and_buffers_name_the_value() {
     assert!(e.contains("X") && e.contains("8x9"), "{e}");
     assert!(Pool::new(0).is_err());
 }
+
+/// The fused update (`backward_weights_step`) leaves W and the optimizer's
+/// moments bit for bit as `backward_weights` and a separate step do, over
+/// two steps (moments carried), for SGD with momentum and Adam, on padded
+/// and one-element shapes, one and two threads, and with a chunked
+/// reduction (the path that forms dW whole first).
+#[test]
+fn fused_update_equals_backward_weights_then_step() {
+    use brgemm_primitives::optim::{OptState, Optimizer};
+    let opts = [
+        Optimizer::Sgd {
+            lr: 0.05,
+            momentum: 0.9,
+        },
+        Optimizer::adam(1e-2),
+    ];
+    for (n, c, k, chunk) in [
+        (16, 64, 64, 0),
+        (33, 70, 19, 0),
+        (1, 1, 1, 0),
+        (200, 48, 40, 1),
+    ] {
+        for threads in [1, 2] {
+            let pool = Pool::new(threads).unwrap().always_parallel();
+            let mut t = FcTuning::heuristic(n, c, k);
+            if chunk > 0 {
+                t.bn = 16;
+                t.upd = PassConfig {
+                    chunk,
+                    ..PassConfig::spec("aBC")
+                };
+            }
+            let fc = Fc::with_tuning(n, c, k, Activation::Relu, t.clone()).unwrap();
+            let p = Problem::new(n, c, k, Activation::Relu, 17);
+            let x = Blocked::from_plain(&p.x, n, c, t.bn, t.bc, Inner::RowMajor).unwrap();
+            let mut dz = fc.y_layout();
+            dz.set_plain(&p.dy).unwrap();
+            for opt in opts {
+                let mut w_sep = fc.w_layout();
+                w_sep.set_plain(&p.w).unwrap();
+                let (mut w_fused, w0) = (w_sep.clone(), w_sep.clone());
+                let (mut s_sep, mut s_fused) = (OptState::default(), OptState::default());
+                let mut dw = fc.w_layout();
+                let (mut db_sep, mut db_fused) =
+                    (vec![0.0; fc.padded_k()], vec![f32::NAN; fc.padded_k()]);
+                for step in 0..2 {
+                    fc.backward_weights(&pool, &dz, &x, &mut dw, &mut db_sep)
+                        .unwrap();
+                    s_sep.step(&opt, w_sep.data_mut(), dw.data());
+                    fc.backward_weights_step(
+                        &pool,
+                        &dz,
+                        &x,
+                        &mut w_fused,
+                        &mut db_fused,
+                        &opt,
+                        &mut s_fused,
+                    )
+                    .unwrap();
+                    let what =
+                        format!("{n}x{c}x{k} chunk {chunk}, {threads}t, {opt:?}, step {step}");
+                    assert_eq!(w_fused.data(), w_sep.data(), "W: {what}");
+                    assert_eq!(s_fused, s_sep, "moments: {what}");
+                    assert_eq!(db_fused, db_sep, "db: {what}");
+                }
+                assert_ne!(w_fused.data(), w0.data(), "W moved");
+            }
+        }
+    }
+}

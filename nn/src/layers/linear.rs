@@ -17,6 +17,7 @@ use brgemm::{Activation, AlignedVec};
 use brgemm_primitives::eltwise::{flatten, unflatten};
 use brgemm_primitives::fc_bf16::{to_bf16, FcBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
+use brgemm_primitives::optim::{OptState, Optimizer};
 use brgemm_primitives::{Blocked, Fc, FcTuning, Pool};
 
 /// A fully connected layer with a fused activation. Weights are PyTorch's
@@ -52,6 +53,32 @@ impl Bf16Side {
             xb: buf(),
             dzb: buf(),
         })
+    }
+}
+
+impl Plan {
+    /// dL/dx from dZ (already computed) and the weights as they are.
+    fn input_grad(&mut self, pool: &Pool) -> Result<Tensor> {
+        let dx = self.dx.get_mut(&self.x_like)?;
+        match &mut self.bf {
+            // The transposed weights were packed with the forward's.
+            Some(b) => {
+                to_bf16(pool, self.dz.data(), &mut b.dzb);
+                b.fc.backward_data(pool, &b.dzb, &b.ops.wtv, dx)?;
+            }
+            None => {
+                self.fc
+                    .backward_data(pool, &self.dz, &self.w, &mut self.dzt, dx)?;
+            }
+        }
+        match (self.in_block, self.in_rows) {
+            (Some(bc), _) => {
+                unflatten(pool, self.dx.get(), self.dxbuf.get_mut(self.input, bc)?)?;
+                Ok(self.dxbuf.tensor())
+            }
+            (None, true) => Ok(self.dx.tensor()),
+            (None, false) => Tensor::from_vec(self.input, self.dx.get().to_plain()),
+        }
     }
 }
 
@@ -308,26 +335,39 @@ impl Layer for Linear {
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         self.backward_params(pool, dy)?;
+        self.state.plan("backward")?.input_grad(pool)
+    }
+
+    fn fuses_update(&self) -> bool {
+        self.state.built().is_some_and(|p| p.bf.is_none())
+    }
+
+    fn backward_step(
+        &mut self,
+        pool: &Pool,
+        dy: &Tensor,
+        input: bool,
+        opt: &Optimizer,
+        states: &mut [OptState],
+    ) -> Result<Option<Tensor>> {
         let p = self.state.plan("backward")?;
-        let dx = p.dx.get_mut(&p.x_like)?;
-        match &mut p.bf {
-            // The transposed weights were packed with the forward's.
-            Some(b) => {
-                to_bf16(pool, p.dz.data(), &mut b.dzb);
-                b.fc.backward_data(pool, &b.dzb, &b.ops.wtv, dx)?;
-            }
-            None => {
-                p.fc.backward_data(pool, &p.dz, &p.w, &mut p.dzt, dx)?;
-            }
+        if p.bf.is_some() || states.len() != 2 {
+            return Err(Error::Graph(
+                "linear: a fused step needs the f32 layer and a state per parameter".into(),
+            ));
         }
-        match (p.in_block, p.in_rows) {
-            (Some(bc), _) => {
-                unflatten(pool, p.dx.get(), p.dxbuf.get_mut(p.input, bc)?)?;
-                Ok(p.dxbuf.tensor())
-            }
-            (None, true) => Ok(p.dx.tensor()),
-            (None, false) => Tensor::from_vec(p.input, p.dx.get().to_plain()),
-        }
+        need_training(p.trained, "linear")?;
+        Plan::take_in(pool, dy, &p.y_like, &mut p.dy)?;
+        let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
+        p.fc.activation_backward(pool, p.dy.get(), p.y.get(), z, &mut p.dz)?;
+        // dX from the weights as forward saw them, then the step.
+        let dx = input.then(|| p.input_grad(pool)).transpose()?;
+        let (ws, bs) = states.split_at_mut(1);
+        p.fc.backward_weights_step(pool, &p.dz, p.x.get(), &mut p.w, &mut p.db, opt, &mut ws[0])?;
+        bs[0].step(opt, &mut p.bias, &p.db);
+        p.x.release();
+        p.dy.release();
+        Ok(dx)
     }
 
     fn backward_params(&mut self, pool: &Pool, dy: &Tensor) -> Result<()> {

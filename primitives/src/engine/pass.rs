@@ -236,6 +236,12 @@ impl Reduction {
         })
     }
 
+    /// Whether each output block is completed by one call (the whole
+    /// reduction in one chunk).
+    pub(crate) fn one_call_per_output(&self) -> bool {
+        self.chunk >= self.red
+    }
+
     /// Runs the pass with `kernels` (this pass's unless given). `at(idx)`
     /// gives the operands of the call at nest point `idx`; `after(idx, op,
     /// count, last)` runs after each call (`count` reduction steps; `last`:

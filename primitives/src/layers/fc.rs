@@ -493,33 +493,119 @@ impl Fc {
         self.check("X", x, self.x_shape())?;
         self.check("dW", dw, self.w_shape())?;
         check_buf("db", db.len(), self.padded_k())?;
+        let dwv = dw.blocks_mut();
+        // SAFETY: shapes were checked above; dW[kb][cb] is owned by one
+        // thread, and the chunks of one output run in order (the N loop is
+        // a serial reduction). The next block is only prefetched, and may
+        // lie past dW's end.
+        unsafe { self.run_upd(pool, dz, x, db, |i| dwv.at([i[1], i[2]]), |_, _| {}) };
+        Ok(())
+    }
+
+    /// The backward-weights nest: call `i` writes its dW block to `c(i)`,
+    /// then `done(i, op)` runs on the same thread; db = column sums of dZ
+    /// ride along (the calls of C block 0 add the dZ blocks they just
+    /// read, hot in L2, into db[kb], instead of a second pass over dZ).
+    ///
+    /// # Safety
+    /// dZ, X and db were checked against the plan; `c(i)` is `bk * bc`
+    /// floats the calling thread alone writes from the call through `done`
+    /// (a block of dW, or a thread's own block).
+    unsafe fn run_upd(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        x: &Blocked,
+        db: &mut [f32],
+        c: impl Fn(&[usize]) -> *mut f32 + Sync,
+        done: impl Fn(&[usize], &Operands) + Sync,
+    ) {
         let t = &self.tuning;
         let (bn, bk, kbn) = (t.bn, t.bk, self.k.div_ceil(t.bk));
-        let (dzv, xv, dwv) = (dz.blocks(), x.blocks(), dw.blocks_mut());
-        // The bias gradient rides along: the calls of C block 0 add the dZ
-        // blocks they just read (hot in L2) into db[kb], instead of a second
-        // pass over dZ from memory.
+        let (dzv, xv) = (dz.blocks(), x.blocks());
         db.fill(0.0);
         let dbv = crate::view::ViewMut::new(db, [bk]);
         let at = |i: &[usize]| Operands {
             a: dzv.at([i[0], i[1]]),
             b: xv.at([i[0], i[2]]),
-            c: dwv.at([i[1], i[2]]),
+            c: c(i),
             bias: std::ptr::null(),
         };
-        // SAFETY: as in forward; dW[kb][cb] and db[kb] are owned by one
-        // thread, and the chunks of one output run in order (the N loop is
-        // a serial reduction). The next block is only prefetched, and may
-        // lie past dW's end.
-        unsafe {
-            self.upd.run(pool, None, at, |i, op, count, _| {
-                if i[2] == 0 {
-                    let out = dbv.slice([i[1]], bk);
-                    for j in 0..count {
-                        let rows = op.a.add(j * kbn * bn * bk);
-                        add_rows(out, std::slice::from_raw_parts(rows, bn * bk));
-                    }
+        // SAFETY: the caller's contract; db[kb] is owned by the thread of
+        // the (kb, 0) blocks.
+        self.upd.run(pool, None, at, |i, op, count, _| {
+            if i[2] == 0 {
+                let out = dbv.slice([i[1]], bk);
+                for j in 0..count {
+                    let rows = op.a.add(j * kbn * bn * bk);
+                    add_rows(out, std::slice::from_raw_parts(rows, bn * bk));
                 }
+            }
+            done(i, op);
+        });
+    }
+
+    /// [`Fc::backward_weights`] with the optimizer step fused: each dW
+    /// block goes from the kernel to a per-thread L1 block, and `opt`
+    /// updates W's block (and its moments in `state`) from it right away,
+    /// so dW is never stored whole, nor read again by a separate step. W
+    /// is the parameter `state` follows; db is written as by
+    /// `backward_weights` (the bias, small, takes its own step). Where the
+    /// plan splits a block's reduction over several calls, the gradient is
+    /// formed whole first and stepped after (the same result).
+    ///
+    /// Not for data-parallel training, where gradients must be all-reduced
+    /// before any step, nor under a guard that checks the gradient before
+    /// the optimizer touches the weights.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_weights_step(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        x: &Blocked,
+        w: &mut Blocked,
+        db: &mut [f32],
+        opt: &crate::optim::Optimizer,
+        state: &mut crate::optim::OptState,
+    ) -> Result<()> {
+        opt.validate()?;
+        self.check("W", w, self.w_shape())?;
+        if !self.upd.one_call_per_output() {
+            let mut dw = self.w_layout();
+            self.backward_weights(pool, dz, x, &mut dw, db)?;
+            state.step(opt, w.data_mut(), dw.data());
+            return Ok(());
+        }
+        let pool = pool.for_work(self.flops());
+        self.check("dZ", dz, self.y_shape())?;
+        self.check("X", x, self.x_shape())?;
+        check_buf("db", db.len(), self.padded_k())?;
+        let blk = self.tuning.bk * self.tuning.bc;
+        let rule = state.begin(opt, w.data().len());
+        let wv = w.blocks_mut();
+        let w0 = wv.at([0, 0]) as usize;
+        thread_local! {
+            static DW: std::cell::RefCell<brgemm::AlignedVec<f32>> =
+                std::cell::RefCell::new(brgemm::AlignedVec::new(brgemm::buffer::ALIGN));
+        }
+        // The calling thread's L1 block, sized once; the call and its
+        // `done` run on the same thread, one after the other.
+        let scratch = |_: &[usize]| {
+            DW.with_borrow_mut(|v| {
+                if v.len() < blk {
+                    *v = brgemm::aligned_vec(blk, 0.0);
+                }
+                v.as_mut_ptr()
+            })
+        };
+        // SAFETY: shapes checked above; each thread's block is its own, and
+        // every W block (and its moments) is stepped once, by the thread
+        // that owns it, from the gradient block its own call just wrote.
+        unsafe {
+            self.run_upd(pool, dz, x, db, scratch, |i, op| {
+                let wb = wv.slice([i[1], i[2]], blk);
+                let at = (wb.as_ptr() as usize - w0) / std::mem::size_of::<f32>();
+                rule.apply(at, wb, std::slice::from_raw_parts(op.c, blk));
             });
         }
         Ok(())

@@ -118,30 +118,75 @@ impl OptState {
     ///
     /// # Panics
     /// If `param` and `grad` differ in length (buffers of one layer, sized
-    /// together at plan time).
+    /// together by the caller).
     pub fn step(&mut self, opt: &Optimizer, param: &mut [f32], grad: &[f32]) {
         assert_eq!(param.len(), grad.len(), "parameter and gradient lengths");
-        if self.m.len() != param.len() {
-            self.m = vec![0.0; param.len()];
-            self.v = vec![0.0; param.len()];
+        let rule = self.begin(opt, param.len());
+        // Moments of a converged model go subnormal (`fpenv`).
+        let _flush = crate::engine::fpenv::flush();
+        // SAFETY: the whole parameter, on this thread alone.
+        unsafe { rule.apply(0, param, grad) };
+    }
+
+    /// Starts one step of `opt` on a parameter of `len` elements (moments
+    /// sized and the step counted once), to be applied block by block as
+    /// the gradient's blocks complete ([`BlockStep::apply`]): the fused
+    /// update of a backward-weights pass, whose gradient never goes to
+    /// memory whole.
+    pub(crate) fn begin(&mut self, opt: &Optimizer, len: usize) -> BlockStep<'_> {
+        if self.m.len() != len {
+            self.m = vec![0.0; len];
+            self.v = vec![0.0; len];
             self.t = 0;
         }
         self.t += 1;
-        // Moments of a converged model go subnormal (`fpenv`).
-        let _flush = crate::engine::fpenv::flush();
-        match *opt {
-            Optimizer::Sgd { lr, momentum } => sgd(param, grad, &mut self.m, lr, momentum),
+        BlockStep {
+            opt: *opt,
+            step: opt.adam_step_size(self.t),
+            m: self.m.as_mut_ptr(),
+            v: self.v.as_mut_ptr(),
+            len,
+            _state: std::marker::PhantomData,
+        }
+    }
+}
+
+/// One optimizer step under way on one parameter ([`OptState::begin`]):
+/// applied to disjoint ranges of it, from any threads.
+pub(crate) struct BlockStep<'a> {
+    opt: Optimizer,
+    step: f32,
+    m: *mut f32,
+    v: *mut f32,
+    len: usize,
+    _state: std::marker::PhantomData<&'a mut OptState>,
+}
+
+// SAFETY: the moments are written through `apply` only, whose callers give
+// each range to one thread.
+unsafe impl Send for BlockStep<'_> {}
+unsafe impl Sync for BlockStep<'_> {}
+
+impl BlockStep<'_> {
+    /// Updates `param` (the parameter's elements `at..at + param.len()`)
+    /// with their gradient `grad`, and the moments of those elements.
+    ///
+    /// # Safety
+    /// `at + param.len()` is at most the parameter's length, `grad` is as
+    /// long as `param`, and no other thread updates an overlapping range
+    /// during the call.
+    #[inline]
+    pub(crate) unsafe fn apply(&self, at: usize, param: &mut [f32], grad: &[f32]) {
+        let n = param.len();
+        debug_assert!(at + n <= self.len && grad.len() == n);
+        let m = std::slice::from_raw_parts_mut(self.m.add(at), n);
+        match self.opt {
+            Optimizer::Sgd { lr, momentum } => sgd(param, grad, m, lr, momentum),
             Optimizer::Adam {
                 beta1, beta2, eps, ..
             } => {
-                let step = opt.adam_step_size(self.t);
-                adam(
-                    param,
-                    grad,
-                    &mut self.m,
-                    &mut self.v,
-                    [beta1, beta2, eps, step],
-                );
+                let v = std::slice::from_raw_parts_mut(self.v.add(at), n);
+                adam(param, grad, m, v, [beta1, beta2, eps, self.step]);
             }
         }
     }
