@@ -372,31 +372,47 @@ fn bench_fc(o: &Opts) {
                     )
                     .unwrap()
                 };
-                sep();
-                fused();
-                let (mut ts, mut tf, mut ratio) = (vec![], vec![], vec![]);
-                for _ in 0..samples.max(3) {
-                    let t0 = Instant::now();
-                    sep();
-                    let a = t0.elapsed().as_secs_f64();
-                    let t0 = Instant::now();
-                    fused();
-                    let b = t0.elapsed().as_secs_f64();
-                    ts.push(a);
-                    tf.push(b);
-                    ratio.push(a / b);
-                }
-                let med = |v: &mut Vec<f64>| {
-                    v.sort_by(f64::total_cmp);
-                    v[v.len() / 2]
-                };
-                let (a, b, r) = (med(&mut ts), med(&mut tf), med(&mut ratio));
+                let (a, b, r) = alternate(samples, &mut sep, &mut fused);
                 println!(
                     r#"{{"bench":"fc","pass":"upd_step","opt":"{oname}","n":{n},"c":{c},"k":{k},"isa":"{isa}","threads":{threads},"fused_ms":{:.3},"unfused_ms":{:.3},"fused_gflops":{:.1},"unfused_gflops":{:.1},"fused_vs_unfused":{r:.2}}}"#,
                     b * 1e3,
                     a * 1e3,
                     flops / b / 1e9,
                     flops / a / 1e9,
+                );
+            }
+            // The layer's whole training step (Adam) as the previous
+            // release ran it (forward, W transposed, backward-data from the
+            // copy, backward-weights, a separate step) and as it runs now
+            // (backward-data reading W in place, the fused step).
+            {
+                let opt = Optimizer::adam(1e-5);
+                let (mut s0, mut s1) = (OptState::default(), OptState::default());
+                let (mut w0, mut w1) = (w.clone(), w.clone());
+                let mut db2 = db.clone();
+                let (mut y1, mut dx1) = (y.clone(), dx.clone());
+                let mut before = || {
+                    fc.forward(&pool, &x, &w0, &bias, &mut y, None).unwrap();
+                    fc.transpose_weights(&pool, &w0, &mut wt).unwrap();
+                    fc.backward_data_wt(&pool, &dz, &wt, &mut dx).unwrap();
+                    fc.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                        .unwrap();
+                    s0.step(&opt, w0.data_mut(), dw.data());
+                };
+                let mut now = || {
+                    fc.forward(&pool, &x, &w1, &bias, &mut y1, None).unwrap();
+                    fc.backward_data(&pool, &dz, &w1, &mut dzt, &mut dx1)
+                        .unwrap();
+                    fc.backward_weights_step(&pool, &dz, &x, &mut w1, &mut db2, &opt, &mut s1)
+                        .unwrap();
+                };
+                let (a, b, r) = alternate(samples, &mut before, &mut now);
+                println!(
+                    r#"{{"bench":"fc","pass":"step","opt":"adam","n":{n},"c":{c},"k":{k},"isa":"{isa}","threads":{threads},"ms":{:.3},"before_ms":{:.3},"gflops":{:.1},"before_gflops":{:.1},"vs_before":{r:.2}}}"#,
+                    b * 1e3,
+                    a * 1e3,
+                    3.0 * flops / b / 1e9,
+                    3.0 * flops / a / 1e9,
                 );
             }
             // Mixed precision: the bf16 passes on the same shape, in the same
@@ -523,6 +539,32 @@ const RESNET_LAYERS: [ConvLayer; 7] = [
     ("res5_3x3", 512, 512, 7, 7, 3, 3, 1),
     ("conv1_7x7", 3, 64, 224, 224, 7, 7, 2),
 ];
+
+/// Runs `a` and `b` once each, then `samples` (at least 3) times
+/// alternately: the medians of their times and of the per-pair ratios
+/// `a / b` (one process, the same moments, so the ratio holds where two
+/// separate timings would not).
+fn alternate(samples: usize, a: &mut dyn FnMut(), b: &mut dyn FnMut()) -> (f64, f64, f64) {
+    a();
+    b();
+    let (mut ta, mut tb, mut ratio) = (vec![], vec![], vec![]);
+    for _ in 0..samples.max(3) {
+        let t0 = Instant::now();
+        a();
+        let x = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        b();
+        let y = t0.elapsed().as_secs_f64();
+        ta.push(x);
+        tb.push(y);
+        ratio.push(x / y);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (med(&mut ta), med(&mut tb), med(&mut ratio))
+}
 
 /// Convolution passes on the ResNet-50 layers at minibatches 8 and 16.
 /// `upd` includes the per-call relayout of X it reads; `fwd` the
