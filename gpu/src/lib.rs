@@ -52,6 +52,7 @@ mod kernel;
 mod mlp;
 
 mod opencl;
+pub mod ptxas;
 mod tiling;
 
 pub use codegen::{ElementwiseKernel, Target};
@@ -65,4 +66,4 @@ pub use kernel::{BatchTable, GpuBrgemm};
 pub use mlp::GpuMlp;
 
 pub use opencl::OpenClBackend;
-pub use tiling::{Tiling, SHARED_LIMIT};
+pub use tiling::{Tiling, REGISTER_OVERHEAD, SHARED_LIMIT};

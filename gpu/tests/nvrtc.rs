@@ -8,6 +8,7 @@
 //! skipped, unless `BRGEMM_REQUIRE_NVRTC=1`.
 
 mod common;
+use brgemm_gpu::ptxas::Usage;
 use brgemm_gpu::{codegen, compile_ptx, nvrtc_available, GpuDtype, Target};
 use common::*;
 use std::process::Command;
@@ -26,8 +27,8 @@ fn tools() -> Option<String> {
     }
 }
 
-/// (registers, spill store bytes, spill load bytes, stack frame bytes).
-fn ptxas_usage(ptxas: &str, ptx: &str, arch: &str, tag: &str) -> (usize, usize, usize, usize) {
+/// ptxas's report on `ptx` for `arch` (the cubin is written and dropped).
+fn ptxas_usage(ptxas: &str, ptx: &str, arch: &str, tag: &str) -> Usage {
     let dir = std::env::temp_dir().join(format!("brgemm-gpu-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join(format!("{tag}_{arch}.ptx"));
@@ -44,27 +45,7 @@ fn ptxas_usage(ptxas: &str, ptx: &str, arch: &str, tag: &str) -> (usize, usize, 
         out.status.success(),
         "ptxas failed for {tag} {arch}:\n{log}"
     );
-    let num = |key: &str, after: bool| -> usize {
-        let line = log
-            .lines()
-            .find(|l| l.contains(key))
-            .unwrap_or_else(|| panic!("no '{key}' in:\n{log}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let i = words
-            .iter()
-            .position(|w| w.starts_with(key.split(' ').next().unwrap()))
-            .unwrap();
-        let w = if after { words[i + 1] } else { words[i - 1] };
-        w.trim_matches(',')
-            .parse()
-            .unwrap_or_else(|_| panic!("{key} in {line}"))
-    };
-    (
-        num("registers", false),
-        num("bytes spill stores", false),
-        num("bytes spill loads", false),
-        num("bytes stack frame", false),
-    )
+    Usage::parse(&log).unwrap_or_else(|| panic!("no usage report in:\n{log}"))
 }
 
 #[test]
@@ -96,17 +77,18 @@ fn every_variant_compiles_without_spills() {
                     "{name}: no cp.async on the aligned path"
                 );
             }
-            let (regs, st, ld, frame) = ptxas_usage(&ptxas, &ptx, arch, &name);
+            let u = ptxas_usage(&ptxas, &ptx, arch, &name);
             let budget = t.register_budget(d.dtype);
-            println!("{name} {arch}: {regs} registers (budget {budget}), spills {st}/{ld}, stack {frame}");
-            assert_eq!(
-                (st, ld, frame),
-                (0, 0, 0),
-                "{name} {arch}: spills/stack ({st}, {ld}, {frame})"
+            println!(
+                "{name} {arch}: {} registers (budget {budget}, {} accumulators), {u:?}",
+                u.registers,
+                t.accumulators()
             );
+            assert!(u.in_registers(), "{name} {arch}: spills or stack: {u:?}");
             assert!(
-                regs <= budget,
-                "{name} {arch}: {regs} registers > budget {budget}"
+                u.registers <= budget,
+                "{name} {arch}: {} registers > budget {budget}",
+                u.registers
             );
             n += 1;
         }
