@@ -41,13 +41,20 @@ pub fn arch_name(major: i32, minor: i32) -> &'static str {
     }
 }
 
-/// Compiles CUDA C to PTX with NVRTC for `arch` (needs no GPU).
-pub fn compile_ptx(source: &str, name: &str, arch: &'static str) -> Result<String> {
-    if !nvrtc_available() {
-        return Err(Error::NoCuda(
-            "libnvrtc.so.12 not found: pip install nvidia-cuda-nvrtc-cu12 and add its lib/ to LD_LIBRARY_PATH".into(),
-        ));
+fn need_nvrtc() -> Result<()> {
+    if nvrtc_available() {
+        return Ok(());
     }
+    Err(Error::NoCuda(
+        "libnvrtc.so.12 not found: pip install nvidia-cuda-nvrtc-cu12 and add its lib/ to LD_LIBRARY_PATH".into(),
+    ))
+}
+
+/// Compiles CUDA C to PTX with NVRTC for `arch` (needs no GPU): the
+/// fallback of [`compile_cubin`] (`BRGEMM_CUDA_PTX=1`), and what the ptxas
+/// checks read.
+pub fn compile_ptx(source: &str, name: &str, arch: &'static str) -> Result<String> {
+    need_nvrtc()?;
     let opts = CompileOptions {
         arch: Some(arch),
         name: Some(format!("{name}.cu")),
@@ -58,6 +65,59 @@ pub fn compile_ptx(source: &str, name: &str, arch: &'static str) -> Result<Strin
         log: format!("{e:?}"),
     })?;
     Ok(ptx.to_src())
+}
+
+/// Compiles CUDA C with NVRTC into a cubin for exactly `arch` (`sm_XY`;
+/// needs no GPU): machine code the driver loads as it is. PTX would be
+/// compiled again by the driver's JIT, which refuses PTX of an ISA newer
+/// than the driver (NVRTC 12.9 writes ISA 8.8); a cubin only needs a
+/// driver that knows the architecture.
+pub fn compile_cubin(source: &str, name: &str, arch: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    need_nvrtc()?;
+    let fail = |log: String| Error::Compile {
+        name: name.to_string(),
+        log,
+    };
+    let src = std::ffi::CString::new(source).map_err(|e| fail(e.to_string()))?;
+    let file = std::ffi::CString::new(format!("{name}.cu")).map_err(|e| fail(e.to_string()))?;
+    let prog = result::create_program(&src, Some(&file)).map_err(|e| fail(format!("{e:?}")))?;
+    // SAFETY: `prog` comes from create_program, with `src` and `file` alive
+    // until it is destroyed, once, at the end.
+    unsafe {
+        let out = match result::compile_program(prog, &[format!("--gpu-architecture={arch}")]) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        String::from_utf8_lossy(&l.iter().map(|&c| c as u8).collect::<Vec<_>>())
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(fail(format!("{e:?}: {log}")))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                let mut cubin = Vec::new();
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        cubin.resize(size, 0u8);
+                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result()
+                    })
+                    .map(|()| cubin)
+                    .map_err(|e| fail(format!("{e:?}")))
+            }
+        };
+        let _ = result::destroy_program(prog);
+        out
+    }
+}
+
+/// Whether kernels are loaded as PTX for the driver to compile
+/// (`BRGEMM_CUDA_PTX=1`) instead of cubins: for a device whose
+/// architecture this NVRTC cannot target.
+fn load_ptx() -> bool {
+    std::env::var("BRGEMM_CUDA_PTX").is_ok_and(|v| v.trim() == "1")
 }
 
 /// A CUDA device: context, one stream, the kernel cache.
@@ -228,11 +288,12 @@ impl CudaBackend {
         let mut funcs = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
         let fkey = format!("{key}/{name}/{}", self.arch);
         if !funcs.contains_key(&fkey) {
-            let ptx = compile_ptx(&source(), key, self.arch)?;
-            let module = self
-                .ctx
-                .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-                .map_err(cu)?;
+            let image = if load_ptx() {
+                cudarc::nvrtc::Ptx::from_src(compile_ptx(&source(), key, self.arch)?)
+            } else {
+                cudarc::nvrtc::Ptx::from_binary(compile_cubin(&source(), key, self.arch)?)
+            };
+            let module = self.ctx.load_module(image).map_err(cu)?;
             let f = module.load_function(name).map_err(cu)?;
             funcs.insert(fkey.clone(), f);
         }

@@ -56,7 +56,9 @@ pub mod ptxas;
 mod tiling;
 
 pub use codegen::{ElementwiseKernel, Target};
-pub use cuda::{arch_name, compile_ptx, driver_available, nvrtc_available, CudaBackend};
+pub use cuda::{
+    arch_name, compile_cubin, compile_ptx, driver_available, nvrtc_available, CudaBackend,
+};
 pub use desc::{GpuBatch, GpuDescriptor, GpuDtype};
 pub use device::{Backend, Buffer, Device};
 pub use error::{Error, Result};

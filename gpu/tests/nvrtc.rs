@@ -9,7 +9,7 @@
 
 mod common;
 use brgemm_gpu::ptxas::Usage;
-use brgemm_gpu::{codegen, compile_ptx, nvrtc_available, GpuDtype, Target};
+use brgemm_gpu::{codegen, compile_cubin, compile_ptx, nvrtc_available, GpuDtype, Target};
 use common::*;
 use std::process::Command;
 
@@ -103,4 +103,38 @@ fn elementwise_kernels_compile() {
     for arch in ["sm_80", "sm_90"] {
         compile_ptx(&src, "elementwise", arch).unwrap_or_else(|e| panic!("{e}\n{src}"));
     }
+}
+
+/// What the CUDA backend loads: NVRTC's cubin for the exact architecture,
+/// an ELF for NVIDIA GPUs (machine EM_CUDA, 190) of that SM that holds the
+/// kernel; a bad architecture or source is an error carrying NVRTC's log.
+#[test]
+fn kernels_compile_to_cubins_for_the_exact_architecture() {
+    let Some(_) = tools() else { return };
+    let (d, _) = sweep().into_iter().next().unwrap();
+    let d = d.validate().unwrap();
+    let (src, name) = codegen::brgemm_source(&d, Target::Cuda);
+    for (arch, sm) in [("sm_80", 80u32), ("sm_90", 90)] {
+        let cubin = compile_cubin(&src, &name, arch).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: not an ELF");
+        assert_eq!(
+            u16::from_le_bytes([cubin[18], cubin[19]]),
+            190,
+            "{arch}: not EM_CUDA"
+        );
+        // e_flags (64-bit ELF, offset 48) carry the SM in their low bits.
+        let flags = u32::from_le_bytes(cubin[48..52].try_into().unwrap());
+        assert!(
+            flags & 0xff == sm || (flags >> 8) & 0xff == sm,
+            "{arch}: e_flags {flags:#x}"
+        );
+        let has_name = cubin.windows(name.len()).any(|w| w == name.as_bytes());
+        assert!(has_name, "{arch}: {name} not in the cubin");
+    }
+    let e = compile_cubin(&src, &name, "sm_1").unwrap_err().to_string();
+    assert!(e.contains(&name), "{e}");
+    let e = compile_cubin("this is not CUDA", "bad", "sm_90")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bad") && e.contains("error"), "{e}");
 }
