@@ -337,9 +337,10 @@ fn bench_fc(o: &Opts) {
             });
             line("upd", &t.upd, &m, m.secs, "", sp);
             // The weight update as a training step pays it: backward-weights
-            // then the optimizer over W (one thread, as `Graph::step` runs
-            // it), against the fused pass (`Fc::backward_weights_step`: each
-            // dW block stepped from L1 by the thread that computed it).
+            // then the optimizer over W on the pool's threads (as
+            // `Graph::train_step` runs it unfused), against the fused pass
+            // (`Fc::backward_weights_step`: each dW block stepped from L1 by
+            // the thread that computed it).
             // Alternated call by call; medians of the times and of the
             // per-pair ratios.
             for (oname, opt) in [
@@ -358,7 +359,7 @@ fn bench_fc(o: &Opts) {
                 let mut sep = || {
                     fc.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
                         .unwrap();
-                    s_sep.step(&opt, w_sep.data_mut(), dw.data());
+                    s_sep.step_on(&pool, &opt, w_sep.data_mut(), dw.data());
                 };
                 let mut fused = || {
                     fc.backward_weights_step(

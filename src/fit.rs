@@ -189,7 +189,7 @@ fn step(
         let norm = guard::norm(g.params().iter().map(|p| &*p.grad));
         guard::check_step(index, loss, norm)?;
     }
-    g.step(opt)?;
+    g.step_with(pool, opt)?;
     Ok(loss)
 }
 

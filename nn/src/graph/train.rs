@@ -129,22 +129,36 @@ impl Graph {
     }
 
     /// One optimizer step on every parameter with the gradients of the last
-    /// backward. A bad hyper-parameter is an error naming it.
+    /// backward, on the calling thread. A bad hyper-parameter is an error
+    /// naming it.
     pub fn step(&mut self, opt: &Optimizer) -> Result<()> {
         opt.validate()?;
-        self.step_except(opt, &[]);
+        self.step_except(None, opt, &[]);
         Ok(())
     }
 
-    /// [`Graph::step`] on the parameters not marked in `done` (in
-    /// [`Graph::params`] order; missing marks are false).
-    fn step_except(&mut self, opt: &Optimizer, done: &[bool]) {
+    /// [`Graph::step`] with each parameter's update split over `pool`'s
+    /// threads (the training steps use it).
+    pub fn step_with(&mut self, pool: &Pool, opt: &Optimizer) -> Result<()> {
+        opt.validate()?;
+        self.step_except(Some(pool), opt, &[]);
+        Ok(())
+    }
+
+    /// The step on the parameters not marked in `done` (in
+    /// [`Graph::params`] order; missing marks are false), on `pool` when
+    /// given.
+    fn step_except(&mut self, pool: Option<&Pool>, opt: &Optimizer, done: &[bool]) {
         let mut states = std::mem::take(&mut self.opt);
         let params = self.params();
         states.resize_with(params.len(), OptState::default);
         for (j, (p, s)) in params.into_iter().zip(&mut states).enumerate() {
-            if !done.get(j).copied().unwrap_or(false) {
-                s.step(opt, p.value, p.grad);
+            if done.get(j).copied().unwrap_or(false) {
+                continue;
+            }
+            match pool {
+                Some(pool) => s.step_on(pool, opt, p.value, p.grad),
+                None => s.step(opt, p.value, p.grad),
             }
         }
         self.opt = states;
@@ -205,10 +219,10 @@ impl Graph {
         if self.fused_update {
             opt.validate()?;
             let stepped = self.backward_from(pool, &dlogits, false, None, Some(opt))?;
-            self.step_except(opt, &stepped.1);
+            self.step_except(Some(pool), opt, &stepped.1);
         } else {
             self.backward_from(pool, &dlogits, false, None, None)?;
-            self.step(opt)?;
+            self.step_with(pool, opt)?;
         }
         Ok(loss)
     }
