@@ -34,6 +34,8 @@ pub struct Device {
     pub(crate) inner: Inner,
     /// Scratch for the partial sums of split launches, grown as needed.
     scratch: std::sync::Mutex<Option<Buffer>>,
+    /// Shared (local) memory per block, read once when opened.
+    shared: usize,
 }
 
 enum BufInner {
@@ -75,9 +77,14 @@ impl Device {
             Backend::Cuda => Inner::Cuda(CudaBackend::new(0)?),
             Backend::OpenCl => Inner::OpenCl(OpenClBackend::new()?),
         };
+        let shared = match &inner {
+            Inner::Cuda(_) => crate::SHARED_LIMIT,
+            Inner::OpenCl(c) => c.local_memory()?,
+        };
         Ok(Device {
             inner,
             scratch: std::sync::Mutex::new(None),
+            shared,
         })
     }
 
@@ -112,6 +119,13 @@ impl Device {
             Inner::Cuda(c) => c.multiprocessors(),
             Inner::OpenCl(c) => c.compute_units(),
         }
+    }
+
+    /// Shared memory a block may use: the static limit on CUDA
+    /// ([`crate::SHARED_LIMIT`]; more needs the dynamic opt-in), the
+    /// device's local memory per work-group on OpenCL.
+    pub fn shared_memory(&self) -> usize {
+        self.shared
     }
 
     /// The device's scratch buffer, at least `bytes` long (contents

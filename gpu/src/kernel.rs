@@ -176,6 +176,7 @@ impl GpuBrgemm {
     ) -> Result<()> {
         let d = &self.desc;
         let es = d.dtype.size();
+        fits_shared(d, dev.shared_memory(), dev.name())?;
         if batch > i32::MAX as usize / d.k.div_ceil(d.tiling.expect("validated").bk) {
             return Err(invalid("batch", batch, "too many pairs for one launch"));
         }
@@ -322,5 +323,42 @@ impl GpuBrgemm {
     pub fn with_split(mut self, splits: Option<usize>) -> GpuBrgemm {
         self.split = splits;
         self
+    }
+}
+
+/// The tiling was validated against the CUDA static limit; an OpenCL device
+/// may have less local memory per work-group (`have` bytes, read when the
+/// device opened): a tiling that needs more is an error naming both.
+fn fits_shared(d: &GpuDescriptor, have: usize, device: &str) -> Result<()> {
+    let need = d.tiling.expect("validated").shared_bytes(d.dtype);
+    if need > have {
+        return Err(invalid(
+            "tiling",
+            format!("{need} bytes of shared memory"),
+            format!("the device has {have} per block ({device})"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device with 32 KiB of local memory refuses a tiling of 40 KiB,
+    /// naming both sizes and the device, and takes one that fits.
+    #[test]
+    fn a_tiling_larger_than_the_local_memory_is_refused() {
+        let d = GpuDescriptor::new(128, 128, 64).validate().unwrap();
+        let need = d.tiling.unwrap().shared_bytes(d.dtype);
+        assert!(need > 32 << 10, "a big tiling: {need}");
+        let e = fits_shared(&d, 32 << 10, "small GPU")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&need.to_string()) && e.contains("32768") && e.contains("small GPU"),
+            "{e}"
+        );
+        assert!(fits_shared(&d, need, "exact").is_ok());
     }
 }

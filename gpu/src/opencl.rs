@@ -89,6 +89,19 @@ impl OpenClBackend {
         Ok((n as usize).max(1))
     }
 
+    /// Local memory per work-group (`CL_DEVICE_LOCAL_MEM_SIZE`).
+    pub fn local_memory(&self) -> Result<usize> {
+        let id = *self
+            .context
+            .devices()
+            .first()
+            .ok_or_else(|| Error::NoOpenCl("the context has no device".into()))?;
+        let n = opencl3::device::Device::new(id)
+            .local_mem_size()
+            .map_err(cl)?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     pub(crate) fn alloc(&self, bytes: usize) -> Result<Buffer<u8>> {
         // SAFETY: no host pointer; zero-filled below before any use, so a
         // fresh buffer reads as zeros, as on CUDA.

@@ -98,3 +98,21 @@ fn bad_descriptors_and_buffers_are_named() {
     assert!(err(ko.execute(dev, &a, &b, &mut c, None, Some(&t), 2)).contains("batch = 2"));
     assert!(err(ko.execute(dev, &a, &b, &mut c, None, None, 1)).contains("needs a BatchTable"));
 }
+
+/// The device's local memory is read when it opens, and every tiling the
+/// sweep plans fits it (on PoCL: its reported size).
+#[test]
+fn the_device_reports_its_local_memory_and_the_tilings_fit() {
+    let Some(dev) = opencl() else { return };
+    let have = dev.shared_memory();
+    println!(
+        "{}: {have} bytes of local memory per work-group",
+        dev.name()
+    );
+    assert!(have >= 16 << 10, "OpenCL 1.2 guarantees 16 KiB, got {have}");
+    for (d, _) in sweep() {
+        let d = d.validate().unwrap();
+        let need = d.tiling.unwrap().shared_bytes(d.dtype);
+        assert!(need <= have, "{need} > {have}");
+    }
+}
