@@ -76,29 +76,25 @@ impl OpenClBackend {
     pub fn name(&self) -> &str {
         &self.name
     }
-    /// Compute units (`CL_DEVICE_MAX_COMPUTE_UNITS`).
-    pub fn compute_units(&self) -> Result<usize> {
+    /// The context's device.
+    fn device(&self) -> Result<opencl3::device::Device> {
         let id = *self
             .context
             .devices()
             .first()
             .ok_or_else(|| Error::NoOpenCl("the context has no device".into()))?;
-        let n = opencl3::device::Device::new(id)
-            .max_compute_units()
-            .map_err(cl)?;
+        Ok(opencl3::device::Device::new(id))
+    }
+
+    /// Compute units (`CL_DEVICE_MAX_COMPUTE_UNITS`).
+    pub fn compute_units(&self) -> Result<usize> {
+        let n = self.device()?.max_compute_units().map_err(cl)?;
         Ok((n as usize).max(1))
     }
 
     /// Local memory per work-group (`CL_DEVICE_LOCAL_MEM_SIZE`).
     pub fn local_memory(&self) -> Result<usize> {
-        let id = *self
-            .context
-            .devices()
-            .first()
-            .ok_or_else(|| Error::NoOpenCl("the context has no device".into()))?;
-        let n = opencl3::device::Device::new(id)
-            .local_mem_size()
-            .map_err(cl)?;
+        let n = self.device()?.local_mem_size().map_err(cl)?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
