@@ -531,13 +531,15 @@ type ConvLayer = (
 );
 
 /// The ResNet-50 layers of the convolution benchmark.
-const RESNET_LAYERS: [ConvLayer; 7] = [
+const RESNET_LAYERS: [ConvLayer; 9] = [
     ("res2_3x3", 64, 64, 56, 56, 3, 3, 1),
     ("res2_1x1_up", 64, 256, 56, 56, 1, 1, 1),
     ("res2_1x1_down", 256, 64, 56, 56, 1, 1, 1),
     ("res3_3x3", 128, 128, 28, 28, 3, 3, 1),
     ("res4_3x3", 256, 256, 14, 14, 3, 3, 1),
     ("res5_3x3", 512, 512, 7, 7, 3, 3, 1),
+    ("res3_3x3_s2", 128, 128, 56, 56, 3, 3, 2),
+    ("res3_1x1_proj", 256, 512, 56, 56, 1, 1, 2),
     ("conv1_7x7", 3, 64, 224, 224, 7, 7, 2),
 ];
 
@@ -736,22 +738,20 @@ fn bench_conv_bf16(
     });
     let f1 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
     report("fwd", [f0, b, bc, f1]);
-    if cb.has_backward_weights() {
-        let (mut dw, mut db) = (conv.filter(), vec![0.0f32; conv.padded_k()]);
-        let f0 = time(&mut || {
-            conv.backward_weights(pool, dz, x, &mut dw, &mut db)
-                .unwrap()
-        });
-        let b = time_bf16(&mut || {
-            cb.backward_weights(pool, conv, dz, x, &mut dw, &mut db)
-                .unwrap()
-        });
-        let f1 = time(&mut || {
-            conv.backward_weights(pool, dz, x, &mut dw, &mut db)
-                .unwrap()
-        });
-        report("upd", [f0, b, b, f1]);
-    }
+    let (mut dw, mut db) = (conv.filter(), vec![0.0f32; conv.padded_k()]);
+    let f0 = time(&mut || {
+        conv.backward_weights(pool, dz, x, &mut dw, &mut db)
+            .unwrap()
+    });
+    let b = time_bf16(&mut || {
+        cb.backward_weights(pool, conv, dz, x, &mut dw, &mut db)
+            .unwrap()
+    });
+    let f1 = time(&mut || {
+        conv.backward_weights(pool, dz, x, &mut dw, &mut db)
+            .unwrap()
+    });
+    report("upd", [f0, b, b, f1]);
     if !cb.has_backward_data() {
         return;
     }

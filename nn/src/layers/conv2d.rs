@@ -260,7 +260,7 @@ impl Conv2d {
                 }
             }
             match &p.bf {
-                Some(b) if b.conv.has_backward_weights() => b.conv.backward_weights(
+                Some(b) => b.conv.backward_weights(
                     pool,
                     &p.conv,
                     dz.get(),

@@ -60,29 +60,47 @@ crate::math::widest! {
     }
 }
 
-/// Rounds the `n x c` row-major block `src` (n pixels of c channels) into
-/// `c` rows of `n` values, `ld` apart, in `dst` (channel-major), 16 pixels
-/// at a time: the 16 x c tile transposed in registers
-/// ([`transpose_block`]), rounded in one vector sweep, its rows copied as
-/// runs of 16 (element by element above 64 channels). Element by element
-/// (strided loads) it took 25% of a bf16 3x3 convolution's
-/// backward-weights (64 channels, 56x56).
-pub(crate) fn transpose_round(dst: &mut [bf16], ld: usize, src: &[f32], c: usize, n: usize) {
+/// Rounds `n` pixels of `c` channels, `step` pixels apart in `src` (1:
+/// the row-major `n x c` block), into `c` rows of `n` values, `ld` apart,
+/// in `dst` (channel-major), 16 pixels at a time: the 16 x c tile
+/// transposed in registers ([`transpose_block`]; strided pixels gathered
+/// first), rounded in one vector sweep, its rows copied as runs of 16
+/// (element by element above 64 channels). Element by element (strided
+/// loads) it took 25% of a bf16 3x3 convolution's backward-weights (64
+/// channels, 56x56).
+pub(crate) fn transpose_round(
+    dst: &mut [bf16],
+    ld: usize,
+    src: &[f32],
+    c: usize,
+    n: usize,
+    step: usize,
+) {
     const W: usize = 16;
     const MAX_C: usize = 64;
+    let px = |p: usize| &src[p * step * c..][..c];
     if c > MAX_C {
-        for (p, px) in src[..n * c].chunks_exact(c).enumerate() {
-            for (j, v) in px.iter().enumerate() {
+        for p in 0..n {
+            for (j, v) in px(p).iter().enumerate() {
                 dst[j * ld + p] = round_bf16(*v);
             }
         }
         return;
     }
     let (mut f, mut h) = ([0.0f32; W * MAX_C], [bf16::ZERO; W * MAX_C]);
+    let mut g = [0.0f32; W * MAX_C];
     let mut p0 = 0;
     while p0 < n {
         let w = (n - p0).min(W);
-        transpose_block(&src[p0 * c..], &mut f, w, c);
+        let tile = if step == 1 {
+            &src[p0 * c..][..w * c]
+        } else {
+            for (i, d) in g[..w * c].chunks_exact_mut(c).enumerate() {
+                d.copy_from_slice(px(p0 + i));
+            }
+            &g[..w * c]
+        };
+        transpose_block(tile, &mut f, w, c);
         round_slice(&mut h[..w * c], &f[..w * c]);
         for (j, row) in h[..w * c].chunks_exact(w).enumerate() {
             dst[j * ld + p0..][..w].copy_from_slice(row);
@@ -225,17 +243,22 @@ mod tests {
             (6, 21, 25),
             (72, 5, 9),
         ] {
-            let src = values(n * c);
-            let mut dst = vec![bf16::from_f32(7.0); c * ld];
-            transpose_round(&mut dst, ld, &src, c, n);
-            for j in 0..c {
-                for p in 0..ld {
-                    let want = if p < n {
-                        round_bf16(src[p * c + j]).to_bits()
-                    } else {
-                        bf16::from_f32(7.0).to_bits()
-                    };
-                    assert_eq!(dst[j * ld + p].to_bits(), want, "c {c} n {n} j {j} p {p}");
+            // Pixels side by side, and every second or third one (the
+            // phases of a strided convolution).
+            for step in 1..=3 {
+                let src = values(((n - 1) * step + 1) * c);
+                let mut dst = vec![bf16::from_f32(7.0); c * ld];
+                transpose_round(&mut dst, ld, &src, c, n, step);
+                for j in 0..c {
+                    for p in 0..ld {
+                        let want = if p < n {
+                            round_bf16(src[p * step * c + j]).to_bits()
+                        } else {
+                            bf16::from_f32(7.0).to_bits()
+                        };
+                        let at = format!("c {c} n {n} step {step} j {j} p {p}");
+                        assert_eq!(dst[j * ld + p].to_bits(), want, "{at}");
+                    }
                 }
             }
         }

@@ -329,7 +329,7 @@ impl FcBf16 {
                 unsafe { std::slice::from_raw_parts_mut(xp.get().add(ci * bc * kp), bc * kp) };
             for ni in 0..nb {
                 let src = &x.data[(ni * cb + ci) * bn * bc..][..bn * bc];
-                transpose_round(&mut out[ni * bn..], kp, src, bc, bn);
+                transpose_round(&mut out[ni * bn..], kp, src, bc, bn, 1);
             }
             for ch in out.chunks_exact_mut(kp) {
                 ch[rows..].fill(bf16::ZERO);

@@ -12,16 +12,21 @@
 //! f32). Backward-data with strides above 1 (the scatter
 //! form) stays the f32 pass of the [`Conv`].
 //!
-//! Backward-weights at stride 1 (f32 accumulation into the f32 dW):
+//! Backward-weights (f32 accumulation into the f32 dW):
 //! `dW[kb][cb][r][s] = sum_n dY[n][kb] X_rs[n][cb]^T` with all the pixels of
-//! an image as one reduction: the output rows are merged at the padded
-//! width wp (pixel (p, q) at `p * wp + q`, dY zero for q >= Q), so tap (r,
-//! s) reads the padded X plane from offset `r dil wp + s dil` contiguously
-//! (stride 1). The kernel wants both operands with that reduction
-//! contiguous, so each call rounds dY into VNNI pairs along the merged
-//! pixels (padded with zeros to `kq`, a multiple of 32: no per-row padding,
-//! which cost 2.3x the work at 14 pixels per row and 4.6x at 7) and the
-//! zero-padded X into channel-major planes: O(activations), once per step.
+//! an image as one reduction. The zero-padded X is split into phases, its
+//! rows and columns modulo the strides (one phase at stride 1); tap (r, s)
+//! of output pixel (p, q) reads pixel (p + r dil_h / sh, q + s dil_w / sw)
+//! of phase (r dil_h % sh, s dil_w % sw), so every tap is a stride-1 read of
+//! one phase plane. The output rows are merged at the planes' width wpp
+//! (pixel (p, q) at `p * wpp + q`, dY zero for q >= Q), and tap (r, s)
+//! reads its plane contiguously from offset `r dil_h / sh * wpp + s dil_w /
+//! sw`. The kernel wants both operands with that reduction contiguous, so
+//! each call rounds dY into VNNI pairs along the merged pixels (padded with
+//! zeros to `kq`, a multiple of 32: no per-row padding, which cost 2.3x the
+//! work at 14 pixels per row and 4.6x at 7) and the phases that some tap
+//! reads of the zero-padded X into channel-major planes (a 1x1 layer at
+//! stride 2 reads one phase of four): O(activations), once per step.
 //! Items (K block, C block) are the threads' work; each walks the images
 //! with every tap inside, accumulating (beta = 1 after the first image);
 //! with fewer than two items per thread the images are split into partial
@@ -40,13 +45,20 @@ use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::{AlignedVec, BatchForm, DataType, Descriptor, Epilogue, RawBatch};
 use std::sync::Mutex;
 
-/// The bf16 backward-weights plan (stride 1).
+/// The bf16 backward-weights plan.
 struct Upd {
     kernels: Chunked,
-    /// Merged pixels per image in the VNNI dY (P * wp rounded up to 32).
+    /// Merged pixels per image in the VNNI dY (P * wpp rounded up to 32).
     kq: usize,
-    /// Pixels per channel of an image's transposed X plane.
+    /// Pixels per channel of one phase plane of an image's transposed X.
     wt: usize,
+    /// Columns of a phase plane: the padded width over the column stride.
+    wpp: usize,
+    /// The phases the taps read, `(row, column)` offsets modulo the
+    /// strides, in the order of their planes.
+    phases: Vec<(usize, usize)>,
+    /// Per tap (r, s): its phase plane and its offset in it.
+    taps: Vec<(usize, usize)>,
     dyv: Mutex<AlignedVec<bf16>>,
     xt: Mutex<AlignedVec<bf16>>,
     /// The other threads' dW partial sums when the images are split.
@@ -57,7 +69,7 @@ struct Upd {
 pub struct ConvBf16 {
     fwd: Gather<bf16>,
     bwd: Option<Gather<bf16>>,
-    upd: Option<Upd>,
+    upd: Upd,
     params: ConvParams,
     bc: usize,
     bk: usize,
@@ -86,36 +98,55 @@ impl ConvBf16 {
             Bwd::Scatter(_) => None,
         };
         let p = conv.params;
-        let upd = (p.stride_h == 1 && p.stride_w == 1)
-            .then(|| -> Result<Upd> {
-                let (kb, cb) = (p.k.div_ceil(t.bk), p.c.div_ceil(t.bc));
-                let (hp, wp) = (p.h + 2 * p.pad_h, p.w + 2 * p.pad_w);
-                // An image's output rows merged into one reduction of P
-                // rows of wp pixels (zero dY beyond Q), rounded up to 32.
-                let kq = (p.p() * wp).next_multiple_of(32);
-                // A plane of X: the padded image, then zeros for the taps'
-                // offsets past its end.
-                let wt = kq + (p.r - 1) * p.dil_h * wp + (p.s - 1) * p.dil_w;
-                debug_assert!(wt >= hp * wp);
-                // One image per call: the images are the calls, in an
-                // order that keeps an image's planes in L2 for every tap.
-                let d = Descriptor::new(t.bk, t.bc, kq)
-                    .dtype(DataType::Bf16)
-                    .ldb(wt)
-                    .batch_form(BatchForm::Stride {
-                        a: kb * kq * t.bk,
-                        b: cb * t.bc * wt,
-                    });
-                Ok(Upd {
-                    kernels: Chunked::new(d, Epilogue::default())?,
-                    kq,
-                    wt,
-                    dyv: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
-                    xt: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
-                    partials: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
-                })
-            })
-            .transpose()?;
+        let upd = {
+            let (kb, cb) = (p.k.div_ceil(t.bk), p.c.div_ceil(t.bc));
+            let (hp, wp) = (p.h + 2 * p.pad_h, p.w + 2 * p.pad_w);
+            let (sh, sw) = (p.stride_h, p.stride_w);
+            // The padded X split into phases by row and column modulo the
+            // strides: tap (r, s) of output pixel (p, q) reads padded pixel
+            // (sh p + r dil_h, sw q + s dil_w), which is pixel
+            // (p + r dil_h / sh, q + s dil_w / sw) of phase
+            // (r dil_h % sh, s dil_w % sw): a stride-1 read of that plane.
+            let wpp = wp.div_ceil(sw);
+            let mut phases = Vec::new();
+            let mut taps = Vec::with_capacity(p.r * p.s);
+            for (r, s) in (0..p.r).flat_map(|r| (0..p.s).map(move |s| (r, s))) {
+                let (dr, ds) = (r * p.dil_h, s * p.dil_w);
+                let ph = (dr % sh, ds % sw);
+                let i = phases.iter().position(|&q| q == ph).unwrap_or_else(|| {
+                    phases.push(ph);
+                    phases.len() - 1
+                });
+                taps.push((i, dr / sh * wpp + ds / sw));
+            }
+            // An image's output rows merged into one reduction of P rows
+            // of wpp pixels (zero dY beyond Q), rounded up to 32.
+            let kq = (p.p() * wpp).next_multiple_of(32);
+            // A phase plane: its rows of the padded image, then zeros for
+            // the taps' offsets past its end.
+            let far = taps.iter().map(|t| t.1).max().unwrap_or(0);
+            let wt = (kq + far).max(hp.div_ceil(sh) * wpp);
+            // One image per call: the images are the calls, in an order
+            // that keeps an image's planes in L2 for every tap.
+            let d = Descriptor::new(t.bk, t.bc, kq)
+                .dtype(DataType::Bf16)
+                .ldb(wt)
+                .batch_form(BatchForm::Stride {
+                    a: kb * kq * t.bk,
+                    b: cb * phases.len() * t.bc * wt,
+                });
+            Upd {
+                kernels: Chunked::new(d, Epilogue::default())?,
+                kq,
+                wt,
+                wpp,
+                phases,
+                taps,
+                dyv: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
+                xt: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
+                partials: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
+            }
+        };
         Ok(ConvBf16 {
             fwd: Gather::new("fwd", conv.fwd.g, &t.fwd, ep)?,
             bwd,
@@ -213,16 +244,9 @@ impl ConvBf16 {
         Ok(())
     }
 
-    /// Whether backward-weights runs here (stride 1); else the layer's f32
-    /// pass computes it.
-    pub fn has_backward_weights(&self) -> bool {
-        self.upd.is_some()
-    }
-
     /// dW = sum over the minibatch of dZ (x) X and db = the sums of dZ per
     /// output channel, from the f32 dZ and X (rounded here), accumulated in
-    /// f32; an error where the layer strides
-    /// ([`ConvBf16::has_backward_weights`]).
+    /// f32.
     pub fn backward_weights(
         &self,
         pool: &Pool,
@@ -234,9 +258,7 @@ impl ConvBf16 {
     ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
-        let Some(u) = &self.upd else {
-            return Err(self.strided("backward-weights"));
-        };
+        let u = &self.upd;
         conv.check_y("dZ", dz)?;
         conv.check_x("X", x)?;
         conv.check_f("dW", dw, false)?;
@@ -245,11 +267,11 @@ impl ConvBf16 {
         let (bc, bk, kq, wt) = (self.bc, self.bk, u.kq, u.wt);
         let (p, q) = (pr.p(), pr.q());
         let (kb, cb) = (pr.k.div_ceil(bk), pr.c.div_ceil(bc));
-        let wp = pr.w + 2 * pr.pad_w;
+        let wpp = u.wpp;
         let mut dyv = u.dyv.lock().unwrap_or_else(|e| e.into_inner());
         let mut xt = u.xt.lock().unwrap_or_else(|e| e.into_inner());
         // dY planes as VNNI pairs along the merged pixels (row p, column
-        // q at p * wp + q), zero at columns q >= Q and past the last row.
+        // q at p * wpp + q), zero at columns q >= Q and past the last row.
         let plane = kq * bk;
         dyv.resize(pr.n * kb * plane, bf16::ZERO);
         let dp = SyncPtr(dyv.as_mut_ptr());
@@ -265,7 +287,7 @@ impl ConvBf16 {
             let sums = unsafe { std::slice::from_raw_parts_mut(sp.get().add(i * bk), bk) };
             let src = &dz.data[i * p * q * bk..][..p * q * bk];
             let px = |m: usize| {
-                let (row, col) = (m / wp, m % wp);
+                let (row, col) = (m / wpp, m % wpp);
                 match row < p && col < q {
                     true => &src[(row * q + col) * bk..][..bk],
                     false => &zero[..],
@@ -277,20 +299,31 @@ impl ConvBf16 {
                 interleave_round(pair, px(2 * mp), px(2 * mp + 1), sums);
             }
         });
-        // X channel-major per padded plane, zero in the padding and beyond.
-        let xplane = bc * wt;
+        // X channel-major per phase plane of the padded image, zero in the
+        // padding and beyond; only the phases that some tap reads.
+        let (sh, sw) = (pr.stride_h, pr.stride_w);
+        let xplane = u.phases.len() * bc * wt;
         xt.resize(pr.n * cb * xplane, bf16::ZERO);
         let xp = SyncPtr(xt.as_mut_ptr());
         pool.for_each(pr.n * cb, |i| {
-            // SAFETY: plane i belongs to this iteration alone.
+            // SAFETY: the planes of item i belong to this iteration alone.
             let out = unsafe { std::slice::from_raw_parts_mut(xp.get().add(i * xplane), xplane) };
             out.fill(bf16::ZERO);
             let src = &x.data[i * pr.h * pr.w * bc..][..pr.h * pr.w * bc];
-            // Each image row's pixels into the channel rows (runs of pixels).
+            // Each image row's pixels of a phase into that plane's channel
+            // rows (runs of pixels, every sw-th of the row).
             for y in 0..pr.h {
-                let s = &src[y * pr.w * bc..][..pr.w * bc];
-                let d = &mut out[(y + pr.pad_h) * wp + pr.pad_w..];
-                transpose_round(d, wt, s, bc, pr.w);
+                let (ph_row, row) = ((y + pr.pad_h) % sh, (y + pr.pad_h) / sh);
+                for (k, &(a, b)) in u.phases.iter().enumerate() {
+                    // The first column whose padded index is b modulo sw.
+                    let x0 = (b + sw - pr.pad_w % sw) % sw;
+                    if a != ph_row || x0 >= pr.w {
+                        continue;
+                    }
+                    let s = &src[(y * pr.w + x0) * bc..];
+                    let d = &mut out[k * bc * wt + row * wpp + (x0 + pr.pad_w) / sw..];
+                    transpose_round(d, wt, s, bc, (pr.w - x0).div_ceil(sw), sw);
+                }
             }
         });
         let (dyp, xtp) = (dyv.as_ptr() as usize, xt.as_ptr() as usize);
@@ -329,10 +362,9 @@ impl ConvBf16 {
                 for n0 in lo..hi {
                     let k = u.kernels.pick(n0 == lo, false);
                     let a = (dyp as *const bf16).add((n0 * kb + ki) * plane);
-                    for tap in 0..rs {
-                        let (r, s) = (tap / pr.s, tap % pr.s);
-                        let b = (xtp as *const bf16)
-                            .add((n0 * cb + ci) * xplane + r * pr.dil_h * wp + s * pr.dil_w);
+                    for (tap, &(ph, off)) in u.taps.iter().enumerate() {
+                        let b =
+                            (xtp as *const bf16).add((n0 * cb + ci) * xplane + ph * bc * wt + off);
                         let batch = RawBatch::Stride { a, b, count: 1 };
                         k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
                     }
