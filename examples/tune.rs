@@ -455,17 +455,12 @@ fn tune_conv(args: &[String]) {
         v.dedup();
         v
     };
-    let gather = Conv::new(p, Activation::Relu).unwrap().backward_data_form() == "gather";
     // The layer's letters (docs/loop-specs.md): a images, b K, c C blocks,
     // d rows, e pixel blocks, f, g filter taps.
     let fwd_specs = ["ABdec", "BAdec", "ABDEc", "BADEc", "aBdec"];
-    // Gather backward-data reduces over b and writes c: the forward specs
-    // with b and c swapped.
-    let bwd_specs: &[&str] = if gather {
-        &["ACdeb", "CAdeb", "ACDEb", "CADEb", "aCdeb"]
-    } else {
-        &["ACdefg", "CAdefg"]
-    };
+    // Backward-data reduces over b and writes c: the forward specs with b
+    // and c swapped.
+    let bwd_specs = ["ACdeb", "CAdeb", "ACDEb", "CADEb", "aCdeb"];
     let upd_specs = ["aBCFG", "BCFGa", "aBCfg"];
     let samples = if quick { 3 } else { 5 };
     let mut rows: Vec<Row> = vec![];
@@ -507,7 +502,7 @@ fn tune_conv(args: &[String]) {
                         ));
                     }
                 }
-                for spec in bwd_specs {
+                for spec in &bwd_specs {
                     configs.push(("bwd", PassConfig::spec(spec)));
                 }
                 for spec in upd_specs {

@@ -246,7 +246,7 @@ impl Conv2d {
                 let dx = p.dx.get_mut(p.input, bc)?;
                 match &mut p.bf {
                     // The filter was packed for both passes by the forward.
-                    Some(b) if b.conv.has_backward_data() => {
+                    Some(b) => {
                         b.conv
                             .backward_data(pool, &p.conv, dz.get(), &b.ops.wtv, dx)?;
                     }

@@ -9,7 +9,6 @@
 //! to one thread).
 
 use crate::layout::Blocked;
-use crate::tensor::{Filter, Tensor4};
 
 /// Read-only addressing: the element offset of block `idx` is `idx . strides`.
 #[derive(Clone, Copy, Debug)]
@@ -99,28 +98,6 @@ impl Blocked {
     }
 }
 
-impl Tensor4 {
-    fn pixel_strides(&self) -> [usize; 4] {
-        let (h, w, bc) = (self.h, self.w, self.bc);
-        [self.c_blocks() * h * w * bc, h * w * bc, w * bc, bc]
-    }
-    /// Pixels by `[image, channel block, row, column]`: each a run of `bc`
-    /// channels.
-    pub(crate) fn pixels(&self) -> View<4> {
-        View::new(&self.data, self.pixel_strides())
-    }
-}
-
-impl Filter {
-    /// Blocks by `[K block, C block, filter row, filter column]`: each a
-    /// `bc x bk` matrix.
-    pub(crate) fn blocks(&self) -> View<4> {
-        let (r, s, blk) = (self.r, self.s, self.bc * self.bk);
-        let cb = self.c.div_ceil(self.bc);
-        View::new(&self.data, [cb * r * s * blk, r * s * blk, s * blk, blk])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,17 +110,5 @@ mod tests {
         for (i, j) in [(0, 0), (1, 2), (2, 1)] {
             assert_eq!(b.blocks().at([i, j]), base.wrapping_add(b.block(i, j)));
         }
-        let t = Tensor4::zeros(2, 5, 3, 4, 2).unwrap();
-        let base = t.data().as_ptr();
-        assert_eq!(
-            t.pixels().at([1, 2, 2, 3]),
-            base.wrapping_add(t.index(1, 4, 2, 3))
-        );
-        let f = Filter::zeros(6, 5, 3, 2, 3, 2).unwrap();
-        let base = f.data().as_ptr();
-        assert_eq!(
-            f.blocks().at([1, 2, 2, 1]),
-            base.wrapping_add(f.index(3, 4, 2, 1))
-        );
     }
 }

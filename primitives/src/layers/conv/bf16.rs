@@ -1,6 +1,6 @@
-//! Mixed-precision convolution: forward and backward-data on bf16
-//! operands, on the f32 layer's own gather loop nests and blocking, with f32
-//! accumulation and f32 outputs (AMX tiles where the channel blocks are
+//! Mixed-precision convolution: forward, backward-data and backward-weights
+//! on bf16 operands, forward and backward-data on the f32 layer's own gather
+//! loop nests, phases and blocking, with f32 accumulation and f32 outputs (AMX tiles where the channel blocks are
 //! multiples of 32, else the next bf16 kernel of the CPU policy).
 //!
 //! The f32 filter stays the master copy; [`ConvBf16::pack_filter`] rounds
@@ -9,8 +9,7 @@
 //! transposed filter of backward-data). The f32 activations and output
 //! gradients are rounded to bf16 in the pass that makes the gather's
 //! zero-padded copy (one sweep; the pixel runs are the B operands as in
-//! f32). Backward-data with strides above 1 (the scatter
-//! form) stays the f32 pass of the [`Conv`].
+//! f32).
 //!
 //! Backward-weights (f32 accumulation into the f32 dW):
 //! `dW[kb][cb][r][s] = sum_n dY[n][kb] X_rs[n][cb]^T` with all the pixels of
@@ -33,7 +32,8 @@
 //! sums instead.
 
 use super::gather::Gather;
-use super::{Bwd, Conv, ConvParams};
+use super::phased::Phased;
+use super::{Conv, ConvParams};
 use crate::engine::bf16::{interleave_round, pack_vnni, round_slice, transpose_round, WeightGrid};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
@@ -68,7 +68,7 @@ struct Upd {
 /// The bf16 forward and (stride-1) backward-data of a [`Conv`] layer.
 pub struct ConvBf16 {
     fwd: Gather<bf16>,
-    bwd: Option<Gather<bf16>>,
+    bwd: Phased<bf16>,
     upd: Upd,
     params: ConvParams,
     bc: usize,
@@ -93,10 +93,7 @@ impl ConvBf16 {
             bias: true,
             activation: conv.act,
         };
-        let bwd = match &conv.bwd {
-            Bwd::Gather(g) => Some(Gather::new("bwd", g.g, &t.bwd, Epilogue::default())?),
-            Bwd::Scatter(_) => None,
-        };
+        let bwd = conv.bwd_plan.build(&t.bwd, Epilogue::default())?;
         let p = conv.params;
         let upd = {
             let (kb, cb) = (p.k.div_ceil(t.bk), p.c.div_ceil(t.bc));
@@ -148,7 +145,7 @@ impl ConvBf16 {
             }
         };
         Ok(ConvBf16 {
-            fwd: Gather::new("fwd", conv.fwd.g, &t.fwd, ep)?,
+            fwd: Gather::new("fwd", conv.fwd.g, &conv.fwd.taps, &t.fwd, ep)?,
             bwd,
             upd,
             params: conv.params,
@@ -161,12 +158,6 @@ impl ConvBf16 {
     pub fn isa(&self) -> Bf16Isa {
         let k = self.fwd.main.pick(true, true);
         k.bf16_isa().expect("planned with a bf16 descriptor")
-    }
-
-    /// Whether backward-data runs here (stride 1: a gather); else the
-    /// layer's f32 scatter pass computes it.
-    pub fn has_backward_data(&self) -> bool {
-        self.bwd.is_some()
     }
 
     /// Packs the f32 filter `w` into the VNNI operands of forward (`wv`)
@@ -222,8 +213,7 @@ impl ConvBf16 {
     }
 
     /// dX = conv^T(dZ, W) from the f32 dZ (rounded to bf16 in the pass
-    /// that pads it) and the packed transposed filter; an error where the
-    /// layer scatters ([`ConvBf16::has_backward_data`]).
+    /// that pads it) and the packed transposed filter.
     pub fn backward_data(
         &self,
         pool: &Pool,
@@ -234,13 +224,11 @@ impl ConvBf16 {
     ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
-        let Some(g) = &self.bwd else {
-            return Err(self.strided("backward-data"));
-        };
         conv.check_y("dZ", dz)?;
         check_buf("packed Wt", wtv.len(), conv.filter_len())?;
         conv.check_x("dX", dx)?;
-        g.run_converted(pool, &dz.data, round_slice, wtv, None, &mut dx.data);
+        self.bwd
+            .run_converted(pool, &dz.data, round_slice, wtv, &mut dx.data);
         Ok(())
     }
 
@@ -384,15 +372,6 @@ impl ConvBf16 {
         db.fill(0.0);
         add_rows(db, &db_parts);
         Ok(())
-    }
-
-    /// The error of a bf16 pass that runs at stride 1 only.
-    fn strided(&self, pass: &str) -> crate::Error {
-        shape(
-            "stride",
-            format!("({}, {})", self.params.stride_h, self.params.stride_w),
-            format!("bf16 {pass} runs at stride 1 only; the layer's f32 pass does the others"),
-        )
     }
 
     fn check(&self, conv: &Conv) -> Result<()> {

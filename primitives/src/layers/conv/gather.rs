@@ -1,5 +1,6 @@
-//! The gather passes: forward, and backward-data at stride 1, as BRGEMMs
-//! over input-channel blocks and filter taps (the offset batch form).
+//! The gather passes: forward, and backward-data (one per phase of dX, see
+//! [`super::phased`]), as BRGEMMs over input-channel blocks and filter taps
+//! (the offset batch form).
 
 use crate::error::Result;
 use crate::loops::{LoopDef, LoopNest};
@@ -24,20 +25,74 @@ pub(super) struct GatherGeom {
     pub(super) w: usize,
     pub(super) ph: usize,
     pub(super) pw: usize,
+    /// Output rows and columns of the pass.
     pub(super) p: usize,
     pub(super) q: usize,
-    pub(super) r: usize,
-    pub(super) s: usize,
-    /// Strides between output rows and columns.
+    /// Taps per filter block (R x S): the filter's block stride.
+    pub(super) rs: usize,
+    /// Input rows and columns between neighbouring output pixels.
     pub(super) stride: (usize, usize),
-    /// Dilations of the filter's rows and columns.
-    pub(super) dil: (usize, usize),
+    /// The padded input pixel that output pixel (0, 0) reads at tap
+    /// offset (0, 0).
+    pub(super) origin: (usize, usize),
+    /// Where the pass's output pixels lie in the output tensor.
+    pub(super) out: Placement,
     pub(super) bq: usize,
-    pub(super) flip: bool,
     /// The output blocks are the layer's K blocks (forward) rather than its
     /// C blocks (backward-data): which of the nest's loops b (K blocks) and
     /// c (C blocks) is the output and which the reduction.
     pub(super) out_is_k: bool,
+}
+
+/// A filter tap of a gather pass: its index `r * S + s` in a filter block
+/// and the input rows and columns it reads past the output pixel's origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Tap {
+    pub(super) f: usize,
+    pub(super) dr: usize,
+    pub(super) dc: usize,
+}
+
+impl Tap {
+    /// Every tap of an `r x s` filter dilated by `dil`, flipped (tap (r, s)
+    /// at offset (R-1-r, S-1-s)) for a transposed pass.
+    pub(super) fn grid(r: usize, s: usize, dil: (usize, usize), flip: bool) -> Vec<Tap> {
+        let mut taps = Vec::with_capacity(r * s);
+        for i in 0..r {
+            for j in 0..s {
+                let (fi, fj) = if flip { (r - 1 - i, s - 1 - j) } else { (i, j) };
+                taps.push(Tap {
+                    f: fi * s + fj,
+                    dr: i * dil.0,
+                    dc: j * dil.1,
+                });
+            }
+        }
+        taps
+    }
+}
+
+/// Where a gather pass writes: its output row `o` is row `first.0 + o *
+/// step.0` of an output tensor of `rows x cols` pixels per plane (columns
+/// alike); a step above 1 writes every step-th pixel (a phase of dX).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Placement {
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) step: (usize, usize),
+    pub(super) first: (usize, usize),
+}
+
+impl Placement {
+    /// The whole `p x q` output, pixel by pixel.
+    pub(super) fn dense(p: usize, q: usize) -> Placement {
+        Placement {
+            rows: p,
+            cols: q,
+            step: (1, 1),
+            first: (0, 0),
+        }
+    }
 }
 
 /// Prefetch of the gather passes' kernels: where the CPU policy prefetches
@@ -55,7 +110,7 @@ fn single_pair_tile(bo: usize, pairs: usize) -> Option<brgemm::RegisterTile> {
         .filter(|_| pairs == 1 && bo == 64)
 }
 
-/// A planned gather pass (forward, and backward-data at stride 1) on
+/// A planned gather pass (forward, and a phase of backward-data) on
 /// operands of type `T` (f32, or bf16 with the filter in VNNI pairs along
 /// the input channels: the same block sizes, so the same offsets).
 pub(super) struct Gather<T = f32> {
@@ -67,6 +122,8 @@ pub(super) struct Gather<T = f32> {
     pub(super) main: Chunked,
     pub(super) tail: Option<Chunked>,
     pub(super) chunk: usize,
+    /// The taps the batch walks per input block.
+    pub(super) taps: Vec<Tap>,
     pub(super) a_off: Vec<usize>,
     pub(super) b_off: Vec<usize>,
     pub(super) scratch: Mutex<AlignedVec<T>>,
@@ -76,6 +133,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
     pub(super) fn new(
         which: &str,
         g: GatherGeom,
+        taps: &[Tap],
         cfg: &PassConfig,
         ep: Epilogue,
     ) -> Result<Gather<T>> {
@@ -103,26 +161,20 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             Descriptor::new(g.bo, n, g.bi)
                 .dtype(T::DTYPE)
                 .ldb(g.stride.1 * g.bi)
+                .ldc(g.out.step.1 * g.bo)
                 .batch_form(BatchForm::Offset)
                 .prefetch(gather_prefetch())
         };
-        let tile = single_pair_tile(g.bo, chunk * g.r * g.s).filter(|_| T::DTYPE == DataType::F32);
+        let tile = single_pair_tile(g.bo, chunk * taps.len()).filter(|_| T::DTYPE == DataType::F32);
         let main = Chunked::with_tile(desc(g.bq), ep, tile)?;
         let tail = (!g.q.is_multiple_of(g.bq))
             .then(|| Chunked::with_tile(desc(g.q % g.bq), ep, tile))
             .transpose()?;
         let (mut a_off, mut b_off) = (vec![], vec![]);
         for cb in 0..chunk {
-            for r in 0..g.r {
-                for s in 0..g.s {
-                    let (ra, sa) = if g.flip {
-                        (g.r - 1 - r, g.s - 1 - s)
-                    } else {
-                        (r, s)
-                    };
-                    a_off.push(((cb * g.r + ra) * g.s + sa) * g.bi * g.bo);
-                    b_off.push(cb * hp * wp * g.bi + (r * g.dil.0 * wp + s * g.dil.1) * g.bi);
-                }
+            for t in taps {
+                a_off.push((cb * g.rs + t.f) * g.bi * g.bo);
+                b_off.push(cb * hp * wp * g.bi + (t.dr * wp + t.dc) * g.bi);
             }
         }
         Ok(Gather {
@@ -133,6 +185,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             main,
             tail,
             chunk,
+            taps: taps.to_vec(),
             a_off,
             b_off,
             scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
@@ -175,7 +228,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
     }
 
     /// The zero-padded (and converted) copy of the input in `out`.
-    fn pad<S: Copy + Send + Sync>(
+    pub(super) fn pad<S: Copy + Send + Sync>(
         &self,
         pool: &Pool,
         x: &[S],
@@ -197,20 +250,32 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
     }
 
     /// [`Gather::run`] on the zero-padded input `xs`.
-    fn run_padded(&self, pool: &Pool, xs: &[T], a: &[T], bias: Option<&[f32]>, y: &mut [f32]) {
+    pub(super) fn run_padded(
+        &self,
+        pool: &Pool,
+        xs: &[T],
+        a: &[T],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+    ) {
         let g = self.g;
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
-        let rs = g.r * g.s;
+        let (rs, taps) = (g.rs, self.taps.len());
         // Padded input planes by (image x input block, row, column), filter
         // blocks by (output block, input block), output pixels by (image,
         // output block, row, column).
         let xv = View::new(xs, [hp * wp * g.bi, wp * g.bi, g.bi]);
         let av = View::new(a, [g.in_blocks * rs * g.bi * g.bo, rs * g.bi * g.bo]);
         let bv = bias.map(|b| View::new(b, [g.bo]));
-        let (out_blocks, plane) = (g.out_blocks, g.p * g.q * g.bo);
-        let yv = ViewMut::new(y, [out_blocks * plane, plane, g.q * g.bo, g.bo]);
-        // The next call is looked up only for kernels that prefetch it.
-        let pf = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
+        let (o, plane) = (g.out, g.out.rows * g.out.cols * g.bo);
+        let yv = ViewMut::new(y, [g.out_blocks * plane, plane, o.cols * g.bo, g.bo]);
+        let out_at = |ni: usize, ob: usize, pr: usize, q0: usize| {
+            yv.at([ni, ob, o.first.0 + pr * o.step.0, o.first.1 + q0 * o.step.1])
+        };
+        // The next call is looked up only for kernels that prefetch it, and
+        // only where its output block is one run of memory.
+        let pf = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None
+            && o.step.1 == 1;
         self.nest.run(pool, |i| {
             let (ni, ob, pr, qb, c0) = (i[0], i[self.out_loop], i[3], i[4], i[self.red_loop]);
             let q0 = qb * g.bq;
@@ -222,21 +287,25 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             };
             let batch = RawBatch::Offset {
                 a: av.at([ob, c0]),
-                b: xv.at([ni * g.in_blocks + c0, pr * g.stride.0, q0 * g.stride.1]),
+                b: xv.at([
+                    ni * g.in_blocks + c0,
+                    g.origin.0 + pr * g.stride.0,
+                    g.origin.1 + q0 * g.stride.1,
+                ]),
                 a_offs: self.a_off.as_ptr(),
                 b_offs: self.b_off.as_ptr(),
-                count: cnt * rs,
+                count: cnt * taps,
             };
             let bias = bv.map_or(std::ptr::null(), |b| b.at([ob]));
             // A single-pair call brings in the output block of the call
             // after it in the nest's order.
-            let next = match (cnt * rs, pf) {
+            let next = match (cnt * taps, pf) {
                 (1, true) => self.nest.successor(i),
                 _ => None,
             };
             let (ahead, len) = next.map_or((std::ptr::null(), 0), |n| {
                 (
-                    yv.at([n[0], n[1], n[2], n[3] * g.bq]) as *const f32,
+                    out_at(n[0], n[self.out_loop], n[3], n[4] * g.bq) as *const f32,
                     g.bq * g.bo,
                 )
             });
@@ -246,7 +315,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             unsafe {
                 ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw_ahead(
                     batch,
-                    yv.at([ni, ob, pr, q0]),
+                    out_at(ni, ob, pr, q0),
                     bias,
                     ahead,
                     len,

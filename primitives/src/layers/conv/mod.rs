@@ -15,8 +15,7 @@
 //! | pass | loops | reduction | one BRGEMM (m x n x k) | batch |
 //! |---|---|---|---|---|
 //! | fwd | a b c d e | c (chunks of C blocks) | bk x bq pixels x bc | C blocks of the chunk x R x S (offsets) |
-//! | bwd, gather | a b c d e | b (chunks of K blocks) | bc x bq x bk | K blocks x R x S, taps flipped |
-//! | bwd, scatter | a b c d e f g | b (one iteration: all K blocks), d..g (beta = 1) | bc x bq x bk | K blocks (stride) |
+//! | bwd, per phase of dX | a b c d e | b (chunks of K blocks) | bc x bq x bk | K blocks x the phase's taps, flipped |
 //! | upd | a b c (d e: one iteration) f g | a ((image, row) pairs, chunks) | bk x bc x Q | the chunk's pairs (offsets) |
 //!
 //! - **Forward**: the C tile is a run of `bq` output pixels of one output
@@ -26,9 +25,10 @@
 //!   activation fused in the kernel's epilogue.
 //! - **Backward-data** at stride 1 is a forward convolution of dY with the
 //!   transposed filter ([`Filter::transpose_into`]) read with flipped taps
-//!   and padding `dil (R-1) - pad` (gather). At other strides every output
-//!   pixel scatters `W^T dY` into a padded dX with beta = 1: one thread owns
-//!   a whole (image, C block) plane, so the overlapping writes never race.
+//!   and padding `dil (R-1) - pad` (gather). At other strides dX splits
+//!   into phases (rows and columns modulo the strides), each a stride-1
+//!   gather over the taps that reach it, written in place with a column
+//!   stride; the phases no tap reaches are zeroed ([`phased`]).
 //! - **Backward-weights**: `dW[kb][cb][r][s] = sum_(n,p) dY[n][kb][p] X_rs[n][cb][p]^T`,
 //!   a BRGEMM over (image, row) pairs with k = Q pixels. X is read in place
 //!   (from the zero-padded copy when there is padding) as a *row-major* B
@@ -57,17 +57,19 @@ use crate::pass::{Chunked, PassConfig};
 use crate::tensor::{par_images, Filter, Tensor4};
 use crate::threads::Pool;
 use crate::view::{View, ViewMut};
-use brgemm::{Activation, AlignedVec, BatchForm, Beta, Descriptor, Epilogue, Kernel, RawBatch};
-use std::sync::{Arc, Mutex};
+use brgemm::{Activation, AlignedVec, BatchForm, Descriptor, Epilogue, RawBatch};
+use std::sync::Mutex;
 
 mod bf16;
 mod gather;
 mod params;
+mod phased;
 
 pub use bf16::ConvBf16;
-use gather::{Gather, GatherGeom};
+use gather::{Gather, GatherGeom, Placement, Tap};
 use params::upd_chunk;
 pub use params::{ConvParams, ConvTuning};
+use phased::{Axis, PhasePlan, Phased};
 
 fn nest(which: &str, loops: Vec<LoopDef>, cfg: &PassConfig) -> Result<LoopNest> {
     cfg.nest(&format!("conv {which}"), loops)
@@ -103,15 +105,6 @@ fn pad_into<S: Copy + Send + Sync, T: Copy + Default + Send + Sync>(
     });
 }
 
-/// Backward-data at strides above 1: scatter into a padded dX.
-struct Scatter {
-    nest: LoopNest,
-    main: Arc<Kernel>,
-    tail: Option<Arc<Kernel>>,
-    bq: usize,
-    scratch: Mutex<AlignedVec<f32>>,
-}
-
 /// Backward-weights.
 struct Upd {
     nest: LoopNest,
@@ -130,11 +123,6 @@ struct Upd {
 /// the rows between the threads instead (see [`Conv::backward_weights`]).
 const UPD_ITEMS_PER_THREAD: usize = 8;
 
-enum Bwd {
-    Gather(Box<Gather>),
-    Scatter(Scatter),
-}
-
 /// A planned convolution layer. Buffers are passed to each call (see
 /// [`Conv::x_tensor`] and friends to allocate them).
 pub struct Conv {
@@ -144,7 +132,9 @@ pub struct Conv {
     pub(crate) act: Activation,
     tuning: ConvTuning,
     fwd: Gather,
-    bwd: Bwd,
+    /// Backward-data's geometry (the bf16 passes plan theirs from it).
+    bwd_plan: PhasePlan,
+    bwd: Phased,
     upd: Upd,
 }
 
@@ -216,79 +206,40 @@ impl Conv {
                 pw: pr.pad_w,
                 p: p1,
                 q: q1,
-                r: pr.r,
-                s: pr.s,
+                rs: pr.r * pr.s,
                 stride: (pr.stride_h, pr.stride_w),
-                dil: (pr.dil_h, pr.dil_w),
+                origin: (0, 0),
+                out: Placement::dense(p1, q1),
                 bq,
-                flip: false,
                 out_is_k: true,
             },
+            &Tap::grid(pr.r, pr.s, (pr.dil_h, pr.dil_w), false),
             &t.fwd,
             Epilogue {
                 bias: true,
                 activation: act,
             },
         )?;
-        let (dh, dw) = (pr.dil_h, pr.dil_w);
-        let bwd = if pr.bwd_gathers() {
-            let bqb = t.bq.min(w);
-            Bwd::Gather(Box::new(Gather::new(
-                "bwd",
-                GatherGeom {
-                    n: pr.n,
-                    in_blocks: kb,
-                    out_blocks: cb,
-                    bi: t.bk,
-                    bo: t.bc,
-                    h: p1,
-                    w: q1,
-                    ph: dh * (pr.r - 1) - pr.pad_h,
-                    pw: dw * (pr.s - 1) - pr.pad_w,
-                    p: h,
-                    q: w,
-                    r: pr.r,
-                    s: pr.s,
-                    stride: (1, 1),
-                    dil: (dh, dw),
-                    bq: bqb,
-                    flip: true,
-                    out_is_k: false,
-                },
-                &t.bwd,
-                Epilogue::default(),
-            )?))
-        } else {
-            // All K blocks in each call: loop b has one iteration.
-            let loops = vec![
-                LoopDef::new("images", pr.n, 1),
-                LoopDef::new("K blocks", kb, kb).reduction(),
-                LoopDef::new("C blocks", cb, 1),
-                LoopDef::new("output rows", p, 1).reduction(),
-                LoopDef::new("pixel blocks", q.div_ceil(bq), 1).reduction(),
-                LoopDef::new("filter rows", pr.r, 1).reduction(),
-                LoopDef::new("filter columns", pr.s, 1).reduction(),
-            ];
-            let desc = |n| {
-                brgemm::dispatch(
-                    &Descriptor::new(t.bc, n, t.bk)
-                        .ldb(t.bk)
-                        .ldc(pr.stride_w * t.bc)
-                        .beta(Beta::One)
-                        .batch_form(BatchForm::Stride {
-                            a: pr.r * pr.s * t.bk * t.bc,
-                            b: p * q * t.bk,
-                        }),
-                )
-            };
-            Bwd::Scatter(Scatter {
-                nest: nest("bwd", loops, &t.bwd)?,
-                main: desc(bq)?,
-                tail: (!q.is_multiple_of(bq)).then(|| desc(q % bq)).transpose()?,
-                bq,
-                scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
-            })
+        // Backward-data by phases of dX; pointwise layers as one row, as
+        // forward.
+        let axis = |x, y, taps, stride, dil, pad| Axis {
+            x,
+            y,
+            taps,
+            stride,
+            dil,
+            pad,
         };
+        let (rows, cols) = if pr.pointwise() {
+            (axis(1, 1, 1, 1, 1, 0), axis(w, q1, 1, 1, 1, 0))
+        } else {
+            (
+                axis(pr.h, p, pr.r, pr.stride_h, pr.dil_h, pr.pad_h),
+                axis(pr.w, q, pr.s, pr.stride_w, pr.dil_w, pr.pad_w),
+            )
+        };
+        let bwd_plan = PhasePlan::new(pr.n, (kb, t.bk), (cb, t.bc), rows, cols, t.bq);
+        let bwd = bwd_plan.build(&t.bwd, Epilogue::default())?;
         let rows = pr.n * p;
         let chunk = if t.upd.chunk == 0 {
             upd_chunk(&pr, t.bc, t.bk)
@@ -341,6 +292,7 @@ impl Conv {
             act,
             tuning: t,
             fwd,
+            bwd_plan,
             bwd,
             upd,
         })
@@ -349,13 +301,6 @@ impl Conv {
     /// The blocking and specs in use.
     pub fn tuning(&self) -> &ConvTuning {
         &self.tuning
-    }
-    /// Whether backward-data runs as a gather (stride 1) or a scatter.
-    pub fn backward_data_form(&self) -> &'static str {
-        match self.bwd {
-            Bwd::Gather(_) => "gather",
-            Bwd::Scatter(_) => "scatter",
-        }
     }
     /// K rounded up to whole blocks: the length of the bias buffer.
     pub fn padded_k(&self) -> usize {
@@ -514,56 +459,8 @@ impl Conv {
         self.check_y("dZ", dz)?;
         self.check_f("Wt", wt, true)?;
         self.check_x("dX", dx)?;
-        match &self.bwd {
-            Bwd::Gather(g) => g.run(pool, &dz.data, &wt.data, None, &mut dx.data),
-            Bwd::Scatter(sc) => self.scatter(pool, sc, dz, wt, dx),
-        }
+        self.bwd.run(pool, &dz.data, &wt.data, &mut dx.data);
         Ok(())
-    }
-
-    fn scatter(&self, pool: &Pool, sc: &Scatter, dz: &Tensor4, wt: &Filter, dx: &mut Tensor4) {
-        let pr = &self.params;
-        let t = &self.tuning;
-        let q = pr.q();
-        let (sh, sw, dh, dw) = (pr.stride_h, pr.stride_w, pr.dil_h, pr.dil_w);
-        let (cb, kb) = (pr.c.div_ceil(t.bc), pr.k.div_ceil(t.bk));
-        let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
-        let plane = hp * wp * t.bc;
-        let mut buf = sc.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        buf.resize(pr.n * cb * plane, 0.0);
-        pool.for_slices(&mut buf, |_, part| part.fill(0.0));
-        let (wtv, dzv) = (wt.blocks(), dz.pixels());
-        // The padded dX planes by (image, C block, row, column).
-        let bv = ViewMut::new(&mut buf[..], [cb * plane, plane, wp * t.bc, t.bc]);
-        sc.nest.run(pool, |i| {
-            let (ni, ci, pi, qb, r, s) = (i[0], i[2], i[3], i[4], i[5], i[6]);
-            let q0 = qb * sc.bq;
-            let k = if q0 + sc.bq <= q {
-                &sc.main
-            } else {
-                sc.tail.as_ref().unwrap()
-            };
-            let batch = RawBatch::Stride {
-                a: wtv.at([ci, 0, r, s]),
-                b: dzv.at([ni, 0, pi, q0]),
-                count: kb,
-            };
-            let c = bv.at([ni, ci, pi * sh + r * dh, q0 * sw + s * dw]);
-            // SAFETY: sizes checked at the entry; rows p*stride + r*dil and
-            // columns q*stride + s*dil lie inside the padded plane; a plane
-            // (ni, ci) belongs to one thread (only loops a and b are parallel).
-            unsafe { k.execute_raw(batch, c, std::ptr::null()) };
-        });
-        let (ph, pw, h, w, bc) = (pr.pad_h, pr.pad_w, pr.h, pr.w, t.bc);
-        let src = &buf[..];
-        par_images(pool, dx, |ni, img| {
-            for ci in 0..cb {
-                for y in 0..h {
-                    let s = &src[(ni * cb + ci) * plane + ((y + ph) * wp + pw) * bc..][..w * bc];
-                    img[(ci * h + y) * w * bc..][..w * bc].copy_from_slice(s);
-                }
-            }
-        });
     }
 
     /// dW = sum over the minibatch of dZ (x) X, and db = the sums of dZ per

@@ -164,14 +164,6 @@ impl ConvParams {
             && self.pad_h == 0
             && self.pad_w == 0
     }
-    /// Whether backward-data can be a forward convolution (stride 1 and the
-    /// padding no larger than the filter's reach).
-    pub(super) fn bwd_gathers(&self) -> bool {
-        self.stride_h == 1
-            && self.stride_w == 1
-            && self.pad_h <= self.dil_h * (self.r - 1)
-            && self.pad_w <= self.dil_w * (self.s - 1)
-    }
 }
 
 /// Blocking and loop orders of a convolution layer.
@@ -188,9 +180,8 @@ pub struct ConvTuning {
     /// output, `f` filter rows, `g` filter columns (`docs/loop-specs.md`).
     /// Forward reduces over c, `chunk` C blocks per call (0: all).
     pub fwd: PassConfig,
-    /// Backward-data: the gather form (stride 1) reduces over b, `chunk` K
-    /// blocks per call; the scatter form (other strides) takes every K
-    /// block in each call (b has one iteration) and walks d..g.
+    /// Backward-data: reduces over b, `chunk` K blocks per call; at strides
+    /// above 1 each phase of dX runs this nest over its own rows and pixels.
     pub bwd: PassConfig,
     /// Backward-weights: reduces over a, which walks (image, row) pairs,
     /// `chunk` per call (0: the heuristic's); d and e have one iteration.
@@ -215,11 +206,11 @@ impl ConvTuning {
     /// 64-row output block is four AVX-512 vectors for the register tile;
     /// 32 where a filter block-row would pass 1 MiB.
     /// Pixel runs of up to 64 (see the module docs). Specs `ABdec` for
-    /// forward and `ACdeb` for gather backward-data (images and output
+    /// forward and `ACdeb` for backward-data (images and output
     /// blocks parallel; output blocks outer, `BAdec`/`CAdeb`, when the
     /// filter exceeds 2 MiB; with rows and pixel blocks parallel too,
     /// `ABDEc`/`BADEc` and `ACDEb`/`CADEb`, when there are fewer than 64
-    /// image x block items), `ACdefg` for scatter, `aBCFG` for the update
+    /// image x block items), `aBCFG` for the update
     /// with chunks of rows that keep a chunk's dY and X rows within about
     /// 256 KiB of L2.
     pub fn heuristic(p: &ConvParams) -> ConvTuning {
@@ -264,7 +255,7 @@ impl ConvTuning {
             bk,
             bq: pixel_block(row),
             fwd: PassConfig::spec(fwd),
-            bwd: PassConfig::spec(if p.bwd_gathers() { bwd } else { "ACdefg" }),
+            bwd: PassConfig::spec(bwd),
             upd: PassConfig {
                 chunk: upd_chunk(p, bc, bk),
                 ..PassConfig::spec("aBCFG")
