@@ -95,11 +95,17 @@ impl Placement {
     }
 }
 
-/// Prefetch of the gather passes' kernels: where the CPU policy prefetches
-/// from L2, the next pair's input rows, or for a single-pair call the next
-/// output block (docs/tuning-notes.md).
-fn gather_prefetch() -> brgemm::Prefetch {
-    brgemm::Policy::prefetch_if(crate::policy().stream_prefetch == brgemm::StreamPrefetch::BeyondL1)
+/// Prefetch of the gather passes' kernels (the next pair's input rows, or
+/// for a single-pair call the next output block; docs/tuning-notes.md):
+/// where the CPU policy prefetches from L2, and everywhere for an f32 pass
+/// of one tap, whose input rows are read once and stream from memory (the
+/// 1x1 layers: on Sapphire Rapids forward x1.04-1.23, backward-data
+/// x1.04-1.38; with several taps the rows come back from L2 for the next
+/// ones, and prefetching them lost 1-5%; the AMX passes measured
+/// x0.87-1.18, median 0.96: off).
+fn gather_prefetch(taps: usize, dtype: DataType) -> brgemm::Prefetch {
+    let from_l2 = crate::policy().stream_prefetch == brgemm::StreamPrefetch::BeyondL1;
+    brgemm::Policy::prefetch_if(from_l2 || (taps == 1 && dtype == DataType::F32))
 }
 
 /// The register tile of gather calls that are a single pair producing
@@ -163,7 +169,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
                 .ldb(g.stride.1 * g.bi)
                 .ldc(g.out.step.1 * g.bo)
                 .batch_form(BatchForm::Offset)
-                .prefetch(gather_prefetch())
+                .prefetch(gather_prefetch(taps.len(), T::DTYPE))
         };
         let tile = single_pair_tile(g.bo, chunk * taps.len()).filter(|_| T::DTYPE == DataType::F32);
         let main = Chunked::with_tile(desc(g.bq), ep, tile)?;
