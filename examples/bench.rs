@@ -1182,8 +1182,9 @@ fn resnet50_fusion(
     }
 }
 
-/// One JSON line per node of two training steps: forward and backward
-/// milliseconds per step, and the layer's GFLOP/s where it has FLOPs.
+/// One JSON line per node of two training steps and two inferences:
+/// forward, backward and inference milliseconds per step, and the layer's
+/// GFLOP/s where it has FLOPs.
 fn resnet50_layers(
     g: &mut brgemm_dl::nn::Graph,
     pool: &Pool,
@@ -1192,23 +1193,32 @@ fn resnet50_layers(
     opt: &brgemm_primitives::optim::Optimizer,
     threads: usize,
 ) {
+    use brgemm_dl::nn::Mode;
     const STEPS: usize = 2;
+    g.reset_times();
+    for _ in 0..STEPS {
+        g.forward(pool, x, Mode::Eval).expect("inference");
+    }
+    let infer: Vec<f64> = g.times().iter().map(|t| t.forward_s).collect();
     g.reset_times();
     for _ in 0..STEPS {
         g.train_step(pool, x, labels, opt).expect("train step");
     }
     for (i, t) in g.times().iter().enumerate() {
         let (f, b) = (t.forward_s / STEPS as f64, t.backward_s / STEPS as f64);
+        let inf = infer[i] / STEPS as f64;
         // Backward is data and weights: twice the forward's FLOPs.
         let rate = |flops: f64, s: f64| if s > 0.0 { flops / s / 1e9 } else { 0.0 };
         println!(
-            r#"{{"bench":"resnet50_layer","threads":{threads},"node":{i},"layer":"{}","fwd_gflop":{:.3},"fwd_ms":{:.2},"bwd_ms":{:.2},"fwd_gflops":{:.1},"bwd_gflops":{:.1}}}"#,
+            r#"{{"bench":"resnet50_layer","threads":{threads},"node":{i},"layer":"{}","fwd_gflop":{:.3},"fwd_ms":{:.2},"bwd_ms":{:.2},"infer_ms":{:.2},"fwd_gflops":{:.1},"bwd_gflops":{:.1},"infer_gflops":{:.1}}}"#,
             t.name,
             t.flops / 1e9,
             f * 1e3,
             b * 1e3,
+            inf * 1e3,
             rate(t.flops, f),
-            rate(2.0 * t.flops, b)
+            rate(2.0 * t.flops, b),
+            rate(t.flops, inf)
         );
     }
 }

@@ -163,6 +163,23 @@ pub trait Layer: std::any::Any + Send {
         false
     }
 
+    /// The forward with the residual join that alone reads this layer's
+    /// output done in the same pass: `layer(x) + r`, then a ReLU when
+    /// `relu`. Ok(None) where the layer cannot (or `r` does not travel in
+    /// its output layout), and the graph adds in a pass of its own. The
+    /// layer's backward then receives the gradient through the join, which
+    /// the graph forms as for a separate add. None by default.
+    fn forward_add(
+        &mut self,
+        _pool: &Pool,
+        _x: &Tensor,
+        _r: &Tensor,
+        _relu: bool,
+        _mode: Mode,
+    ) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
     /// The inference-mode map of a per-channel affine layer (batch norm),
     /// for the layer before it to fold ([`Layer::fold_affine`]). None by
     /// default.

@@ -448,6 +448,90 @@ fn fused_batch_norm_and_relu_match_the_separate_passes() {
     }
 }
 
+/// A bottleneck-like block: the shortcut (a ReLU'd convolution) runs
+/// before the branch, whose last batch norm (or, folded in inference, its
+/// convolution) alone feeds the join; a second join whose producer also
+/// feeds another node stays a separate add. Fused (`fuse`) or not.
+fn joinable_net(fuse: bool) -> Graph {
+    let mut b = GraphBuilder::new(Shape::new(2, 6, 6, 6));
+    let x = b.input();
+    let c0 = b
+        .layer(x, Conv2d::new(6, 8, (1, 1), 1, 0, Activation::Identity, 71))
+        .unwrap();
+    let s = b.layer(c0, Relu::new()).unwrap();
+    let c1 = b
+        .layer(s, Conv2d::new(8, 8, (3, 3), 1, 1, Activation::Identity, 72))
+        .unwrap();
+    let n1 = b.layer(c1, BatchNorm2d::new(8)).unwrap();
+    let r1 = b.layer(n1, Relu::new()).unwrap();
+    let c2 = b
+        .layer(
+            r1,
+            Conv2d::new(8, 8, (1, 1), 1, 0, Activation::Identity, 73),
+        )
+        .unwrap();
+    let n2 = b.layer(c2, BatchNorm2d::new(8)).unwrap();
+    let j = b.add(n2, s).unwrap();
+    let j = b.layer(j, Relu::new()).unwrap();
+    // Its producer (the first join) is read twice: a separate add.
+    let j2 = b.add(j, j).unwrap();
+    let p = b.layer(j2, GlobalAvgPool::new()).unwrap();
+    let out = b
+        .layer(p, Linear::new(8, 3, Activation::Identity, 74))
+        .unwrap();
+    b.fuse(fuse).build(out).unwrap()
+}
+
+#[test]
+fn joins_done_in_the_producers_pass_match_the_separate_add() {
+    let (mut fused, mut plain) = (joinable_net(true), joinable_net(false));
+    let pool = Pool::new(2).unwrap();
+    let mut rng = Lcg(17);
+    let x = rng.tensor(fused.input_shape());
+    let r = rng.tensor(fused.output_shape());
+    let names = |g: &Graph| -> Vec<String> { g.times().into_iter().map(|t| t.name).collect() };
+    let train = |g: &mut Graph| {
+        let y = g.forward(&pool, &x, Mode::Train).unwrap().data().to_vec();
+        let dx = g.backward(&pool, &r).unwrap().into_vec();
+        let grads: Vec<f32> = g.params().iter().flat_map(|p| p.grad.to_vec()).collect();
+        [y, dx, grads]
+    };
+    let (a, b) = (train(&mut fused), train(&mut plain));
+    // In training the batch norm joins (its backward gets the gradient
+    // through the join's ReLU).
+    let n = names(&fused);
+    assert_eq!(n[7], "add + relu (joined)", "{n:?}");
+    assert_eq!(n[9], "add", "{n:?}");
+    assert!(names(&plain).iter().all(|t| !t.contains("joined")));
+    let ya = fused
+        .forward(&pool, &x, Mode::Eval)
+        .unwrap()
+        .data()
+        .to_vec();
+    let yb = plain
+        .forward(&pool, &x, Mode::Eval)
+        .unwrap()
+        .data()
+        .to_vec();
+    // In inference the batch norm is folded into its convolution, which
+    // joins.
+    let n = names(&fused);
+    assert_eq!(n[6], "batchnorm2d 8 (folded)", "{n:?}");
+    assert_eq!(n[7], "add + relu (joined)", "{n:?}");
+    for (what, (u, v)) in ["y", "dx", "grads", "eval"]
+        .iter()
+        .zip(a.iter().chain([&ya]).zip(b.iter().chain([&yb])))
+    {
+        assert_eq!(u.len(), v.len());
+        for (p, q) in u.iter().zip(v) {
+            assert!(
+                (p - q).abs() <= 1e-5 * (1.0 + p.abs()),
+                "{what}: {p} vs {q}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_training_step_skipping_the_input_gradient_updates_as_backward_does() {
     // train_step does not compute dL/d(input) (the first convolution's

@@ -394,3 +394,46 @@ fn batch_norm_with_fused_relu_matches_batch_norm_then_relu() {
         assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{a} vs {b}");
     }
 }
+
+#[test]
+fn batch_norm_with_a_residual_is_batch_norm_then_the_add() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    // Six channels in blocks of 4: a padded block, whose lanes stay zero.
+    let (n, c, h, w, bc) = (2, 6, 5, 7, 4);
+    let x = Tensor4::from_nchw(&data(n * c * h * w, 41), n, c, h, w, bc).unwrap();
+    let r = Tensor4::from_nchw(&data(n * c * h * w, 42), n, c, h, w, bc).unwrap();
+    for relu in [false, true] {
+        let (mut a, mut b) = (
+            BatchNorm::new(c, bc).unwrap(),
+            BatchNorm::new(c, bc).unwrap(),
+        );
+        let (mut y, mut ya) = (x.clone(), x.clone());
+        a.forward_train(&pool, &x, &mut y).unwrap();
+        b.forward_train_add(&pool, &x, &r, relu, &mut ya).unwrap();
+        let want: Vec<f32> = (y.data().iter().zip(r.data()))
+            .map(|(u, v)| if relu { (u + v).max(0.0) } else { u + v })
+            .collect();
+        assert_eq!(ya.data(), &want[..], "train, relu {relu}");
+        assert_eq!(a.running_mean(), b.running_mean());
+        a.forward_infer(&pool, &x, &mut y).unwrap();
+        b.forward_infer_add(&pool, &x, &r, relu, &mut ya).unwrap();
+        let want: Vec<f32> = (y.data().iter().zip(r.data()))
+            .map(|(u, v)| if relu { (u + v).max(0.0) } else { u + v })
+            .collect();
+        assert_eq!(ya.data(), &want[..], "inference, relu {relu}");
+    }
+    // A ReLU of its own would come before the add; a residual of other
+    // dims cannot join.
+    let mut bn = BatchNorm::new(c, bc).unwrap();
+    let mut y = x.clone();
+    let small = Tensor4::zeros(n, c, h, w - 1, bc).unwrap();
+    let e = bn
+        .forward_train_add(&pool, &x, &small, true, &mut y)
+        .unwrap_err();
+    assert!(e.to_string().contains("residual"), "{e}");
+    bn.relu = true;
+    let e = bn
+        .forward_train_add(&pool, &x, &r, true, &mut y)
+        .unwrap_err();
+    assert!(e.to_string().contains("ReLU"), "{e}");
+}

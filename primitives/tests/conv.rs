@@ -2,7 +2,7 @@
 
 use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::AlignedVec;
-use brgemm_primitives::conv::ConvBf16;
+use brgemm_primitives::conv::{AddResidual, ConvBf16};
 use brgemm_primitives::fc_bf16::round_bf16;
 use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
@@ -518,5 +518,78 @@ proptest! {
         t.bk = 2 * bk;
         t.bq = bq;
         check_bf16(p, t, Activation::Relu, seed);
+    }
+}
+
+/// A forward that adds a residual (then a ReLU) gives the bits of the
+/// forward followed by the addition, f32 and bf16: 3x3 with padding, a
+/// pointwise layer (one long row), stride 2, and a K off the block.
+#[test]
+fn forward_with_a_residual_is_the_forward_then_the_add() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    for (p, act) in [
+        (
+            ConvParams::new(2, 32, 64, 9, 9, 3, 3).pad(1),
+            Activation::Identity,
+        ),
+        (ConvParams::new(2, 64, 32, 7, 7, 1, 1), Activation::Relu),
+        (
+            ConvParams::new(1, 32, 32, 9, 8, 3, 3).stride(2).pad(1),
+            Activation::Identity,
+        ),
+        (
+            ConvParams::new(2, 6, 10, 5, 5, 3, 3).pad(1),
+            Activation::Sigmoid,
+        ),
+    ] {
+        let mut t = ConvTuning::heuristic(&p);
+        t.bq = 5;
+        if p.k % 32 == 0 {
+            (t.bc, t.bk) = (32, 32);
+        } else {
+            (t.bc, t.bk) = (2, 4);
+        }
+        let conv = Conv::with_tuning(p, act, t.clone()).unwrap();
+        let x =
+            Tensor4::from_nchw(&data(p.n * p.c * p.h * p.w, 61), p.n, p.c, p.h, p.w, t.bc).unwrap();
+        let ws = data(p.k * p.c * p.r * p.s, 62);
+        let w = Filter::from_kcrs(&ws, (p.k, p.c, p.r, p.s), t.bk, t.bc).unwrap();
+        let rs = data(p.n * p.k * p.p() * p.q(), 63);
+        let r = Tensor4::from_nchw(&rs, p.n, p.k, p.p(), p.q(), t.bk).unwrap();
+        let bias = vec![0.25; conv.padded_k()];
+        let cb = ConvBf16::new(&conv).unwrap();
+        let buf = || AlignedVec::<bf16>::new(brgemm::buffer::ALIGN);
+        let (mut wv, mut wtv) = (buf(), buf());
+        cb.pack_filter(&pool, &w, &mut wv, &mut wtv).unwrap();
+        for relu in [false, true] {
+            let add = AddResidual { r: &r, relu };
+            let joined = |y: &Tensor4| -> Vec<f32> {
+                (y.data().iter().zip(r.data()))
+                    .map(|(u, v)| if relu { (u + v).max(0.0) } else { u + v })
+                    .collect()
+            };
+            let (mut y, mut ya) = (conv.y_tensor(), conv.y_tensor());
+            ya.data_mut().fill(f32::NAN);
+            conv.forward(&pool, &x, &w, &bias, &mut y).unwrap();
+            conv.forward_add(&pool, &x, &w, &bias, add, &mut ya)
+                .unwrap();
+            assert_eq!(ya.data(), &joined(&y)[..], "f32 {p:?} relu {relu}");
+            ya.data_mut().fill(f32::NAN);
+            cb.forward(&pool, &conv, &x, &wv, &bias, &mut y).unwrap();
+            cb.forward_add(&pool, &conv, &x, &wv, &bias, add, &mut ya)
+                .unwrap();
+            assert_eq!(ya.data(), &joined(&y)[..], "bf16 {p:?} relu {relu}");
+        }
+        // A residual of other dims is refused, naming it.
+        let small = Tensor4::zeros(p.n, p.k, p.p(), p.q() - 1, t.bk).unwrap();
+        let mut y = conv.y_tensor();
+        let add = AddResidual {
+            r: &small,
+            relu: true,
+        };
+        let e = conv
+            .forward_add(&pool, &x, &w, &bias, add, &mut y)
+            .unwrap_err();
+        assert!(e.to_string().contains("residual"), "{e}");
     }
 }

@@ -44,6 +44,13 @@ struct Node {
     foldable: bool,
     /// Folded now: inference forwards pass through.
     folded: bool,
+    /// An add whose join a layer may do in its own pass
+    /// ([`Layer::forward_add`]): the producer of one input, which this add
+    /// alone reads, and the other input (the residual), computed before it.
+    join: Option<(usize, usize)>,
+    /// The last forward's join was done by a layer: this add passed its
+    /// output through.
+    joined: bool,
     /// The add's output; the sum of the gradients of a node feeding several.
     out: Buf,
     grad: Buf,
@@ -62,6 +69,8 @@ impl Node {
             relu: false,
             foldable: false,
             folded: false,
+            join: None,
+            joined: false,
             out: Buf::default(),
             grad: Buf::default(),
             mask: Buf::default(),
@@ -183,6 +192,7 @@ impl GraphBuilder {
         if self.fuse {
             fuse_relus(&mut nodes);
             mark_foldable(&mut nodes);
+            mark_joins(&mut nodes);
         }
         let mut count = 0;
         let groups = nodes
@@ -243,6 +253,33 @@ fn mark_foldable(nodes: &mut [Node]) {
         let affine = matches!(&nodes[i].op, Op::Layer(l) if l.affine().is_some());
         let producer = matches!(nodes[j].op, Op::Layer(_));
         nodes[i].foldable = affine && producer && readers[j] == 1 && !nodes[i].fused;
+    }
+}
+
+/// Marks the adds whose join the layer producing one input may do in its
+/// output pass: that input read by the add alone, the other computed
+/// before the layer runs.
+fn mark_joins(nodes: &mut [Node]) {
+    let mut readers = vec![0usize; nodes.len()];
+    for n in nodes.iter() {
+        n.inputs.iter().for_each(|&j| readers[j] += 1);
+    }
+    for i in 1..nodes.len() {
+        if !matches!(nodes[i].op, Op::Add) {
+            continue;
+        }
+        let (a, b) = (nodes[i].inputs[0], nodes[i].inputs[1]);
+        let can = |p: usize, r: usize| {
+            let n = &nodes[p];
+            p != 0 && r < p && readers[p] == 1 && !n.fused && matches!(n.op, Op::Layer(_))
+        };
+        nodes[i].join = if can(a, b) {
+            Some((a, b))
+        } else if can(b, a) {
+            Some((b, a))
+        } else {
+            None
+        };
     }
 }
 
@@ -379,7 +416,9 @@ impl Graph {
                     Op::Layer(l) if n.folded => (format!("{} (folded)", l.name()), 0.0),
                     Op::Layer(l) if more => (format!("{} + relu", l.name()), l.flops()),
                     Op::Layer(l) => (l.name(), l.flops()),
+                    _ if n.relu && n.joined => ("add + relu (joined)".into(), 0.0),
                     _ if n.relu => ("add + relu".into(), 0.0),
+                    _ if n.joined => ("add (joined)".into(), 0.0),
                     _ => ("add".into(), 0.0),
                 };
                 NodeTime {
@@ -432,18 +471,35 @@ impl Graph {
         // their buffers again in place (a fused node's output is its
         // producer's buffer).
         self.acts.fill(None);
-        for i in 1..self.nodes.len() {
+        let joins = self.joiners(mode);
+        for (i, join) in joins.into_iter().enumerate().skip(1) {
             let (acts, node) = (&self.acts, &mut self.nodes[i]);
             // The graph's input is read in place, not copied into `acts`.
-            let input = |k: usize| match node.inputs[k] {
+            let act = |j: usize| match j {
                 0 => x,
                 j => acts[j].as_ref().expect("inputs run first"),
             };
+            let input = |k: usize| act(node.inputs[k]);
             let start = Instant::now();
             let out = match &mut node.op {
                 _ if node.fused => input(0).clone(),
                 _ if node.folded && mode == Mode::Eval => input(0).clone(),
-                Op::Layer(l) => l.forward(pool, input(0), mode)?,
+                Op::Layer(l) => match join {
+                    Some((a, r, relu)) => {
+                        match l.forward_add(pool, input(0), act(r), relu, mode)? {
+                            Some(y) => {
+                                self.nodes[a].joined = true;
+                                y
+                            }
+                            None => l.forward(pool, input(0), mode)?,
+                        }
+                    }
+                    None => l.forward(pool, input(0), mode)?,
+                },
+                Op::Add if node.joined => {
+                    let (p, _) = node.join.expect("joined adds have one");
+                    act(p).clone()
+                }
                 Op::Add => add(pool, input(0), input(1), &mut node.out, node.relu)?,
                 Op::Input => unreachable!("only node 0 is the input"),
             };
@@ -451,6 +507,30 @@ impl Graph {
             self.acts[i] = Some(out);
         }
         Ok(self.acts[self.nodes.len() - 1].as_ref().expect("ran"))
+    }
+
+    /// Per node, the add (index, residual, ReLU) whose join it tries in a
+    /// forward in `mode`: the add's producer, or in inference the layer a
+    /// folded producer passes through (when the residual runs before it).
+    /// Every add starts the forward not joined.
+    fn joiners(&mut self, mode: Mode) -> Vec<Option<(usize, usize, bool)>> {
+        let mut joins = vec![None; self.nodes.len()];
+        for a in 1..self.nodes.len() {
+            self.nodes[a].joined = false;
+            let Some((p, r)) = self.nodes[a].join else {
+                continue;
+            };
+            let at = if mode == Mode::Eval && self.nodes[p].folded {
+                let c = self.nodes[p].inputs[0];
+                (r < c).then_some(c)
+            } else {
+                Some(p)
+            };
+            if let Some(at) = at {
+                joins[at] = Some((a, r, self.nodes[a].relu));
+            }
+        }
+        joins
     }
 
     /// dL/d(input) for dL/d(output) `dy` of the last training forward;

@@ -7,9 +7,9 @@ use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{channels_from_nchw, channels_to_nchw, Buf, Shape, Tensor};
 use brgemm::Activation;
-use brgemm_primitives::conv::ConvBf16;
+use brgemm_primitives::conv::{AddResidual, ConvBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
-use brgemm_primitives::{Conv, ConvParams, Filter, Pool};
+use brgemm_primitives::{Conv, ConvParams, Filter, Pool, Tensor4};
 
 /// A convolution `in_c -> out_c` with an `r x s` filter and a fused
 /// activation. Stride, padding and dilation are per axis (rows, columns):
@@ -288,6 +288,84 @@ impl Conv2d {
     }
 }
 
+impl Conv2d {
+    /// The forward, with the residual join (one group only) when `res` is
+    /// given.
+    fn forward_with(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        res: Option<(&Tensor4, bool)>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let (c_all, k_all) = (self.in_c, self.out_c);
+        let ps = self.state.plan("forward")?;
+        let single = ps.len() == 1;
+        let mut out = (!single).then(|| vec![0.0; ps[0].output.len() * ps.len()]);
+        for (j, p) in ps.iter_mut().enumerate() {
+            let (bc, bk) = p.blocks();
+            if single {
+                x.blocked_into(pool, bc, &mut p.x)?;
+            } else {
+                let t = p.x.get_mut(p.input, bc)?;
+                channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
+            }
+            let y = p.y.get_mut(p.output, bk)?;
+            let add = res.map(|(r, relu)| AddResidual { r, relu });
+            match (&mut self.fold, &mut p.bf) {
+                (Some(f), _) if mode == Mode::Eval => match &mut f.bf {
+                    Some(b) => {
+                        let o = &mut b.ops;
+                        if !o.packed {
+                            b.conv.pack_filter(pool, &f.w, &mut o.wv, &mut o.wtv)?;
+                            o.packed = true;
+                        }
+                        let (c, x, w) = (&f.conv, p.x.get(), &o.wv[..]);
+                        match add {
+                            Some(a) => b.conv.forward_add(pool, c, x, w, &f.bias, a, y)?,
+                            None => b.conv.forward(pool, c, x, w, &f.bias, y)?,
+                        }
+                    }
+                    None => match add {
+                        Some(a) => f.conv.forward_add(pool, p.x.get(), &f.w, &f.bias, a, y)?,
+                        None => f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?,
+                    },
+                },
+                (_, Some(b)) => {
+                    let o = &mut b.ops;
+                    if !o.packed {
+                        b.conv.pack_filter(pool, &p.w, &mut o.wv, &mut o.wtv)?;
+                        o.packed = true;
+                    }
+                    let (c, x, w) = (&p.conv, p.x.get(), &o.wv[..]);
+                    match add {
+                        Some(a) => b.conv.forward_add(pool, c, x, w, &p.bias, a, y)?,
+                        None => b.conv.forward(pool, c, x, w, &p.bias, y)?,
+                    }
+                }
+                _ => match add {
+                    Some(a) => p.conv.forward_add(pool, p.x.get(), &p.w, &p.bias, a, y)?,
+                    None => p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?,
+                },
+            }
+            if let Some(out) = &mut out {
+                channels_to_nchw(y, k_all, j * p.output.c, out);
+            }
+            p.trained = mode == Mode::Train;
+            if !p.trained {
+                p.x.release();
+            }
+        }
+        match out {
+            Some(v) => {
+                let s = ps[0].output;
+                Tensor::from_vec(Shape::new(s.n, k_all, s.h, s.w), v)
+            }
+            None => Ok(ps[0].y.tensor()),
+        }
+    }
+}
+
 impl Layer for Conv2d {
     fn name(&self) -> String {
         let pair = |(a, b): (usize, usize)| {
@@ -372,57 +450,28 @@ impl Layer for Conv2d {
     }
 
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let (c_all, k_all) = (self.in_c, self.out_c);
-        let ps = self.state.plan("forward")?;
-        let single = ps.len() == 1;
-        let mut out = (!single).then(|| vec![0.0; ps[0].output.len() * ps.len()]);
-        for (j, p) in ps.iter_mut().enumerate() {
-            let (bc, bk) = p.blocks();
-            if single {
-                x.blocked_into(pool, bc, &mut p.x)?;
-            } else {
-                let t = p.x.get_mut(p.input, bc)?;
-                channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
-            }
-            let y = p.y.get_mut(p.output, bk)?;
-            match (&mut self.fold, &mut p.bf) {
-                (Some(f), _) if mode == Mode::Eval => match &mut f.bf {
-                    Some(b) => {
-                        let o = &mut b.ops;
-                        if !o.packed {
-                            b.conv.pack_filter(pool, &f.w, &mut o.wv, &mut o.wtv)?;
-                            o.packed = true;
-                        }
-                        b.conv
-                            .forward(pool, &f.conv, p.x.get(), &o.wv, &f.bias, y)?
-                    }
-                    None => f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?,
-                },
-                (_, Some(b)) => {
-                    let o = &mut b.ops;
-                    if !o.packed {
-                        b.conv.pack_filter(pool, &p.w, &mut o.wv, &mut o.wtv)?;
-                        o.packed = true;
-                    }
-                    b.conv
-                        .forward(pool, &p.conv, p.x.get(), &o.wv, &p.bias, y)?;
-                }
-                _ => p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?,
-            }
-            if let Some(out) = &mut out {
-                channels_to_nchw(y, k_all, j * p.output.c, out);
-            }
-            p.trained = mode == Mode::Train;
-            if !p.trained {
-                p.x.release();
-            }
-        }
-        match out {
-            Some(v) => {
-                let s = ps[0].output;
-                Tensor::from_vec(Shape::new(s.n, k_all, s.h, s.w), v)
-            }
-            None => Ok(ps[0].y.tensor()),
+        self.forward_with(pool, x, None, mode)
+    }
+
+    fn forward_add(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        r: &Tensor,
+        relu: bool,
+        mode: Mode,
+    ) -> Result<Option<Tensor>> {
+        // One group, the residual in the output's layout, and in training an
+        // identity activation (its backward would read the joined output).
+        let Some(ps) = self.state.built().filter(|ps| ps.len() == 1) else {
+            return Ok(None);
+        };
+        let train_ok = mode == Mode::Eval || self.act == Activation::Identity;
+        match r.blocked_as(ps[0].blocks().1).filter(|_| train_ok) {
+            Some(rt) => self
+                .forward_with(pool, x, Some((&**rt, relu)), mode)
+                .map(Some),
+            None => Ok(None),
         }
     }
 

@@ -48,6 +48,34 @@ impl BatchNorm2d {
     }
 }
 
+impl BatchNorm2d {
+    /// The forward, with the residual join when `res` is given.
+    fn forward_with(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        res: Option<(&Tensor4, bool)>,
+        mode: Mode,
+    ) -> Result<Tensor> {
+        let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
+        x.blocked_into(pool, p.bc, &mut p.x)?;
+        let y = p.y.get_mut(p.shape, p.bc)?;
+        match (mode, res) {
+            (Mode::Train, None) => p.bn.forward_train(pool, p.x.get(), y)?,
+            (Mode::Eval, None) => p.bn.forward_infer(pool, p.x.get(), y)?,
+            (Mode::Train, Some((r, relu))) => {
+                p.bn.forward_train_add(pool, p.x.get(), r, relu, y)?
+            }
+            (Mode::Eval, Some((r, relu))) => p.bn.forward_infer_add(pool, p.x.get(), r, relu, y)?,
+        }
+        p.trained = mode == Mode::Train;
+        if !p.trained {
+            p.x.release();
+        }
+        Ok(p.y.tensor())
+    }
+}
+
 impl Layer for BatchNorm2d {
     fn name(&self) -> String {
         format!("batchnorm2d {}", self.c)
@@ -137,18 +165,24 @@ impl Layer for BatchNorm2d {
         Ok(input)
     }
     fn forward(&mut self, pool: &Pool, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
-        x.blocked_into(pool, p.bc, &mut p.x)?;
-        let y = p.y.get_mut(p.shape, p.bc)?;
-        match mode {
-            Mode::Train => p.bn.forward_train(pool, p.x.get(), y)?,
-            Mode::Eval => p.bn.forward_infer(pool, p.x.get(), y)?,
-        }
-        p.trained = mode == Mode::Train;
-        if !p.trained {
-            p.x.release();
-        }
-        Ok(p.y.tensor())
+        self.forward_with(pool, x, None, mode)
+    }
+    fn forward_add(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor,
+        r: &Tensor,
+        relu: bool,
+        mode: Mode,
+    ) -> Result<Option<Tensor>> {
+        let p = self.plan.as_ref().ok_or_else(|| unbuilt("forward"))?;
+        // The residual in this layer's layout, read in place; a ReLU of the
+        // layer's own would sit before the join.
+        let Some(rt) = r.blocked_as(p.bc).filter(|_| !self.relu) else {
+            return Ok(None);
+        };
+        self.forward_with(pool, x, Some((&**rt, relu)), mode)
+            .map(Some)
     }
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;

@@ -148,6 +148,45 @@ impl BatchNorm {
     /// Training forward: normalises with the minibatch statistics, keeps
     /// them for backward and updates the running statistics.
     pub fn forward_train(&mut self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
+        self.train_with(pool, x, None, y)
+    }
+
+    /// [`BatchNorm::forward_train`] with the residual join in the same
+    /// pass: `y = bn(x) + r`, then a ReLU when `relu` (the layer's own fused
+    /// ReLU, which would come before the addition, must be off). Backward
+    /// is [`BatchNorm::backward`] of the gradient through that ReLU.
+    pub fn forward_train_add(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4,
+        r: &Tensor4,
+        relu: bool,
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        self.check_residual(r, x)?;
+        self.train_with(pool, x, Some((r, relu)), y)
+    }
+
+    /// An error unless `r` can join the output of `x`.
+    fn check_residual(&self, r: &Tensor4, x: &Tensor4) -> Result<()> {
+        same_dims("residual", r, x)?;
+        if self.relu {
+            return Err(shape(
+                "relu",
+                "true",
+                "a batch norm with its own ReLU cannot add a residual after it",
+            ));
+        }
+        Ok(())
+    }
+
+    fn train_with(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4,
+        res: Option<(&Tensor4, bool)>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
         self.check("x", x)?;
         same_dims("y", y, x)?;
         let (bc, pc) = (x.bc, x.padded_c());
@@ -189,12 +228,36 @@ impl BatchNorm {
             scale[ch] = (f64::from(self.gamma[ch]) * inv) as f32;
             offset[ch] = self.beta[ch] - (mean * f64::from(self.gamma[ch]) * inv) as f32;
         }
-        self.apply(pool, x, y, &scale, &offset);
+        self.apply(pool, x, res, y, &scale, &offset);
         Ok(())
     }
 
     /// Inference forward with the running statistics.
     pub fn forward_infer(&self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
+        self.infer_with(pool, x, None, y)
+    }
+
+    /// [`BatchNorm::forward_infer`] with the residual join in the same pass
+    /// (as [`BatchNorm::forward_train_add`]).
+    pub fn forward_infer_add(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        r: &Tensor4,
+        relu: bool,
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        self.check_residual(r, x)?;
+        self.infer_with(pool, x, Some((r, relu)), y)
+    }
+
+    fn infer_with(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        res: Option<(&Tensor4, bool)>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
         self.check("x", x)?;
         same_dims("y", y, x)?;
         let pc = x.padded_c();
@@ -204,25 +267,48 @@ impl BatchNorm {
             scale[ch] = self.gamma[ch] * inv;
             offset[ch] = self.beta[ch] - self.running_mean[ch] * scale[ch];
         }
-        self.apply(pool, x, y, &scale, &offset);
+        self.apply(pool, x, res, y, &scale, &offset);
         Ok(())
     }
 
-    /// y = x * scale + offset per channel (then ReLU when fused); the
-    /// padding channels have scale and offset 0, so they stay zero.
-    fn apply(&self, pool: &Pool, x: &Tensor4, y: &mut Tensor4, scale: &[f32], offset: &[f32]) {
+    /// y = x * scale + offset per channel (+ the residual), then ReLU when
+    /// fused or asked with the residual; the padding channels have scale
+    /// and offset 0 (and a zero residual), so they stay zero.
+    fn apply(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        res: Option<(&Tensor4, bool)>,
+        y: &mut Tensor4,
+        scale: &[f32],
+        offset: &[f32],
+    ) {
         let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
-        let relu = self.relu;
+        let relu = res.map_or(self.relu, |r| r.1);
         pool.for_slices_of(&mut y.data, len, |i, dst| {
             let (k, o) = (
                 &scale[(i % cb) * bc..][..bc],
                 &offset[(i % cb) * bc..][..bc],
             );
             let src = &x.data[i * len..][..len];
-            for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
-                for j in 0..bc {
-                    let v = s[j] * k[j] + o[j];
-                    d[j] = if relu && v < 0.0 { 0.0 } else { v };
+            match res {
+                Some((r, _)) => {
+                    let r = &r.data[i * len..][..len];
+                    let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
+                    for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
+                        for j in 0..bc {
+                            let v = s[j] * k[j] + o[j] + r[j];
+                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
+                        }
+                    }
+                }
+                None => {
+                    for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
+                        for j in 0..bc {
+                            let v = s[j] * k[j] + o[j];
+                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
+                        }
+                    }
                 }
             }
         });

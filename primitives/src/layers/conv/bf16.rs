@@ -31,9 +31,9 @@
 //! with fewer than two items per thread the images are split into partial
 //! sums instead.
 
-use super::gather::Gather;
+use super::gather::{Gather, Residual};
 use super::phased::Phased;
-use super::{Conv, ConvParams};
+use super::{AddResidual, Conv, ConvParams};
 use crate::engine::bf16::{interleave_round, pack_vnni, round_slice, transpose_round, WeightGrid};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
@@ -200,6 +200,38 @@ impl ConvBf16 {
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
+        self.forward_with(pool, conv, x, wv, bias, None, y)
+    }
+
+    /// As [`ConvBf16::forward`], then `+ R` and a ReLU when `add.relu`, on
+    /// each output block in L1 ([`Conv::forward_add`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_add(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        x: &Tensor4,
+        wv: &[bf16],
+        bias: &[f32],
+        add: AddResidual<'_>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        conv.check_y("residual", add.r)?;
+        let res = Some((&add.r.data[..], add.relu));
+        self.forward_with(pool, conv, x, wv, bias, res, y)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_with(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        x: &Tensor4,
+        wv: &[bf16],
+        bias: &[f32],
+        res: Residual<'_>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         conv.check_x("X", x)?;
@@ -207,7 +239,7 @@ impl ConvBf16 {
         check_buf("bias", bias.len(), conv.padded_k())?;
         conv.check_y("Y", y)?;
         self.fwd
-            .run_converted(pool, &x.data, round_slice, wv, Some(bias), &mut y.data);
+            .run_converted(pool, &x.data, round_slice, wv, Some(bias), res, &mut y.data);
         conv.clear_channel_tail(pool, y);
         Ok(())
     }

@@ -95,6 +95,20 @@ impl Placement {
     }
 }
 
+/// The residual a forward adds after the epilogue, and whether a ReLU
+/// follows it.
+pub(super) type Residual<'a> = Option<(&'a [f32], bool)>;
+
+crate::math::widest! {
+    /// `y += r`, then `max(y, 0)` when `relu` (NaN stays NaN).
+    fn add_residual / add_residual_plain(y: &mut [f32], r: &[f32], relu: bool) {
+        for (o, v) in y.iter_mut().zip(r) {
+            let s = *o + v;
+            *o = if relu && s < 0.0 { 0.0 } else { s };
+        }
+    }
+}
+
 /// Prefetch of the gather passes' kernels (the next pair's input rows, or
 /// for a single-pair call the next output block; docs/tuning-notes.md):
 /// where the CPU policy prefetches from L2, and everywhere for an f32 pass
@@ -198,12 +212,21 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         })
     }
 
-    /// y = conv(x, a) (+ bias, activation by the kernels' epilogue). Sizes
-    /// were checked by the caller.
-    pub(super) fn run(&self, pool: &Pool, x: &[T], a: &[T], bias: Option<&[f32]>, y: &mut [f32]) {
+    /// y = conv(x, a) (+ bias, activation by the kernels' epilogue; then
+    /// `+ r` and a ReLU when `res` is `Some((r, relu))`). Sizes were checked
+    /// by the caller.
+    pub(super) fn run(
+        &self,
+        pool: &Pool,
+        x: &[T],
+        a: &[T],
+        bias: Option<&[f32]>,
+        res: Residual<'_>,
+        y: &mut [f32],
+    ) {
         let g = self.g;
         if g.ph == 0 && g.pw == 0 {
-            return self.run_padded(pool, x, a, bias, y);
+            return self.run_padded(pool, x, a, bias, res, y);
         }
         let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.pad(
@@ -212,13 +235,14 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             |o: &mut [T], v: &[T]| o.copy_from_slice(v),
             &mut xs,
         );
-        self.run_padded(pool, &xs, a, bias, y)
+        self.run_padded(pool, &xs, a, bias, res, y)
     }
 
     /// As [`Gather::run`] from an input of another type, converted a row
     /// at a time by `conv(out, in)` in the same pass that makes the
     /// zero-padded copy (f32 input rounded for a bf16 pass: one sweep over
     /// it, not two).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_converted<S: Copy + Send + Sync>(
         &self,
         pool: &Pool,
@@ -226,11 +250,12 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         conv: impl Fn(&mut [T], &[S]) + Sync,
         a: &[T],
         bias: Option<&[f32]>,
+        res: Residual<'_>,
         y: &mut [f32],
     ) {
         let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.pad(pool, x, conv, &mut xs);
-        self.run_padded(pool, &xs, a, bias, y)
+        self.run_padded(pool, &xs, a, bias, res, y)
     }
 
     /// The zero-padded (and converted) copy of the input in `out`.
@@ -262,9 +287,11 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         xs: &[T],
         a: &[T],
         bias: Option<&[f32]>,
+        res: Residual<'_>,
         y: &mut [f32],
     ) {
         let g = self.g;
+        debug_assert!(res.is_none() || g.out.step == (1, 1));
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
         let (rs, taps) = (g.rs, self.taps.len());
         // Padded input planes by (image x input block, row, column), filter
@@ -318,15 +345,24 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             // SAFETY: buffer sizes were checked at the public entry; the
             // offsets stay inside the padded input and the filter; the
             // output block (ni, ob, pr, qb) belongs to one thread.
+            let last = c0 + cnt == g.in_blocks;
+            let c = out_at(ni, ob, pr, q0);
             unsafe {
-                ks.pick(c0 == 0, c0 + cnt == g.in_blocks).execute_raw_ahead(
-                    batch,
-                    out_at(ni, ob, pr, q0),
-                    bias,
-                    ahead,
-                    len,
-                )
+                ks.pick(c0 == 0, last)
+                    .execute_raw_ahead(batch, c, bias, ahead, len)
             };
+            if let (Some((r, relu)), true) = (res, last) {
+                // The block is in L1: the residual joins it there instead of
+                // in a pass of its own over Y (dense placement, so the block
+                // is one run, at the same offset in R).
+                let n = g.bq.min(g.q - q0) * g.bo;
+                // SAFETY: as above; R has Y's layout (checked at the entry).
+                unsafe {
+                    let y = std::slice::from_raw_parts_mut(c, n);
+                    let off = c.offset_from(yv.at([0, 0, 0, 0])) as usize;
+                    add_residual(y, &r[off..off + n], relu);
+                }
+            }
         });
     }
 }

@@ -28,7 +28,7 @@
 //!   and padding `dil (R-1) - pad` (gather). At other strides dX splits
 //!   into phases (rows and columns modulo the strides), each a stride-1
 //!   gather over the taps that reach it, written in place with a column
-//!   stride; the phases no tap reaches are zeroed ([`phased`]).
+//!   stride; the phases no tap reaches are zeroed (the `phased` module).
 //! - **Backward-weights**: `dW[kb][cb][r][s] = sum_(n,p) dY[n][kb][p] X_rs[n][cb][p]^T`,
 //!   a BRGEMM over (image, row) pairs with k = Q pixels. X is read in place
 //!   (from the zero-padded copy when there is padding) as a *row-major* B
@@ -66,7 +66,7 @@ mod params;
 mod phased;
 
 pub use bf16::ConvBf16;
-use gather::{Gather, GatherGeom, Placement, Tap};
+use gather::{Gather, GatherGeom, Placement, Residual, Tap};
 use params::upd_chunk;
 pub use params::{ConvParams, ConvTuning};
 use phased::{Axis, PhasePlan, Phased};
@@ -122,6 +122,17 @@ struct Upd {
 /// With fewer dW blocks than this many per thread, backward-weights splits
 /// the rows between the threads instead (see [`Conv::backward_weights`]).
 const UPD_ITEMS_PER_THREAD: usize = 8;
+
+/// A tensor that a forward adds to its output after the bias and the
+/// activation, then a ReLU when `relu`: the residual join of a ResNet
+/// block ([`Conv::forward_add`], [`ConvBf16::forward_add`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AddResidual<'a> {
+    /// Of the output's dims and blocking.
+    pub r: &'a Tensor4,
+    /// A ReLU after the addition.
+    pub relu: bool,
+}
 
 /// A planned convolution layer. Buffers are passed to each call (see
 /// [`Conv::x_tensor`] and friends to allocate them).
@@ -392,13 +403,41 @@ impl Conv {
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
+        self.forward_with(pool, x, w, bias, None, y)
+    }
+
+    /// Y = act(conv(X, W) + b) + R, then a ReLU when `add.relu`: a
+    /// residual join done on each output block while it is in L1, instead
+    /// of a pass of its own over Y.
+    pub fn forward_add(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        w: &Filter,
+        bias: &[f32],
+        add: AddResidual<'_>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        self.check_y("residual", add.r)?;
+        self.forward_with(pool, x, w, bias, Some((&add.r.data, add.relu)), y)
+    }
+
+    fn forward_with(
+        &self,
+        pool: &Pool,
+        x: &Tensor4,
+        w: &Filter,
+        bias: &[f32],
+        res: Residual<'_>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
         let pool = pool.for_work(self.flops());
         self.check_x("X", x)?;
         self.check_f("W", w, false)?;
         self.check_y("Y", y)?;
         check_buf("bias", bias.len(), self.padded_k())?;
         self.fwd
-            .run(pool, &x.data, &w.data, Some(bias), &mut y.data);
+            .run(pool, &x.data, &w.data, Some(bias), res, &mut y.data);
         self.clear_channel_tail(pool, y);
         Ok(())
     }

@@ -256,7 +256,7 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
 
     fn run_padded(&self, pool: &Pool, dy: &[T], wt: &[T], dx: &mut [f32]) {
         for g in &self.phases {
-            g.run_padded(pool, dy, wt, None, dx);
+            g.run_padded(pool, dy, wt, None, None, dx);
         }
         self.zero_holes(pool, dx);
     }
