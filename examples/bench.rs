@@ -429,14 +429,19 @@ fn bench_fc(o: &Opts) {
                 to_bf16(&pool, x.data(), &mut xb);
                 to_bf16(&pool, dz.data(), &mut dzb);
                 let bline = |pass: &str, m: &Measured, s_conv: f64, f32_s: f64| {
+                    // Backward-weights may run the f32 pass where bf16
+                    // would not pay on this CPU (`FcBf16::upd_isa`).
+                    let isa = match pass {
+                        "upd" => fb.upd_isa().map_or("fp32 pass", |i| i.name()),
+                        _ => fb.isa().name(),
+                    };
                     let (s, peak) = (m.secs, m.peak_gflops);
                     let gf = flops / s / 1e9;
                     println!(
-                        r#"{{"bench":"fc","pass":"{pass}","dtype":"bf16","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{:?}","threads":{threads},"gflops":{gf:.1},"gflops_with_convert":{:.1},"vs_f32":{:.2},"fp32_peak_gflops":{peak:.1},"pct_fp32_peak":{:.1}}}"#,
+                        r#"{{"bench":"fc","pass":"{pass}","dtype":"bf16","n":{n},"c":{c},"k":{k},"bn":{},"bc":{},"bk":{},"isa":"{isa}","threads":{threads},"gflops":{gf:.1},"gflops_with_convert":{:.1},"vs_f32":{:.2},"fp32_peak_gflops":{peak:.1},"pct_fp32_peak":{:.1}}}"#,
                         t.bn,
                         t.bc,
                         t.bk,
-                        fb.isa(),
                         flops / s_conv / 1e9,
                         f32_s / s,
                         100.0 * gf / peak
@@ -504,7 +509,7 @@ fn bench_fc(o: &Opts) {
                 .secs;
                 let mb = measure_pool(
                     || {
-                        fb.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+                        fb.backward_weights(&pool, &fc, &dz, &x, &mut dw, &mut db)
                             .unwrap()
                     },
                     &pool,
@@ -702,7 +707,10 @@ fn bench_conv_bf16(
     let (mut y, mut dx, mut wt) = (conv.y_tensor(), conv.x_tensor(), conv.filter_t());
     conv.transpose_filter(pool, wf, &mut wt).unwrap();
     let flops = conv.flops();
-    let isa = cb.isa().name();
+    // The kernel each pass runs on: backward-weights may be the f32 pass
+    // where the CPU policy found bf16 not paying (`ConvBf16::upd_isa`).
+    let upd_isa = cb.upd_isa().map_or("fp32 pass", |i| i.name());
+    let fwd_isa = cb.isa().name();
     // The fp32 FMA peak of the bf16 sample, measured between its samples.
     let peak = std::cell::Cell::new(0.0);
     let time = |f: &mut dyn FnMut()| measure_pool(f, pool, probe, samples).secs;
@@ -716,6 +724,7 @@ fn bench_conv_bf16(
     // f32 figure is the mean of the two around the bf16 ones.
     let report = |pass: &str, [f0, b, bc, f1]: [f64; 4]| {
         let f = (f0 + f1) / 2.0;
+        let isa = if pass == "upd" { upd_isa } else { fwd_isa };
         line(
             pass,
             flops / b / 1e9,

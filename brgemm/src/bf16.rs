@@ -77,6 +77,12 @@ impl Bf16Isa {
             || crate::policy().is_ok_and(|p| p.bf16_beats_f32(self))
     }
 
+    /// Whether `BRGEMM_BF16_ISA` names a kernel (which then runs wherever
+    /// bf16 is asked for).
+    pub fn is_forced() -> bool {
+        matches!(Self::forced(), Ok(Some(_)))
+    }
+
     /// `BRGEMM_BF16_ISA` if set (error if unknown or unsupported), else None.
     fn forced() -> Result<Option<Bf16Isa>> {
         static F: OnceLock<Result<Option<Bf16Isa>>> = OnceLock::new();

@@ -19,6 +19,21 @@ fn vendor_family() -> ([u8; 12], u32) {
     (v, family)
 }
 
+/// Whether this core is an AMD Zen 4 (family 0x19 with AVX-512 and
+/// AVX512-BF16, which the Zen 3 cores of that family lack).
+pub(crate) fn is_zen4() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    {
+        let (v, family) = vendor_family();
+        &v == b"AuthenticAMD"
+            && family == 0x19
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(any(not(target_arch = "x86_64"), miri))]
+    false
+}
+
 /// Whether this core is an AMD Zen 5 (family 0x1a).
 pub(crate) fn is_zen5() -> bool {
     // Miri has no CPUID: it runs as a generic core.

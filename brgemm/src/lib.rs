@@ -62,4 +62,4 @@ pub use error::{Error, Result};
 pub use isa::Isa;
 pub use kernel::{Element, Kernel};
 pub use plan::{dispatch, dispatch_with, KernelOptions};
-pub use policy::{policy, Policy, StreamPrefetch};
+pub use policy::{policy, Bf16UpdRule, Policy, StreamPrefetch};

@@ -9,7 +9,7 @@
 //! Rapids row, whose choices are the conservative ones (prefetch off where
 //! it was not shown to pay).
 //!
-//! `BRGEMM_CPU_POLICY=zen5|default` picks a row by name instead of CPUID
+//! `BRGEMM_CPU_POLICY=zen5|zen4|default` picks a row by name instead of CPUID
 //! (for experiments: compare a plan made both ways across processes); it is
 //! read once, with CPUID, the first time a plan asks.
 
@@ -27,6 +27,30 @@ pub enum StreamPrefetch {
     BeyondL2,
     /// Also operands streamed from L2 (plain kernels wait on L2).
     BeyondL1,
+}
+
+/// When a bf16 backward-weights pass beats the f32 pass of the same shape.
+/// Its cost beyond the kernel is the rounding of its operands (X
+/// transposed to channel-major rows, dY interleaved into pairs) and the
+/// f32 dW blocks it stores; where the kernel is only about twice the f32
+/// one, short reductions per dW element or little work per rounded element
+/// leave nothing to gain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bf16UpdRule {
+    /// The shortest reduction (rows or pixels summed into each dW element)
+    /// at which bf16 pays.
+    pub min_reduction: usize,
+    /// The fewest flops per rounded element at which bf16 pays, elements of
+    /// the transposed operand counted twice.
+    pub min_flops_per_rounded: usize,
+}
+
+impl Bf16UpdRule {
+    /// bf16 always (AMX's rate leaves any rounding paid for).
+    pub const ALWAYS: Bf16UpdRule = Bf16UpdRule {
+        min_reduction: 0,
+        min_flops_per_rounded: 0,
+    };
 }
 
 /// One row of the table: what a microarchitecture was measured to want.
@@ -57,6 +81,9 @@ pub struct Policy {
     /// the same shape: the layers run bf16 only on AMX or where this holds
     /// (else they stay f32).
     pub avx512bf16_beats_f32: bool,
+    /// Where an AVX512-BF16 backward-weights pass still loses to the f32
+    /// pass, which the bf16 plans then run instead ([`Bf16UpdRule`]).
+    pub avx512bf16_upd: Bf16UpdRule,
     /// Reduction blocks per call where a pass's default order splits a
     /// long reduction and runs it outermost.
     pub split_chunk: usize,
@@ -78,9 +105,21 @@ impl Policy {
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
+        avx512bf16_upd: Bf16UpdRule::ALWAYS,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
+    };
+    /// AMD Zen 4 (family 0x19 with AVX-512): the Sapphire Rapids row but
+    /// for the bf16 entries, the only ones measured on it.
+    pub const ZEN4: Policy = Policy {
+        name: "zen4",
+        avx512bf16_beats_f32: true,
+        avx512bf16_upd: Bf16UpdRule {
+            min_reduction: 32,
+            min_flops_per_rounded: 64,
+        },
+        ..Policy::DEFAULT
     };
     /// Intel Sapphire Rapids, and every core not measured.
     pub const DEFAULT: Policy = Policy {
@@ -92,19 +131,20 @@ impl Policy {
         single_pair_tile: None,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
+        avx512bf16_upd: Bf16UpdRule::ALWAYS,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
     };
     /// Every row.
-    pub const TABLE: [Policy; 2] = [Policy::ZEN5, Policy::DEFAULT];
+    pub const TABLE: [Policy; 3] = [Policy::ZEN5, Policy::ZEN4, Policy::DEFAULT];
 
     /// The row named `name` (case-insensitive).
     pub fn by_name(name: &str) -> Result<Policy> {
         Policy::TABLE
             .into_iter()
             .find(|p| p.name.eq_ignore_ascii_case(name.trim()))
-            .ok_or_else(|| invalid("BRGEMM_CPU_POLICY", name, "expected zen5 or default"))
+            .ok_or_else(|| invalid("BRGEMM_CPU_POLICY", name, "expected zen5, zen4 or default"))
     }
 
     /// [`Policy::single_pair_tile`] where the kernels run AVX-512 (the tile
@@ -125,6 +165,19 @@ impl Policy {
         }
     }
 
+    /// Whether a backward-weights pass on the bf16 kernel `isa` beats the
+    /// f32 pass of its shape: `reduction` rows or pixels summed into each
+    /// dW element, `flops_per_rounded` as in [`Bf16UpdRule`]. AMX: always;
+    /// AVX512-BF16: by [`Policy::avx512bf16_upd`]; a kernel forced by name
+    /// (`BRGEMM_BF16_ISA`): always, so that it is what runs.
+    pub fn bf16_upd_pays(&self, isa: Bf16Isa, reduction: usize, flops_per_rounded: f64) -> bool {
+        let rule = match isa {
+            Bf16Isa::Avx512Bf16 if !Bf16Isa::is_forced() => self.avx512bf16_upd,
+            _ => Bf16UpdRule::ALWAYS,
+        };
+        reduction >= rule.min_reduction && flops_per_rounded >= rule.min_flops_per_rounded as f64
+    }
+
     /// [`Prefetch::NextPair`] when `cond`, else [`Prefetch::None`].
     pub fn prefetch_if(cond: bool) -> Prefetch {
         if cond {
@@ -143,6 +196,8 @@ pub fn policy() -> Result<&'static Policy> {
         Ok(s) if !s.trim().is_empty() => Policy::by_name(&s),
         _ => Ok(if crate::cpu::is_zen5() {
             Policy::ZEN5
+        } else if crate::cpu::is_zen4() {
+            Policy::ZEN4
         } else {
             Policy::DEFAULT
         }),
@@ -159,7 +214,24 @@ mod tests {
     fn rows_are_found_by_name_and_unknown_names_are_errors() {
         assert_eq!(Policy::by_name(" Zen5").unwrap(), Policy::ZEN5);
         assert_eq!(Policy::by_name("default").unwrap(), Policy::DEFAULT);
+        assert_eq!(Policy::by_name("ZEN4").unwrap(), Policy::ZEN4);
         let e = Policy::by_name("icelake").unwrap_err().to_string();
         assert!(e.contains("icelake"), "{e}");
+    }
+
+    #[test]
+    fn bf16_backward_weights_pays_by_the_rule_of_its_kernel() {
+        if Bf16Isa::is_forced() {
+            return; // a kernel named by BRGEMM_BF16_ISA always runs
+        }
+        let (z, isa) = (Policy::ZEN4, Bf16Isa::Avx512Bf16);
+        // FC at 16 rows; a 1x1 256->64 convolution (57 flops per rounded
+        // element); a 3x3 one; AMX at 16 rows.
+        assert!(!z.bf16_upd_pays(isa, 16, 2730.0));
+        assert!(z.bf16_upd_pays(isa, 32, 2730.0));
+        assert!(!z.bf16_upd_pays(isa, 50176, 56.9));
+        assert!(z.bf16_upd_pays(isa, 50176, 384.0));
+        assert!(z.bf16_upd_pays(Bf16Isa::Amx, 16, 1.0));
+        assert!(!Bf16Isa::Fp32.beats_f32() || Bf16Isa::is_forced());
     }
 }

@@ -41,6 +41,14 @@ fn forced() -> bool {
     std::env::var("BRGEMM_BF16_ISA").is_ok_and(|v| !v.trim().is_empty())
 }
 
+/// Whether the AVX512-BF16 kernel runs here and the CPU policy measured it
+/// faster than f32 (Zen 4): layers whose blocks AMX cannot take run bf16
+/// on it.
+fn avx512bf16_pays() -> bool {
+    use brgemm::bf16::Bf16Isa;
+    Bf16Isa::Avx512Bf16.is_supported() && Bf16Isa::Avx512Bf16.beats_f32()
+}
+
 /// The linear layers that run bf16, each on a kernel that beats f32 here
 /// (or was forced).
 fn linears_in_bf16(g: &Graph) -> usize {
@@ -150,11 +158,11 @@ fn a_cnn_head_runs_in_bf16_on_the_convolutions_blocked_output() {
     let labels = [0, 1, 2, 0, 1, 2, 0, 1];
     let out = |bf: bool| {
         let mut g = spec.graph(8, 4).unwrap();
-        // The convolution (8 output channels) has no AMX blocks, and no
-        // other bf16 kernel beats f32 here: it runs bf16 only on a kernel
-        // forced by name.
+        // The convolution (8 output channels) has no AMX blocks: it runs
+        // bf16 on a kernel forced by name, or on AVX512-BF16 where that
+        // beats f32.
         let on = g.set_bf16(bf).unwrap();
-        let conv = usize::from(forced());
+        let conv = usize::from(forced() || avx512bf16_pays());
         assert_eq!(on, if bf { linears_in_bf16(&g) + conv } else { 0 });
         if forced() {
             assert_eq!(on, if bf { 3 } else { 0 });
@@ -222,7 +230,11 @@ fn convolutions_run_bf16_where_it_pays_with_f32_gradients_to_rounding() {
         let out = b.layer(c2, Linear::new(64 * 64, 3, id, 3)).unwrap();
         let mut g = b.build(out).unwrap();
         let n = g.set_bf16(bf).unwrap();
-        let convs = if amx || forced() { 2 } else { 0 };
+        let convs = if amx || forced() || avx512bf16_pays() {
+            2
+        } else {
+            0
+        };
         let on = if bf { linears_in_bf16(&g) + convs } else { 0 };
         assert_eq!(n, on, "layers in bf16");
         let loss = g
@@ -279,7 +291,7 @@ fn recurrent_layers_switch_to_bf16_and_back() {
     let la = loss(&mut a);
     let mut b = graph();
     let on = b.set_bf16(true).unwrap();
-    let lstm_on = forced() || Bf16Isa::Amx.is_supported();
+    let lstm_on = forced() || Bf16Isa::Amx.is_supported() || avx512bf16_pays();
     assert_eq!(on, usize::from(lstm_on) + linears_in_bf16(&b));
     let lb = loss(&mut b);
     assert!(

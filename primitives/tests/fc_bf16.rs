@@ -88,16 +88,23 @@ fn forward_and_backward_passes_match_the_rounded_reference() {
             let mut dw = fc.w_layout();
             dw.data_mut().fill(f32::NAN);
             let mut db = vec![f32::NAN; fc.padded_k()];
-            fb.backward_weights(&pool, &dz, &x, &mut dw, &mut db)
+            fb.backward_weights(&pool, &fc, &dz, &x, &mut dw, &mut db)
                 .unwrap();
             assert!(
                 dw.data().iter().all(|v| v.is_finite()),
                 "dW not all written"
             );
             let got = dw.to_plain();
+            // The f32 pass where the plan found bf16 not paying here (the
+            // operands as given, unrounded).
+            let wide = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+            let (gu, xu) = match fb.upd_isa() {
+                Some(_) => (gr.clone(), xr.clone()),
+                None => (wide(&gs), wide(&xs)),
+            };
             for j in 0..k {
                 for i in 0..c {
-                    let want: f64 = (0..n).map(|r| gr[r * k + j] * xr[r * c + i]).sum();
+                    let want: f64 = (0..n).map(|r| gu[r * k + j] * xu[r * c + i]).sum();
                     let g = got[j * c + i] as f64;
                     assert!(
                         (g - want).abs() < 1e-4 * (1.0 + n as f64 * 0.05),
@@ -114,6 +121,21 @@ fn forward_and_backward_passes_match_the_rounded_reference() {
             assert!(db[k..].iter().all(|v| *v == 0.0), "db padding");
         }
     }
+}
+
+#[test]
+fn backward_weights_refuses_another_layer() {
+    let fc = Fc::new(32, 64, 64, Activation::Identity).unwrap();
+    let other = Fc::new(32, 64, 128, Activation::Identity).unwrap();
+    let fb = FcBf16::new(&fc).unwrap();
+    let pool = Pool::new(1).unwrap();
+    let (dz, x, mut dw) = (fc.y_layout(), fc.x_layout(), fc.w_layout());
+    let mut db = vec![0.0; fc.padded_k()];
+    let e = fb
+        .backward_weights(&pool, &other, &dz, &x, &mut dw, &mut db)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("128") && e.contains("(32, 64, 64"), "{e}");
 }
 
 #[test]

@@ -378,9 +378,11 @@ impl Layer for Linear {
         p.fc.activation_backward(pool, p.dy.get(), p.y.get(), z, &mut p.dz)?;
         match &p.bf {
             // bf16 operands, f32 sums: 1.7-5.1x the f32 pass from 32 rows
-            // up on AMX (1.05x at 16, 0.97x on 64x128x64).
+            // up on AMX (1.05x at 16, 0.97x on 64x128x64); the plan runs
+            // the f32 pass where bf16 would not pay on this CPU.
             Some(b) => {
-                b.fc.backward_weights(pool, &p.dz, p.x.get(), &mut p.dw, &mut p.db)?
+                let (dz, x) = (&p.dz, p.x.get());
+                b.fc.backward_weights(pool, &p.fc, dz, x, &mut p.dw, &mut p.db)?
             }
             None => {
                 p.fc.backward_weights(pool, &p.dz, p.x.get(), &mut p.dw, &mut p.db)?

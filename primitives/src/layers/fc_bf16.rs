@@ -18,7 +18,7 @@ use crate::fc::Fc;
 use crate::layout::{check_shape, Blocked, Inner, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
-use brgemm::bf16::bf16;
+use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::Kernel;
 use brgemm::{
     Activation, AlignedVec, BatchForm, DataType, Descriptor, Epilogue, Prefetch, RawBatch,
@@ -37,6 +37,10 @@ pub struct FcBf16 {
     xt: Mutex<AlignedVec<bf16>>,
     n: usize,
     c: usize,
+    /// Whether backward-weights runs on the bf16 kernel; else the f32 pass
+    /// runs on the same f32 operands (the CPU policy's
+    /// [`brgemm::Bf16UpdRule`]).
+    upd_bf16: bool,
     nest_fwd: LoopNest,
     nest_bwd: LoopNest,
     bn: usize,
@@ -55,9 +59,9 @@ pub use crate::engine::bf16::{round_bf16, to_bf16};
 /// elements, with `bn` columns and `bo` rows of output, prefetch the next
 /// pair: above the CPU policy's per-call size (docs/tuning-notes.md).
 /// Rows of the backward-weights reduction: the N blocks' rows rounded up
-/// to 32 (AMX's k step; zero rows past N).
-fn upd_rows(nb: usize, bn: usize) -> usize {
-    (nb * bn).next_multiple_of(32)
+/// to `step` (zero rows past N).
+fn upd_rows(nb: usize, bn: usize, step: usize) -> usize {
+    (nb * bn).next_multiple_of(step)
 }
 
 fn bf16_prefetch(red: usize, bn: usize, bo: usize) -> Prefetch {
@@ -113,16 +117,28 @@ impl FcBf16 {
         )?;
         // dW block (bk x bc) = dZ block-column^T X block-column over all
         // rows: A = dZ with pairs of rows interleaved (k = rows), B = X^T.
-        let rows_pad = upd_rows(nb, bn);
-        let upd = Kernel::new(
-            &Descriptor::new(bk, bc, rows_pad)
+        // Rows rounded up to AMX's k step (32) where AMX takes the plan;
+        // other kernels need only pairs: at 16 rows, 32 doubled the
+        // AVX512-BF16 work (bf16 backward-weights at 0.58-0.74x f32, Zen 5).
+        let upd_desc = |rows_pad| {
+            Descriptor::new(bk, bc, rows_pad)
                 .dtype(DataType::Bf16)
                 .ldb(rows_pad)
                 .batch_form(BatchForm::Stride {
                     a: rows_pad * bk,
                     b: rows_pad * bc,
-                }),
-        )?;
+                })
+        };
+        let mut upd = Kernel::new(&upd_desc(upd_rows(nb, bn, 32)))?;
+        if upd.bf16_isa() != Some(Bf16Isa::Amx) {
+            upd = Kernel::new(&upd_desc(upd_rows(nb, bn, 2)))?;
+        }
+        // Rounded: X transposed (counted twice) and dZ, per row.
+        let per_row = (2 * cb * bc + kb * bk) as f64;
+        let upd_bf16 = upd.bf16_isa().is_some_and(|isa| {
+            let flops = 2.0 * (cb * bc * kb * bk) as f64;
+            crate::policy().bf16_upd_pays(isa, fc.n, flops / per_row)
+        });
         let nest = |a, b| {
             LoopNest::new(
                 vec![LoopDef::new("N blocks", nb, 1), LoopDef::new(a, b, 1)],
@@ -134,6 +150,7 @@ impl FcBf16 {
             fwd,
             bwd,
             upd,
+            upd_bf16,
             dzv: buf(),
             xt: buf(),
             n: fc.n,
@@ -154,6 +171,29 @@ impl FcBf16 {
     /// The bf16 kernel in use (forward), e.g. `Amx`.
     pub fn isa(&self) -> brgemm::bf16::Bf16Isa {
         self.fwd.bf16_isa().expect("planned with a bf16 descriptor")
+    }
+
+    /// The bf16 kernel of backward-weights, or None where that pass runs
+    /// in f32 because bf16 would not pay on this CPU (the policy's
+    /// [`brgemm::Bf16UpdRule`]: on AVX512-BF16, minibatches under 32 rows,
+    /// where storing the f32 dW blocks is the pass's cost).
+    pub fn upd_isa(&self) -> Option<Bf16Isa> {
+        self.upd.bf16_isa().filter(|_| self.upd_bf16)
+    }
+
+    /// An error unless `fc` is the layer this plan was made for.
+    fn check_fc(&self, fc: &Fc) -> Result<()> {
+        let t = fc.tuning();
+        let ours = (self.n, self.c, self.k, self.bn, self.bc, self.bk);
+        let theirs = (fc.n, fc.c, fc.k, t.bn, t.bc, t.bk);
+        if ours != theirs {
+            return Err(shape(
+                "fc",
+                format!("{theirs:?}"),
+                format!("the (n, c, k, bn, bc, bk) of this bf16 plan, {ours:?}"),
+            ));
+        }
+        Ok(())
     }
 
     /// The work of one pass for [`Pool::for_work`], in f32-equivalent
@@ -282,22 +322,28 @@ impl FcBf16 {
     /// accumulation; `dw` in `fc.w_layout`, overwritten. Each call rounds
     /// dZ into VNNI pairs of rows (summing db in the same read) and X into
     /// channel-major rows, then one BRGEMM per (K block, C block) reduces
-    /// over every row at once.
+    /// over every row at once. Where [`FcBf16::upd_isa`] is None, `fc`'s
+    /// f32 pass runs instead, on the same operands.
     pub fn backward_weights(
         &self,
         pool: &Pool,
+        fc: &Fc,
         dz: &Blocked,
         x: &Blocked,
         dw: &mut Blocked,
         db: &mut [f32],
     ) -> Result<()> {
+        self.check_fc(fc)?;
+        if !self.upd_bf16 {
+            return fc.backward_weights(pool, dz, x, dw, db);
+        }
         let pool = pool.for_work(self.work());
         let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
         check_shape("dZ", dz, (self.n, self.k, bn, bk, Inner::RowMajor))?;
         check_shape("X", x, (self.n, self.c, bn, bc, Inner::RowMajor))?;
         check_shape("dW", dw, (self.k, self.c, bk, bc, Inner::ColMajor))?;
         crate::error::check_buf("db", db.len(), kb * bk)?;
-        let (rows, kp) = (nb * bn, upd_rows(nb, bn));
+        let (rows, kp) = (nb * bn, self.upd.descriptor().k);
         let mut dzv = self.dzv.lock().unwrap_or_else(|e| e.into_inner());
         let mut xt = self.xt.lock().unwrap_or_else(|e| e.into_inner());
         dzv.resize(kb * kp * bk, bf16::ZERO);

@@ -63,6 +63,9 @@ struct Upd {
     xt: Mutex<AlignedVec<bf16>>,
     /// The other threads' dW partial sums when the images are split.
     partials: Mutex<AlignedVec<f32>>,
+    /// Whether the pass runs on the bf16 kernel; else the f32 pass runs on
+    /// the same f32 operands (the CPU policy's [`brgemm::Bf16UpdRule`]).
+    bf16: bool,
 }
 
 /// The bf16 forward and (stride-1) backward-data of a [`Conv`] layer.
@@ -132,8 +135,24 @@ impl ConvBf16 {
                     a: kb * kq * t.bk,
                     b: cb * phases.len() * t.bc * wt,
                 });
+            let kernels = Chunked::new(d, Epilogue::default())?;
+            // The rounded elements: the phase planes of X that some tap
+            // reads (transposed, counted twice) and dY.
+            let isa = kernels.pick(true, true).bf16_isa();
+            let plane = |&(a, b): &(usize, usize)| {
+                let rows = (p.h + p.pad_h).saturating_sub(a).div_ceil(sh).min(p.h);
+                let cols = (p.w + p.pad_w).saturating_sub(b).div_ceil(sw).min(p.w);
+                rows * cols
+            };
+            let x_px: usize = phases.iter().map(plane).sum();
+            let rounded = 2 * p.c * x_px + p.k * p.p() * p.q();
+            let flops = 2.0 * (p.k * p.c * p.r * p.s * p.p() * p.q()) as f64;
+            let bf16 = isa.is_some_and(|isa| {
+                crate::policy().bf16_upd_pays(isa, p.n * p.p() * p.q(), flops / rounded as f64)
+            });
             Upd {
-                kernels: Chunked::new(d, Epilogue::default())?,
+                kernels,
+                bf16,
                 kq,
                 wt,
                 wpp,
@@ -158,6 +177,15 @@ impl ConvBf16 {
     pub fn isa(&self) -> Bf16Isa {
         let k = self.fwd.main.pick(true, true);
         k.bf16_isa().expect("planned with a bf16 descriptor")
+    }
+
+    /// The bf16 kernel of backward-weights, or None where that pass runs
+    /// in f32 because bf16 would not pay on this CPU (the policy's
+    /// [`brgemm::Bf16UpdRule`]: on AVX512-BF16, a 1x1 layer whose large
+    /// input must be transposed for little work per element).
+    pub fn upd_isa(&self) -> Option<Bf16Isa> {
+        let k = self.upd.kernels.pick(true, true);
+        k.bf16_isa().filter(|_| self.upd.bf16)
     }
 
     /// Packs the f32 filter `w` into the VNNI operands of forward (`wv`)
@@ -266,7 +294,8 @@ impl ConvBf16 {
 
     /// dW = sum over the minibatch of dZ (x) X and db = the sums of dZ per
     /// output channel, from the f32 dZ and X (rounded here), accumulated in
-    /// f32.
+    /// f32; where [`ConvBf16::upd_isa`] is None, `conv`'s f32 pass on the
+    /// same operands.
     pub fn backward_weights(
         &self,
         pool: &Pool,
@@ -276,8 +305,11 @@ impl ConvBf16 {
         dw: &mut Filter,
         db: &mut [f32],
     ) -> Result<()> {
-        let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
+        if !self.upd.bf16 {
+            return conv.backward_weights(pool, dz, x, dw, db);
+        }
+        let pool = pool.for_work(self.params.flops());
         let u = &self.upd;
         conv.check_y("dZ", dz)?;
         conv.check_x("X", x)?;

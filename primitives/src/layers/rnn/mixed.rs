@@ -205,8 +205,9 @@ impl RnnBf16 {
         // bf16 operands (the recurrent FC's bias gradient, equal to db,
         // goes to scratch as in f32).
         self.input
-            .backward_weights(pool, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
+            .backward_weights(pool, &rnn.input, &gr.dg, x, &mut gr.dw, &mut gr.db)?;
+        let h = &st.h_prev;
         self.recur
-            .backward_weights(pool, &gr.dg, &st.h_prev, &mut gr.dr, &mut gr.db_r)
+            .backward_weights(pool, &rnn.recur, &gr.dg, h, &mut gr.dr, &mut gr.db_r)
     }
 }
