@@ -40,8 +40,7 @@ fn stacked_bidirectional_rnn_learns_digits() {
 
 #[test]
 fn lstm_on_fashion_rows_subset() {
-    let (mut tr, mut te) = match data::fashion_mnist(std::path::Path::new(data::FASHION_MNIST_DIR))
-    {
+    let (mut tr, te) = match data::fashion_mnist(std::path::Path::new(data::FASHION_MNIST_DIR)) {
         Ok(d) => d,
         Err(e) if std::env::var_os("BRGEMM_REQUIRE_FASHION").is_some() => {
             panic!("BRGEMM_REQUIRE_FASHION is set but: {e}")
@@ -51,10 +50,14 @@ fn lstm_on_fashion_rows_subset() {
             return;
         }
     };
-    tr.data = tr.data.subset(&(0..6400).collect::<Vec<_>>());
-    te.data = te.data.subset(&(0..2000).collect::<Vec<_>>());
+    // Past the steep first epoch, and the whole test set: bf16 rounding
+    // moves a run's path, and after one epoch of 6,400 images, scored on
+    // 2,000 (sampling error about 0.8 point), f32 and bf16 ended 1.5-1.9
+    // points apart on Zen 4; after two epochs of 25,600 scored on 10,000,
+    // 0.3 (three epochs 0.5; all images once 0.5).
+    tr.data = tr.data.subset(&(0..25600).collect::<Vec<_>>());
     let cfg = train_lstm::SeqConfig {
-        epochs: 1,
+        epochs: 2,
         ..train_lstm::SeqConfig::lstm(28)
     };
     let pool = Pool::new(2).unwrap();
@@ -62,7 +65,7 @@ fn lstm_on_fashion_rows_subset() {
     train_lstm::train(&cfg, &pool, &tr.data, &te.data, |r| acc = r.test_accuracy).unwrap();
     assert!(acc >= 0.65, "test accuracy {acc}");
     // Mixed precision on the same seeds (the LSTM runs bf16 where its
-    // kernel beats f32: AMX) ends within one point.
+    // kernel beats f32: AMX, AVX512-BF16 on Zen 4) ends within one point.
     let mut acc16 = 0.0;
     let cfg16 = train_lstm::SeqConfig { bf16: true, ..cfg };
     train_lstm::train(&cfg16, &pool, &tr.data, &te.data, |r| {
