@@ -110,16 +110,18 @@ impl Policy {
         stream_chunk: 16,
         stream_row_blocks: 32,
     };
-    /// AMD Zen 4 (family 0x19 with AVX-512): the Sapphire Rapids row but
-    /// for the bf16 entries, the only ones measured on it.
+    /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
+    /// tile entries, which measured as well here, but no bf16 prefetch;
+    /// AVX512-BF16 beats f32 (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
+        bf16_prefetch_from: None,
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
             min_flops_per_rounded: 64,
         },
-        ..Policy::DEFAULT
+        ..Policy::ZEN5
     };
     /// Intel Sapphire Rapids, and every core not measured.
     pub const DEFAULT: Policy = Policy {
