@@ -84,6 +84,10 @@ pub struct Policy {
     /// Where an AVX512-BF16 backward-weights pass still loses to the f32
     /// pass, which the bf16 plans then run instead ([`Bf16UpdRule`]).
     pub avx512bf16_upd: Bf16UpdRule,
+    /// The fewest minibatch rows at which a linear layer on AVX512-BF16
+    /// beats f32 once it packs its weights to bf16 every step (a pass
+    /// over W that the f32 layer does not make).
+    pub avx512bf16_fc_min_rows: usize,
     /// Reduction blocks per call where a pass's default order splits a
     /// long reduction and runs it outermost.
     pub split_chunk: usize,
@@ -106,6 +110,7 @@ impl Policy {
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
+        avx512bf16_fc_min_rows: 0,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
@@ -121,6 +126,7 @@ impl Policy {
             min_reduction: 32,
             min_flops_per_rounded: 64,
         },
+        avx512bf16_fc_min_rows: 64,
         ..Policy::ZEN5
     };
     /// Intel Sapphire Rapids, and every core not measured.
@@ -134,6 +140,7 @@ impl Policy {
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
+        avx512bf16_fc_min_rows: 0,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
@@ -178,6 +185,17 @@ impl Policy {
             _ => Bf16UpdRule::ALWAYS,
         };
         reduction >= rule.min_reduction && flops_per_rounded >= rule.min_flops_per_rounded as f64
+    }
+
+    /// Whether a linear layer of `rows` minibatch rows on the bf16 kernel
+    /// `isa` beats the f32 layer, its weights packed every step: where
+    /// [`Policy::bf16_beats_f32`] holds and, on AVX512-BF16, from
+    /// [`Policy::avx512bf16_fc_min_rows`] rows; a kernel forced by name
+    /// (`BRGEMM_BF16_ISA`) always.
+    pub fn bf16_fc_pays(&self, isa: Bf16Isa, rows: usize) -> bool {
+        let forced = Bf16Isa::is_forced();
+        (forced || self.bf16_beats_f32(isa))
+            && (forced || isa != Bf16Isa::Avx512Bf16 || rows >= self.avx512bf16_fc_min_rows)
     }
 
     /// [`Prefetch::NextPair`] when `cond`, else [`Prefetch::None`].
@@ -234,6 +252,10 @@ mod tests {
         assert!(!z.bf16_upd_pays(isa, 50176, 56.9));
         assert!(z.bf16_upd_pays(isa, 50176, 384.0));
         assert!(z.bf16_upd_pays(Bf16Isa::Amx, 16, 1.0));
+        // Linear layers pack their weights every step: 64 rows up.
+        assert!(!z.bf16_fc_pays(isa, 32));
+        assert!(z.bf16_fc_pays(isa, 64));
+        assert!(!Policy::DEFAULT.bf16_fc_pays(isa, 1024));
         assert!(!Bf16Isa::Fp32.beats_f32() || Bf16Isa::is_forced());
     }
 }
