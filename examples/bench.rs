@@ -108,6 +108,12 @@ fn main() {
     } else {
         what
     };
+    if what
+        .iter()
+        .any(|w| ["brgemm", "fc", "conv", "lstm", "resnet50"].contains(w))
+    {
+        machine_line();
+    }
     for w in what {
         match w {
             "brgemm" => {
@@ -135,6 +141,35 @@ fn main() {
             }
         }
     }
+}
+
+/// One line naming the machine the figures come from: the CPU (Linux's
+/// `/proc/cpuinfo`), the CPU policy row, the f32 ISA and the bf16 kernel
+/// plans take, and whether layers run bf16 on it (the machines differ
+/// from session to session).
+fn machine_line() {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.split_once(':'))
+            .map_or("unknown".to_string(), |(_, v)| v.trim().replace('"', "'"))
+    };
+    let policy = brgemm::policy().map_or("invalid", |p| p.name);
+    let isa = Isa::selected().map_or("none".to_string(), |i| format!("{i:?}").to_lowercase());
+    let bf16 = brgemm::bf16::Bf16Isa::ALL
+        .into_iter()
+        .find(|i| i.is_supported())
+        .expect("the reference kernel runs everywhere");
+    println!(
+        r#"{{"bench":"machine","cpu":"{}","cpu_family":"{}","cpu_model":"{}","policy":"{policy}","isa":"{isa}","bf16_kernel":"{}","bf16_beats_f32":{},"threads":{}}}"#,
+        field("model name"),
+        field("cpu family"),
+        field("model"),
+        bf16.name(),
+        bf16.beats_f32(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
 }
 
 /// Prints one `peak` line per ISA and returns the probes per ISA, whose
