@@ -1,7 +1,7 @@
 //! A planned GPU BRGEMM and the device tables of the offset and address forms.
 
 use crate::codegen::{brgemm_source, split_reduce_source, Target};
-use crate::desc::{GpuBatch, GpuDescriptor};
+use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
 use crate::tiling::Tiling;
@@ -143,7 +143,7 @@ impl GpuBrgemm {
     pub fn new(d: &GpuDescriptor) -> Result<GpuBrgemm> {
         let desc = d.validate()?;
         Ok(GpuBrgemm {
-            name: desc.kernel_name(),
+            name: format!("{}{}", desc.kernel_name(), crate::codegen::fault_suffix()),
             desc,
             split: None,
         })
@@ -176,7 +176,8 @@ impl GpuBrgemm {
     ) -> Result<()> {
         let d = &self.desc;
         let es = d.dtype.size();
-        fits_shared(d, dev.shared_memory(), dev.name())?;
+        let emulated = dev.backend() == crate::Backend::OpenCl && d.dtype != GpuDtype::F32;
+        fits_shared(d, emulated, dev.shared_memory(), dev.name())?;
         if batch > i32::MAX as usize / d.k.div_ceil(d.tiling.expect("validated").bk) {
             return Err(invalid("batch", batch, "too many pairs for one launch"));
         }
@@ -328,9 +329,16 @@ impl GpuBrgemm {
 
 /// The tiling was validated against the CUDA static limit; an OpenCL device
 /// may have less local memory per work-group (`have` bytes, read when the
-/// device opened): a tiling that needs more is an error naming both.
-fn fits_shared(d: &GpuDescriptor, have: usize, device: &str) -> Result<()> {
-    let need = d.tiling.expect("validated").shared_bytes(d.dtype);
+/// device opened): a tiling that needs more (with the `emulated` tensor
+/// core's fragment scratch) is an error naming both.
+fn fits_shared(d: &GpuDescriptor, emulated: bool, have: usize, device: &str) -> Result<()> {
+    let t = d.tiling.expect("validated");
+    let scratch = if emulated {
+        t.fragment_scratch_bytes()
+    } else {
+        0
+    };
+    let need = t.shared_bytes(d.dtype) + scratch;
     if need > have {
         return Err(invalid(
             "tiling",
@@ -352,13 +360,13 @@ mod tests {
         let d = GpuDescriptor::new(128, 128, 64).validate().unwrap();
         let need = d.tiling.unwrap().shared_bytes(d.dtype);
         assert!(need > 32 << 10, "a big tiling: {need}");
-        let e = fits_shared(&d, 32 << 10, "small GPU")
+        let e = fits_shared(&d, false, 32 << 10, "small GPU")
             .unwrap_err()
             .to_string();
         assert!(
             e.contains(&need.to_string()) && e.contains("32768") && e.contains("small GPU"),
             "{e}"
         );
-        assert!(fits_shared(&d, need, "exact").is_ok());
+        assert!(fits_shared(&d, false, need, "exact").is_ok());
     }
 }

@@ -68,6 +68,11 @@ impl Tiling {
     pub fn shared_bytes(&self, dtype: GpuDtype) -> usize {
         self.stages * (self.bk * self.a_row() + self.bn * self.b_row()) * dtype.size()
     }
+    /// Local-memory bytes of the OpenCL twin's emulated tensor core: each
+    /// lane's A (8) and B (4) fragment slots, as f32, per fragment.
+    pub fn fragment_scratch_bytes(&self) -> usize {
+        self.threads() * (8 * self.frag_m() + 4 * self.frag_n()) * 4
+    }
     /// Accumulator registers per thread.
     pub fn accumulators(&self) -> usize {
         4 * self.frag_m() * self.frag_n()

@@ -1,5 +1,6 @@
 //! The BRGEMM skeleton (see the module above for what is shared).
 
+use super::fragment;
 use super::{activation_expr, float_lit, prelude, Target};
 use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
 use brgemm::Beta;
@@ -19,9 +20,12 @@ use std::fmt::Write;
 /// epilogue: deterministic, the same for any timing.
 pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     let t = d.tiling.expect("validated descriptor");
-    let name = d.kernel_name();
+    let name = format!("{}{}", d.kernel_name(), fragment::fault_suffix());
     let cuda = target == Target::Cuda;
     let tensor_cores = cuda && d.dtype != GpuDtype::F32;
+    // The OpenCL twin of the tensor-core path: the same fragments, moved
+    // through local memory.
+    let emulated = !cuda && d.dtype != GpuDtype::F32;
     let et = if d.dtype == GpuDtype::F32 {
         "float"
     } else {
@@ -55,6 +59,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
         writeln!(s, "#define {k} {val}").unwrap();
     }
     writeln!(s, "#define AROW {}\n#define BROW {}", t.a_row(), t.b_row()).unwrap();
+    s.push_str(&fragment::macros());
     writeln!(s, "#define ESZ {}", d.dtype.size()).unwrap();
     if let GpuBatch::Stride { a, b } = d.batch_form {
         writeln!(s, "#define SA ((idx_t){a})\n#define SB ((idx_t){b})").unwrap();
@@ -128,6 +133,14 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
          #pragma unroll\n  for (int i = 0; i < FM; ++i)\n    #pragma unroll\n    for (int j = 0; j < FN; ++j)\n      #pragma unroll\n      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;"
     )
     .unwrap();
+    if emulated {
+        // Each warp's A and B fragments, lane by lane and slot by slot, as
+        // the tensor core holds them in registers.
+        s.push_str(
+            "  SHARED float FRA[THREADS / 32][FM][32][8];\n  \
+             SHARED float FRB[THREADS / 32][FN][32][4];\n",
+        );
+    }
     let load = |tt: &str, st: &str| load_tile(d, target, tt, st, va, vb, et);
     writeln!(
         s,
@@ -158,6 +171,29 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
              #pragma unroll\n      for (int fm = 0; fm < FM; ++fm)\n        \
              #pragma unroll\n        for (int fn = 0; fn < FN; ++fn) mma16816(acc[fm][fn], af[fm], bfg[fn]);\n    }\n",
         );
+    } else if emulated {
+        // mma.m16n8k16 step by step: each lane loads its A and B slots
+        // through the layout macros, and each C slot sums a row of A and a
+        // column of B gathered from the lanes and slots that hold them.
+        s.push_str(
+            "    for (int ks = 0; ks < BK / 16; ++ks) {\n      \
+             for (int fm = 0; fm < FM; ++fm)\n        \
+             for (int s = 0; s < 8; ++s)\n          \
+             FRA[warp][fm][lane][s] = TO_F32(As[st][ks * 16 + FA_K(s)][wm * WM + fm * 16 + FA_ROW(s)]);\n      \
+             for (int fn = 0; fn < FN; ++fn)\n        \
+             for (int s = 0; s < 4; ++s)\n          \
+             FRB[warp][fn][lane][s] = TO_F32(Bs[st][wn * WN + fn * 8 + FB_COL(s)][ks * 16 + FB_K(s)]);\n      \
+             SYNC();\n      \
+             for (int fm = 0; fm < FM; ++fm)\n        \
+             for (int fn = 0; fn < FN; ++fn)\n          \
+             for (int s = 0; s < 4; ++s) {\n            \
+             const int i = FC_ROW(s), j = FC_COL(s);\n            \
+             float sum = 0.0f;\n            \
+             for (int k = 0; k < 16; ++k)\n              \
+             sum += FRA[warp][fm][FA_LANE(i, k)][FA_SLOT(i, k)] * FRB[warp][fn][FB_LANE(k, j)][FB_SLOT(k, j)];\n            \
+             acc[fm][fn][s] += sum;\n          }\n      \
+             SYNC();\n    }\n",
+        );
     } else {
         // The same fragment elements as mma.m16n8k16: rows g and g+8 of each
         // m16 fragment, columns 2*tg and 2*tg+1 of each n8 fragment.
@@ -180,7 +216,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
         // Drain the (empty) trailing groups before the block exits.
         s.push_str("  CP_ASYNC_WAIT(0);\n");
     }
-    let mut v_expr = format!("{} * acc[fm][fn][2 * h + e]", float_lit(d.alpha));
+    let mut v_expr = format!("{} * acc[fm][fn][s]", float_lit(d.alpha));
     if matches!(d.beta, Beta::One) {
         v_expr = format!("{v_expr} + C[ci]");
     }
@@ -190,11 +226,11 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     writeln!(
         s,
         "  #pragma unroll\n  for (int fm = 0; fm < FM; ++fm)\n    #pragma unroll\n    for (int fn = 0; fn < FN; ++fn)\n      \
-         #pragma unroll\n      for (int h = 0; h < 2; ++h)\n        #pragma unroll\n        for (int e = 0; e < 2; ++e) {{\n          \
-         const int r = m0 + wm * WM + fm * 16 + g + 8 * h;\n          \
-         const int c = n0 + wn * WN + fn * 8 + 2 * tg + e;\n          \
+         #pragma unroll\n      for (int s = 0; s < 4; ++s) {{\n          \
+         const int r = m0 + wm * WM + fm * 16 + FC_ROW(s);\n          \
+         const int c = n0 + wn * WN + fn * 8 + FC_COL(s);\n          \
          if (r < M && c < N) {{\n            if (GZ > 1) {{\n              \
-         P[(idx_t)BZ * M * N + r + (idx_t)c * M] = acc[fm][fn][2 * h + e];\n              continue;\n            }}\n            \
+         P[(idx_t)BZ * M * N + r + (idx_t)c * M] = acc[fm][fn][s];\n              continue;\n            }}\n            \
          const idx_t ci = r + (idx_t)c * LDC;\n            \
          const float v = {v_expr};\n            C[ci] = {};\n          }}\n        }}\n}}",
         activation_expr(d.epilogue.activation, "v")
@@ -209,7 +245,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
 /// `bias` (any buffer without one), `P`, `splits` (int); one work item per
 /// element of the `m x n` C.
 pub fn split_reduce_source(d: &GpuDescriptor, target: Target) -> (String, String) {
-    let name = format!("{}_reduce", d.kernel_name());
+    let name = format!("{}{}_reduce", d.kernel_name(), fragment::fault_suffix());
     let mut s = String::new();
     s.push_str(prelude(target));
     writeln!(

@@ -9,15 +9,21 @@
 //! the three batch forms and the same epilogue. They differ only where the
 //! hardware does: how a tile reaches shared memory (`cp.async` with
 //! zero-fill vs plain copies) and the innermost multiply-accumulate
-//! (`ldmatrix` + `mma.sync` vs scalar FMAs over the same fragment elements).
+//! (`ldmatrix` + `mma.sync` vs, for bf16 and f16, the same fragments moved
+//! lane by lane through local memory by the layout macros of the
+//! `fragment` module, and for f32 scalar FMAs over the C fragment elements).
 //! So the OpenCL twin, which CI runs on PoCL, executes the tiling, edge
 //! handling, batch addressing and epilogue that the CUDA kernel uses.
 
 mod brgemm_src;
 mod elementwise;
+mod fragment;
 
 pub use brgemm_src::{brgemm_source, split_reduce_source};
 pub use elementwise::{elementwise_source, ElementwiseKernel};
+pub(crate) use fragment::fault_suffix;
+#[doc(hidden)]
+pub use fragment::{set_fragment_fault, FragmentFault};
 
 /// Which language to emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
