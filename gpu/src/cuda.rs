@@ -124,7 +124,9 @@ fn load_ptx() -> bool {
 pub struct CudaBackend {
     name: String,
     arch: &'static str,
-    funcs: Mutex<HashMap<String, CudaFunction>>,
+    /// Functions by program key, then name (this device's architecture
+    /// is fixed): a launch finds its function without building a string.
+    funcs: Mutex<HashMap<String, HashMap<String, CudaFunction>>>,
     cublas: Mutex<Option<cudarc::cublas::CudaBlas>>,
     stream: Arc<CudaStream>,
     ctx: Arc<CudaContext>,
@@ -286,8 +288,7 @@ impl CudaBackend {
         args: &[CuArg],
     ) -> Result<()> {
         let mut funcs = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
-        let fkey = format!("{key}/{name}/{}", self.arch);
-        if !funcs.contains_key(&fkey) {
+        if !funcs.get(key).is_some_and(|m| m.contains_key(name)) {
             let image = if load_ptx() {
                 cudarc::nvrtc::Ptx::from_src(compile_ptx(&source(), key, self.arch)?)
             } else {
@@ -295,9 +296,12 @@ impl CudaBackend {
             };
             let module = self.ctx.load_module(image).map_err(cu)?;
             let f = module.load_function(name).map_err(cu)?;
-            funcs.insert(fkey.clone(), f);
+            funcs
+                .entry(key.to_string())
+                .or_default()
+                .insert(name.to_string(), f);
         }
-        let f = &funcs[&fkey];
+        let f = &funcs[key][name];
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {

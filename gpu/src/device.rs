@@ -345,7 +345,7 @@ impl Device {
         self.launch(
             "elementwise",
             crate::codegen::elementwise_source,
-            &k.name(),
+            k.name(),
             [n.div_ceil(BLOCK), 1, 1],
             BLOCK,
             args,

@@ -133,7 +133,10 @@ impl BatchTable {
 /// and compiled on first use and cached by the device).
 pub struct GpuBrgemm {
     desc: GpuDescriptor,
+    /// The kernel's name and program key, and the split reduction's: made
+    /// once here, not per launch.
     name: String,
+    reduce_name: String,
     /// A forced split ([`GpuBrgemm::with_split`]).
     split: Option<usize>,
 }
@@ -144,6 +147,11 @@ impl GpuBrgemm {
         let desc = d.validate()?;
         Ok(GpuBrgemm {
             name: format!("{}{}", desc.kernel_name(), crate::codegen::fault_suffix()),
+            reduce_name: format!(
+                "{}{}_reduce",
+                desc.kernel_name(),
+                crate::codegen::fault_suffix()
+            ),
             desc,
             split: None,
         })
@@ -302,11 +310,10 @@ impl GpuBrgemm {
         let p = scratch.as_ref().expect("sized by scratch()");
         main(p)?;
         const BLOCK: usize = 256;
-        let reduce = format!("{}_reduce", self.name);
         dev.launch(
-            &reduce,
+            &self.reduce_name,
             |target| split_reduce_source(&desc, target).0,
-            &reduce,
+            &self.reduce_name,
             [(d.m * d.n).div_ceil(BLOCK), 1, 1],
             BLOCK,
             &[

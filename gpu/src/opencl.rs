@@ -19,7 +19,9 @@ pub struct OpenClBackend {
     name: String,
     // Field order: kernels and programs are released before the queue and
     // the context.
-    kernels: Mutex<HashMap<String, Kernel>>,
+    /// Kernels by program key, then function name: a launch finds its
+    /// kernel without building a string.
+    kernels: Mutex<HashMap<String, HashMap<String, Kernel>>>,
     programs: Mutex<HashMap<String, Program>>,
     queue: CommandQueue,
     context: Context,
@@ -152,9 +154,8 @@ impl OpenClBackend {
         local: [usize; 3],
         args: &[ClArg],
     ) -> Result<()> {
-        let kkey = format!("{key}/{name}");
         let mut kernels = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if !kernels.contains_key(&kkey) {
+        if !kernels.get(key).is_some_and(|m| m.contains_key(name)) {
             let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
             if !programs.contains_key(key) {
                 let src = source();
@@ -166,9 +167,12 @@ impl OpenClBackend {
                 programs.insert(key.to_string(), p);
             }
             let k = Kernel::create(&programs[key], name).map_err(cl)?;
-            kernels.insert(kkey.clone(), k);
+            kernels
+                .entry(key.to_string())
+                .or_default()
+                .insert(name.to_string(), k);
         }
-        let k = &kernels[&kkey];
+        let k = &kernels[key][name];
         let mut ex = ExecuteKernel::new(k);
         for a in args {
             // SAFETY: the argument list matches the generated signature

@@ -3,7 +3,7 @@
 //! derivatives, bias gradients, softmax cross-entropy and the optimizers.
 //! One source text serves both targets through the prelude's macros.
 
-use super::{act_name, prelude, Target};
+use super::{prelude, Target};
 use crate::desc::GpuDtype;
 use brgemm::Activation;
 
@@ -29,15 +29,24 @@ pub enum ElementwiseKernel {
 }
 
 impl ElementwiseKernel {
-    /// The generated function's name.
-    pub fn name(self) -> String {
+    /// The generated function's name (static: launches look kernels up by
+    /// it without building a string).
+    pub fn name(self) -> &'static str {
+        use brgemm::Activation as A;
         match self {
-            ElementwiseKernel::Convert(d) => format!("convert_{}", d.name()),
-            ElementwiseKernel::ActBackward(a) => format!("act_bwd_{}", act_name(a)),
-            ElementwiseKernel::BiasGrad => "bias_grad".into(),
-            ElementwiseKernel::SoftmaxXent => "softmax_xent".into(),
-            ElementwiseKernel::Sgd => "sgd".into(),
-            ElementwiseKernel::Adam => "adam".into(),
+            ElementwiseKernel::Convert(GpuDtype::F32) => "convert_f32",
+            ElementwiseKernel::Convert(GpuDtype::Bf16) => "convert_bf16",
+            ElementwiseKernel::Convert(GpuDtype::F16) => "convert_f16",
+            ElementwiseKernel::ActBackward(A::Identity) => "act_bwd_identity",
+            ElementwiseKernel::ActBackward(A::Relu) => "act_bwd_relu",
+            ElementwiseKernel::ActBackward(A::Sigmoid) => "act_bwd_sigmoid",
+            ElementwiseKernel::ActBackward(A::Tanh) => "act_bwd_tanh",
+            ElementwiseKernel::ActBackward(A::Gelu) => "act_bwd_gelu",
+            ElementwiseKernel::ActBackward(_) => "act_bwd_unknown",
+            ElementwiseKernel::BiasGrad => "bias_grad",
+            ElementwiseKernel::SoftmaxXent => "softmax_xent",
+            ElementwiseKernel::Sgd => "sgd",
+            ElementwiseKernel::Adam => "adam",
         }
     }
 }
