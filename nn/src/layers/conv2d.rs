@@ -312,40 +312,28 @@ impl Conv2d {
             }
             let y = p.y.get_mut(p.output, bk)?;
             let add = res.map(|(r, relu)| AddResidual { r, relu });
-            match (&mut self.fold, &mut p.bf) {
-                (Some(f), _) if mode == Mode::Eval => match &mut f.bf {
-                    Some(b) => {
-                        let o = &mut b.ops;
-                        if !o.packed {
-                            b.conv.pack_filter(pool, &f.w, &mut o.wv, &mut o.wtv)?;
-                            o.packed = true;
-                        }
-                        let (c, x, w) = (&f.conv, p.x.get(), &o.wv[..]);
-                        match add {
-                            Some(a) => b.conv.forward_add(pool, c, x, w, &f.bias, a, y)?,
-                            None => b.conv.forward(pool, c, x, w, &f.bias, y)?,
-                        }
-                    }
-                    None => match add {
-                        Some(a) => f.conv.forward_add(pool, p.x.get(), &f.w, &f.bias, a, y)?,
-                        None => f.conv.forward(pool, p.x.get(), &f.w, &f.bias, y)?,
-                    },
-                },
-                (_, Some(b)) => {
+            // Inference runs the convolution with the batch norm folded in
+            // where there is one; the bf16 passes where the layer has them.
+            let (conv, w, bias, bf) = match &mut self.fold {
+                Some(f) if mode == Mode::Eval => (&f.conv, &f.w, &f.bias[..], &mut f.bf),
+                _ => (&p.conv, &p.w, &p.bias[..], &mut p.bf),
+            };
+            let x = p.x.get();
+            match bf {
+                Some(b) => {
                     let o = &mut b.ops;
                     if !o.packed {
-                        b.conv.pack_filter(pool, &p.w, &mut o.wv, &mut o.wtv)?;
+                        b.conv.pack_filter(pool, w, &mut o.wv, &mut o.wtv)?;
                         o.packed = true;
                     }
-                    let (c, x, w) = (&p.conv, p.x.get(), &o.wv[..]);
                     match add {
-                        Some(a) => b.conv.forward_add(pool, c, x, w, &p.bias, a, y)?,
-                        None => b.conv.forward(pool, c, x, w, &p.bias, y)?,
+                        Some(a) => b.conv.forward_add(pool, conv, x, &o.wv, bias, a, y)?,
+                        None => b.conv.forward(pool, conv, x, &o.wv, bias, y)?,
                     }
                 }
-                _ => match add {
-                    Some(a) => p.conv.forward_add(pool, p.x.get(), &p.w, &p.bias, a, y)?,
-                    None => p.conv.forward(pool, p.x.get(), &p.w, &p.bias, y)?,
+                None => match add {
+                    Some(a) => conv.forward_add(pool, x, w, bias, a, y)?,
+                    None => conv.forward(pool, x, w, bias, y)?,
                 },
             }
             if let Some(out) = &mut out {
