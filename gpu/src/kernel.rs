@@ -1,7 +1,7 @@
 //! A planned GPU BRGEMM and the device tables of the offset and address forms.
 
-use crate::codegen::{brgemm_source, split_reduce_source, Target};
-use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
+use crate::codegen::{brgemm_source, emulates_mma, kernel_names, split_reduce_source, Target};
+use crate::desc::{GpuBatch, GpuDescriptor};
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
 use crate::tiling::Tiling;
@@ -145,13 +145,10 @@ impl GpuBrgemm {
     /// Validates the descriptor and resolves its tiling.
     pub fn new(d: &GpuDescriptor) -> Result<GpuBrgemm> {
         let desc = d.validate()?;
+        let (name, reduce_name) = kernel_names(&desc);
         Ok(GpuBrgemm {
-            name: format!("{}{}", desc.kernel_name(), crate::codegen::fault_suffix()),
-            reduce_name: format!(
-                "{}{}_reduce",
-                desc.kernel_name(),
-                crate::codegen::fault_suffix()
-            ),
+            name,
+            reduce_name,
             desc,
             split: None,
         })
@@ -184,8 +181,16 @@ impl GpuBrgemm {
     ) -> Result<()> {
         let d = &self.desc;
         let es = d.dtype.size();
-        let emulated = dev.backend() == crate::Backend::OpenCl && d.dtype != GpuDtype::F32;
-        fits_shared(d, emulated, dev.shared_memory(), dev.name())?;
+        let target = match dev.backend() {
+            crate::Backend::Cuda => Target::Cuda,
+            crate::Backend::OpenCl => Target::OpenCl,
+        };
+        fits_shared(
+            d,
+            emulates_mma(target, d.dtype),
+            dev.shared_memory(),
+            dev.name(),
+        )?;
         if batch > i32::MAX as usize / d.k.div_ceil(d.tiling.expect("validated").bk) {
             return Err(invalid("batch", batch, "too many pairs for one launch"));
         }

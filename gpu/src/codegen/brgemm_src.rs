@@ -1,7 +1,7 @@
 //! The BRGEMM skeleton (see the module above for what is shared).
 
 use super::fragment;
-use super::{activation_expr, float_lit, prelude, Target};
+use super::{activation_expr, emulates_mma, float_lit, kernel_names, prelude, Target};
 use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
 use brgemm::Beta;
 use std::fmt::Write;
@@ -20,12 +20,12 @@ use std::fmt::Write;
 /// epilogue: deterministic, the same for any timing.
 pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     let t = d.tiling.expect("validated descriptor");
-    let name = format!("{}{}", d.kernel_name(), fragment::fault_suffix());
+    let name = kernel_names(d).0;
     let cuda = target == Target::Cuda;
     let tensor_cores = cuda && d.dtype != GpuDtype::F32;
     // The OpenCL twin of the tensor-core path: the same fragments, moved
     // through local memory.
-    let emulated = !cuda && d.dtype != GpuDtype::F32;
+    let emulated = emulates_mma(target, d.dtype);
     let et = if d.dtype == GpuDtype::F32 {
         "float"
     } else {
@@ -245,7 +245,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
 /// `bias` (any buffer without one), `P`, `splits` (int); one work item per
 /// element of the `m x n` C.
 pub fn split_reduce_source(d: &GpuDescriptor, target: Target) -> (String, String) {
-    let name = format!("{}{}_reduce", d.kernel_name(), fragment::fault_suffix());
+    let name = kernel_names(d).1;
     let mut s = String::new();
     s.push_str(prelude(target));
     writeln!(

@@ -21,9 +21,24 @@ mod fragment;
 
 pub use brgemm_src::{brgemm_source, split_reduce_source};
 pub use elementwise::{elementwise_source, ElementwiseKernel};
-pub(crate) use fragment::fault_suffix;
 #[doc(hidden)]
 pub use fragment::{set_fragment_fault, FragmentFault};
+
+/// The function names of `d`'s BRGEMM kernel and of its split reduction
+/// (each also its program's cache key), with a planted fragment fault's
+/// suffix: made once per plan, not per launch.
+pub(crate) fn kernel_names(d: &crate::desc::GpuDescriptor) -> (String, String) {
+    let main = format!("{}{}", d.kernel_name(), fragment::fault_suffix());
+    let reduce = format!("{main}_reduce");
+    (main, reduce)
+}
+
+/// Whether the `target` kernel of `dtype` emulates the tensor core (the
+/// OpenCL twin of a bf16 or f16 kernel): its fragments go through local
+/// memory, which its launch must have room for.
+pub(crate) fn emulates_mma(target: Target, dtype: crate::desc::GpuDtype) -> bool {
+    target == Target::OpenCl && dtype != crate::desc::GpuDtype::F32
+}
 
 /// Which language to emit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
