@@ -180,11 +180,11 @@ impl Policy {
     /// AVX512-BF16: by [`Policy::avx512bf16_upd`]; a kernel forced by name
     /// (`BRGEMM_BF16_ISA`): always, so that it is what runs.
     pub fn bf16_upd_pays(&self, isa: Bf16Isa, reduction: usize, flops_per_rounded: f64) -> bool {
-        let rule = match isa {
-            Bf16Isa::Avx512Bf16 if !Bf16Isa::is_forced() => self.avx512bf16_upd,
-            _ => Bf16UpdRule::ALWAYS,
-        };
-        reduction >= rule.min_reduction && flops_per_rounded >= rule.min_flops_per_rounded as f64
+        let rule = self.avx512bf16_upd;
+        isa != Bf16Isa::Avx512Bf16
+            || Bf16Isa::is_forced()
+            || (reduction >= rule.min_reduction
+                && flops_per_rounded >= rule.min_flops_per_rounded as f64)
     }
 
     /// Whether a linear layer of `rows` minibatch rows on the bf16 kernel
@@ -193,9 +193,11 @@ impl Policy {
     /// [`Policy::avx512bf16_fc_min_rows`] rows; a kernel forced by name
     /// (`BRGEMM_BF16_ISA`) always.
     pub fn bf16_fc_pays(&self, isa: Bf16Isa, rows: usize) -> bool {
-        let forced = Bf16Isa::is_forced();
-        (forced || self.bf16_beats_f32(isa))
-            && (forced || isa != Bf16Isa::Avx512Bf16 || rows >= self.avx512bf16_fc_min_rows)
+        if Bf16Isa::is_forced() {
+            return true;
+        }
+        self.bf16_beats_f32(isa)
+            && (isa != Bf16Isa::Avx512Bf16 || rows >= self.avx512bf16_fc_min_rows)
     }
 
     /// [`Prefetch::NextPair`] when `cond`, else [`Prefetch::None`].
@@ -256,6 +258,5 @@ mod tests {
         assert!(!z.bf16_fc_pays(isa, 32));
         assert!(z.bf16_fc_pays(isa, 64));
         assert!(!Policy::DEFAULT.bf16_fc_pays(isa, 1024));
-        assert!(!Bf16Isa::Fp32.beats_f32() || Bf16Isa::is_forced());
     }
 }

@@ -118,8 +118,9 @@ impl FcBf16 {
         // dW block (bk x bc) = dZ block-column^T X block-column over all
         // rows: A = dZ with pairs of rows interleaved (k = rows), B = X^T.
         // Rows rounded up to AMX's k step (32) where AMX takes the plan;
-        // other kernels need only pairs: at 16 rows, 32 doubled the
-        // AVX512-BF16 work (bf16 backward-weights at 0.58-0.74x f32, Zen 5).
+        // other kernels need only pairs (at 16 rows, 32 doubled the
+        // AVX512-BF16 kernel's work; on Zen 4 the pass's time hardly moved,
+        // its dW stores being the cost: see `Bf16UpdRule`).
         let upd_desc = |rows_pad| {
             Descriptor::new(bk, bc, rows_pad)
                 .dtype(DataType::Bf16)
