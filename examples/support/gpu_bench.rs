@@ -4,7 +4,9 @@
 //! pairs is one GEMM with k*batch for cuBLAS (A_i side by side along k,
 //! B_i stacked: B is (k*batch) x n with B_i = B + i*k).
 
-use brgemm_dl::gpu::{Backend, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype};
+use brgemm_dl::gpu::{
+    Backend, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype, GpuPath, HopperTiling, Tiling,
+};
 use std::time::Instant;
 
 const SHAPES: [(usize, usize, usize, usize); 3] =
@@ -61,7 +63,6 @@ pub fn bench_gpu(args: &[String], quick: bool) {
                 .ldb(kb)
                 .dtype(dt)
                 .batch(GpuBatch::Stride { a: m * k, b: k });
-            let kern = GpuBrgemm::new(&d).expect("descriptor");
             let fill = |len: usize| -> Vec<u16> {
                 (0..len)
                     .map(|i| {
@@ -75,52 +76,114 @@ pub fn bench_gpu(args: &[String], quick: bool) {
             };
             let a = dev.upload(&fill(m * kb)).expect("upload");
             let b = dev.upload(&fill(kb * n)).expect("upload");
-            let mut c = dev.alloc(m * n * 4).expect("alloc");
             let flops = d.flops(batch);
             let reps = if cuda {
                 (2e10 / flops).clamp(3.0, 200.0) as usize
             } else {
                 1
             };
-            let t = time(&dev, reps, || {
-                kern.execute(&dev, &a, &b, &mut c, None, None, batch)
-                    .expect("launch");
-            });
-            let ours = flops / t / 1e12;
-            let tiling = kern.descriptor().tiling.expect("resolved");
-            let mut line = format!(
-                "{{\"bench\":\"gpu\",\"device\":\"{}\",\"dtype\":\"{}\",\"m\":{m},\"n\":{n},\"k\":{k},\"batch\":{batch},\"tile\":\"{}x{}x{}/{}x{} warps/{} stages\",\"tflops\":{ours:.3}",
-                dev.name(),
-                dt.name(),
-                tiling.bm,
-                tiling.bn,
-                tiling.bk,
-                tiling.warps_m,
-                tiling.warps_n,
-                tiling.stages
-            );
+            // cuBLAS once per shape, the yardstick of every variant below.
+            let mut yard = None;
             if cuda {
                 let mut c2 = dev.alloc(m * n * 4).expect("alloc");
                 let tc = time(&dev, reps, || {
                     dev.cublas_gemm(dt, (m, n, kb), &a, m, &b, kb, &mut c2, m)
                         .expect("cublas");
                 });
-                let theirs = flops / tc / 1e12;
-                // Same inputs, same f32 accumulation: the results agree to
-                // summation-order rounding.
-                let x: Vec<f32> = dev.download(&c, m * n).expect("download");
                 let y: Vec<f32> = dev.download(&c2, m * n).expect("download");
-                let err = x
-                    .iter()
-                    .zip(&y)
-                    .map(|(p, q)| (p - q).abs())
-                    .fold(0.0f32, f32::max);
-                line += &format!(
-                    ",\"cublas_tflops\":{theirs:.3},\"ratio\":{:.3},\"max_abs_diff\":{err:.2e}",
-                    ours / theirs
-                );
+                yard = Some((flops / tc / 1e12, y));
             }
-            println!("{line}}}");
+            // The mma.sync kernel, then (on sm_90) the sm_90a kernel with
+            // its default tiling and, on the large shape, the others.
+            // (path, sm_90a tiling, mma tiling); None: the default.
+            let mut variants: Vec<(GpuPath, Option<HopperTiling>, Option<Tiling>)> =
+                vec![(GpuPath::Mma, None, None)];
+            let portable = Tiling::heuristic(m, n, dt);
+            if cuda && Tiling::heuristic_cuda(m, n, dt) != portable {
+                // The CUDA default's deeper ring against the 48 KiB tiling.
+                variants.push((GpuPath::Mma, None, Some(portable)));
+            }
+            let base = GpuBrgemm::new(&d).expect("descriptor");
+            if cuda && base.path_on(&dev).ok() == Some(GpuPath::Mma) {
+                // Auto chose mma: the sm_90a kernel does not apply here.
+            } else if cuda {
+                variants.push((GpuPath::Wgmma, None, None));
+                if m * n >= 1 << 20 {
+                    let default = base.hopper_tiling();
+                    for (bn, stages) in [(128, 4), (128, 6), (256, 3), (256, 4)] {
+                        let h = HopperTiling { bn, stages };
+                        if h != default {
+                            variants.push((GpuPath::Wgmma, Some(h), None));
+                        }
+                    }
+                }
+            }
+            for (path, h, mt) in variants {
+                let dv = match mt {
+                    Some(t) => d.tiling(t),
+                    None => d,
+                };
+                let mut kern = GpuBrgemm::new(&dv).expect("descriptor").with_path(path);
+                if let Some(h) = h {
+                    kern = kern.with_hopper_tiling(h).expect("tiling");
+                }
+                let mut c = dev.alloc(m * n * 4).expect("alloc");
+                let run = |c: &mut brgemm_dl::gpu::Buffer| {
+                    kern.execute(&dev, &a, &b, c, None, None, batch)
+                };
+                if let Err(e) = run(&mut c) {
+                    println!(
+                        "{{\"bench\":\"gpu\",\"dtype\":\"{}\",\"m\":{m},\"n\":{n},\"k\":{k},\"batch\":{batch},\"path\":\"{path:?}\",\"error\":\"{}\"}}",
+                        dt.name(),
+                        e.to_string().replace('"', "'")
+                    );
+                    continue;
+                }
+                let t = time(&dev, reps, || {
+                    run(&mut c).expect("launch");
+                });
+                let ours = flops / t / 1e12;
+                let tile = match kern.path_on(&dev).expect("path") {
+                    GpuPath::Wgmma => {
+                        let h = kern.hopper_tiling();
+                        format!("128x{}x64/wgmma/{} stages", h.bn, h.stages)
+                    }
+                    _ => {
+                        let t = mt.unwrap_or_else(|| {
+                            if cuda {
+                                Tiling::heuristic_cuda(m, n, dt)
+                            } else {
+                                kern.descriptor().tiling.expect("resolved")
+                            }
+                        });
+                        format!(
+                            "{}x{}x{}/{}x{} warps/{} stages",
+                            t.bm, t.bn, t.bk, t.warps_m, t.warps_n, t.stages
+                        )
+                    }
+                };
+                let mut line = format!(
+                    "{{\"bench\":\"gpu\",\"device\":\"{}\",\"dtype\":\"{}\",\"m\":{m},\"n\":{n},\"k\":{k},\"batch\":{batch},\"path\":\"{:?}\",\"tile\":\"{tile}\",\"tflops\":{ours:.3}",
+                    dev.name(),
+                    dt.name(),
+                    kern.path_on(&dev).expect("path"),
+                );
+                if let Some((theirs, y)) = &yard {
+                    // Same inputs, same f32 accumulation: the results agree
+                    // to summation-order rounding.
+                    let x: Vec<f32> = dev.download(&c, m * n).expect("download");
+                    let err = x
+                        .iter()
+                        .zip(y)
+                        .map(|(p, q)| (p - q).abs())
+                        .fold(0.0f32, f32::max);
+                    line += &format!(
+                        ",\"cublas_tflops\":{theirs:.3},\"ratio\":{:.3},\"max_abs_diff\":{err:.2e}",
+                        ours / theirs
+                    );
+                }
+                println!("{line}}}");
+            }
         }
     }
 }

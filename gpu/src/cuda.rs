@@ -136,6 +136,33 @@ pub(crate) enum CuArg<'a> {
     Buf(&'a CudaSlice<u8>),
     I32(i32),
     F32(f32),
+    Tma(&'a TmaMap),
+}
+
+/// A TMA tensor map (`CUtensorMap`: 128 opaque bytes the driver encodes),
+/// passed to a kernel by value as a `__grid_constant__` parameter.
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+pub(crate) struct TmaMap([u64; 16]);
+
+// SAFETY: plain bytes, laid out as the kernel's `TmaMap` parameter.
+unsafe impl cudarc::driver::DeviceRepr for TmaMap {}
+
+/// One operand of the sm_90a kernel as TMA sees it: a rank-3 tensor of
+/// 16-bit elements, `dims` innermost first, `strides` in elements of the
+/// two outer dimensions, read in boxes of `boxes`, 128-byte swizzled.
+pub(crate) struct TmaOperand {
+    pub dims: [u64; 3],
+    pub strides: [u64; 2],
+    pub boxes: [u32; 3],
+}
+
+/// How a kernel is launched beyond its grid: the architecture it is
+/// compiled for (`None`: the device's) and its dynamic shared memory.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct LaunchOpts {
+    pub arch: Option<&'static str>,
+    pub dynamic_smem: u32,
 }
 
 impl CudaBackend {
@@ -190,6 +217,11 @@ impl CudaBackend {
             .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(cu)?;
         Ok(n.max(1) as usize)
+    }
+    /// Dynamic shared memory a block may opt into.
+    pub fn shared_optin(&self) -> Result<usize> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as OPTIN;
+        Ok(self.ctx.attribute(OPTIN).map_err(cu)?.max(0) as usize)
     }
     /// cuBLAS `C = A B` (column-major, no transposes) with `dtype` inputs,
     /// f32 output and f32 accumulation (`cublasGemmEx`): the yardstick of
@@ -278,7 +310,60 @@ impl CudaBackend {
         p
     }
 
-    pub(crate) fn launch(
+    /// Encodes the tensor map of `op` over the buffer `buf` (16-bit
+    /// elements of `dtype`): the driver checks alignment, strides and box
+    /// sizes, and its refusal comes back as an error naming the operand.
+    pub(crate) fn tma_map(
+        &self,
+        what: &str,
+        buf: &CudaSlice<u8>,
+        dtype: crate::GpuDtype,
+        op: &TmaOperand,
+    ) -> Result<TmaMap> {
+        use cudarc::driver::sys;
+        let ty = match dtype {
+            crate::GpuDtype::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            crate::GpuDtype::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            crate::GpuDtype::F32 => {
+                return Err(Error::Cuda(format!(
+                    "{what}: TMA path takes 16-bit operands"
+                )))
+            }
+        };
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        let strides = [op.strides[0] * 2, op.strides[1] * 2];
+        let ones = [1u32; 3];
+        // SAFETY: every array has the rank's length (strides one less), the
+        // address is a live allocation of this context, and `map` is an
+        // aligned, writable CUtensorMap.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                ty,
+                3,
+                self.address(buf) as *mut std::ffi::c_void,
+                op.dims.as_ptr(),
+                strides.as_ptr(),
+                op.boxes.as_ptr(),
+                ones.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+            .result()
+            .map_err(|e| {
+                Error::Cuda(format!(
+                    "{what}: tensor map of dims {:?}, strides {:?} elements, box {:?}: {e:?}",
+                    op.dims, op.strides, op.boxes
+                ))
+            })?;
+            Ok(TmaMap(map.assume_init().opaque))
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_with(
         &self,
         key: &str,
         source: impl FnOnce() -> String,
@@ -286,16 +371,26 @@ impl CudaBackend {
         grid: [u32; 3],
         block: u32,
         args: &[CuArg],
+        opts: LaunchOpts,
     ) -> Result<()> {
         let mut funcs = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
         if !funcs.get(key).is_some_and(|m| m.contains_key(name)) {
+            let arch = opts.arch.unwrap_or(self.arch);
             let image = if load_ptx() {
-                cudarc::nvrtc::Ptx::from_src(compile_ptx(&source(), key, self.arch)?)
+                cudarc::nvrtc::Ptx::from_src(compile_ptx(&source(), key, arch)?)
             } else {
-                cudarc::nvrtc::Ptx::from_binary(compile_cubin(&source(), key, self.arch)?)
+                cudarc::nvrtc::Ptx::from_binary(compile_cubin(&source(), key, arch)?)
             };
             let module = self.ctx.load_module(image).map_err(cu)?;
             let f = module.load_function(name).map_err(cu)?;
+            if opts.dynamic_smem > 48 * 1024 {
+                use cudarc::driver::sys::CUfunction_attribute_enum as A;
+                f.set_attribute(
+                    A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    opts.dynamic_smem as i32,
+                )
+                .map_err(cu)?;
+            }
             funcs
                 .entry(key.to_string())
                 .or_default()
@@ -308,12 +403,13 @@ impl CudaBackend {
                 CuArg::Buf(s) => b.arg(*s),
                 CuArg::I32(v) => b.arg(v),
                 CuArg::F32(v) => b.arg(v),
+                CuArg::Tma(m) => b.arg(*m),
             };
         }
         let cfg = LaunchConfig {
             grid_dim: (grid[0], grid[1], grid[2]),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: opts.dynamic_smem,
         };
         // SAFETY: the argument list matches the generated signature, and the
         // caller bounds-checked every buffer against the descriptor.

@@ -60,6 +60,17 @@ impl Buffer {
     pub(crate) fn holds(&self, n: usize, size: usize) -> bool {
         n.checked_mul(size).is_some_and(|b| b <= self.bytes)
     }
+    /// The CUDA allocation, or an error naming the buffer.
+    pub(crate) fn cuda_slice(&self, what: &str) -> Result<&cudarc::driver::CudaSlice<u8>> {
+        match &self.inner {
+            BufInner::Cuda(s) => Ok(s),
+            BufInner::OpenCl(_) => Err(invalid(
+                what,
+                "an OpenCL buffer",
+                "allocate it on this device",
+            )),
+        }
+    }
 }
 
 /// A launch argument.
@@ -78,7 +89,7 @@ impl Device {
             Backend::OpenCl => Inner::OpenCl(OpenClBackend::new()?),
         };
         let shared = match &inner {
-            Inner::Cuda(_) => crate::SHARED_LIMIT,
+            Inner::Cuda(c) => c.shared_optin()?,
             Inner::OpenCl(c) => c.local_memory()?,
         };
         Ok(Device {
@@ -121,9 +132,9 @@ impl Device {
         }
     }
 
-    /// Shared memory a block may use: the static limit on CUDA
-    /// ([`crate::SHARED_LIMIT`]; more needs the dynamic opt-in), the
-    /// device's local memory per work-group on OpenCL.
+    /// Shared memory a block may use: the opt-in maximum of dynamic shared
+    /// memory on CUDA (the kernels set the attribute), the device's local
+    /// memory per work-group on OpenCL.
     pub fn shared_memory(&self) -> usize {
         self.shared
     }
@@ -272,6 +283,22 @@ impl Device {
         block: usize,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_smem(key, source, name, grid, block, args, 0)
+    }
+
+    /// [`Device::launch`] of a kernel whose CUDA form takes `smem` bytes of
+    /// dynamic shared memory (its OpenCL form declares its own).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_smem(
+        &self,
+        key: &str,
+        source: impl FnOnce(crate::codegen::Target) -> String,
+        name: &str,
+        grid: [usize; 3],
+        block: usize,
+        args: &[Arg],
+        smem: usize,
+    ) -> Result<()> {
         if grid.contains(&0) {
             return Ok(());
         }
@@ -295,13 +322,17 @@ impl Device {
                     });
                 }
                 let g = |x: usize| u32::try_from(x).map_err(|_| invalid("grid", x, "exceeds u32"));
-                c.launch(
+                c.launch_with(
                     key,
                     || source(crate::codegen::Target::Cuda),
                     name,
                     [g(grid[0])?, g(grid[1])?, g(grid[2])?],
                     block as u32,
                     &a,
+                    crate::cuda::LaunchOpts {
+                        arch: None,
+                        dynamic_smem: smem as u32,
+                    },
                 )
             }
             Inner::OpenCl(c) => {

@@ -1,9 +1,11 @@
 //! A planned GPU BRGEMM and the device tables of the offset and address forms.
 
 use crate::codegen::{brgemm_source, emulates_mma, kernel_names, split_reduce_source, Target};
+use crate::cuda::{CuArg, LaunchOpts, TmaOperand};
 use crate::desc::{GpuBatch, GpuDescriptor};
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
+use crate::hopper::{batch_inner, hopper_ineligible, GpuPath, HopperTiling};
 use crate::tiling::Tiling;
 
 /// The A_i/B_i tables of the offset or address form, checked against the
@@ -139,6 +141,16 @@ pub struct GpuBrgemm {
     reduce_name: String,
     /// A forced split ([`GpuBrgemm::with_split`]).
     split: Option<usize>,
+    /// Which CUDA kernel ([`GpuBrgemm::with_path`]).
+    path: GpuPath,
+    /// The `mma.sync` kernel's CUDA plan where it differs from the
+    /// portable one: the default tiling with the deeper ring that opting
+    /// into more shared memory allows ([`Tiling::heuristic_cuda`]), and its
+    /// kernel names.
+    cuda: Option<(GpuDescriptor, String, String)>,
+    /// The sm_90a kernel's tiling, and its name (made once here).
+    hopper: HopperTiling,
+    hopper_name: String,
 }
 
 impl GpuBrgemm {
@@ -146,12 +158,69 @@ impl GpuBrgemm {
     pub fn new(d: &GpuDescriptor) -> Result<GpuBrgemm> {
         let desc = d.validate()?;
         let (name, reduce_name) = kernel_names(&desc);
+        let hopper = HopperTiling::heuristic(desc.n);
+        let deep = Tiling::heuristic_cuda(desc.m, desc.n, desc.dtype);
+        let cuda = (d.tiling.is_none() && desc.tiling != Some(deep)).then(|| {
+            let c = GpuDescriptor {
+                tiling: Some(deep),
+                ..desc
+            };
+            let (n, r) = kernel_names(&c);
+            (c, n, r)
+        });
         Ok(GpuBrgemm {
+            cuda,
             name,
             reduce_name,
+            hopper_name: crate::codegen::wgmma_name(&desc, &hopper),
+            hopper,
             desc,
             split: None,
+            path: GpuPath::Auto,
         })
+    }
+
+    /// Chooses the CUDA kernel: [`GpuPath::Auto`] (the default) takes the
+    /// sm_90a kernel where it applies; forcing [`GpuPath::Wgmma`] makes
+    /// every launch where it does not an error. OpenCL ignores it.
+    pub fn with_path(mut self, path: GpuPath) -> GpuBrgemm {
+        self.path = path;
+        self
+    }
+
+    /// Sets the sm_90a kernel's tiling (default
+    /// [`HopperTiling::heuristic`]), checked.
+    pub fn with_hopper_tiling(mut self, h: HopperTiling) -> Result<GpuBrgemm> {
+        h.validate()?;
+        self.hopper_name = crate::codegen::wgmma_name(&self.desc, &h);
+        self.hopper = h;
+        Ok(self)
+    }
+
+    /// The sm_90a kernel's tiling.
+    pub fn hopper_tiling(&self) -> HopperTiling {
+        self.hopper
+    }
+
+    /// The kernel a launch on `dev` runs: `Mma` or `Wgmma` (never `Auto`);
+    /// an error where `Wgmma` was forced and cannot run, saying why.
+    pub fn path_on(&self, dev: &Device) -> Result<GpuPath> {
+        let Some(cuda) = dev.cuda() else {
+            return Ok(GpuPath::Mma);
+        };
+        let why = if cuda.arch() != "sm_90" {
+            Some(format!(
+                "the device is {} (the kernel needs sm_90)",
+                cuda.arch()
+            ))
+        } else {
+            hopper_ineligible(&self.desc)
+        };
+        match (self.path, why) {
+            (GpuPath::Mma, _) | (GpuPath::Auto, Some(_)) => Ok(GpuPath::Mma),
+            (_, None) => Ok(GpuPath::Wgmma),
+            (GpuPath::Wgmma, Some(w)) => Err(invalid("path", "Wgmma", w)),
+        }
     }
 
     /// The resolved descriptor.
@@ -185,12 +254,20 @@ impl GpuBrgemm {
             crate::Backend::Cuda => Target::Cuda,
             crate::Backend::OpenCl => Target::OpenCl,
         };
-        fits_shared(
-            d,
-            emulates_mma(target, d.dtype),
-            dev.shared_memory(),
-            dev.name(),
-        )?;
+        let path = self.path_on(dev)?;
+        // The mma.sync kernel's plan for this backend.
+        let (dm, name, reduce_name) = match (&self.cuda, target) {
+            (Some((cd, n, r)), Target::Cuda) => (cd, n, r),
+            _ => (d, &self.name, &self.reduce_name),
+        };
+        if path == GpuPath::Mma {
+            fits_shared(
+                dm,
+                emulates_mma(target, d.dtype),
+                dev.shared_memory(),
+                dev.name(),
+            )?;
+        }
         if batch > i32::MAX as usize / d.k.div_ceil(d.tiling.expect("validated").bk) {
             return Err(invalid("batch", batch, "too many pairs for one launch"));
         }
@@ -275,6 +352,10 @@ impl GpuBrgemm {
             (true, None) => return Err(invalid("bias", "none", "the descriptor fuses a bias")),
             (false, _) => a,
         };
+        if path == GpuPath::Wgmma {
+            return self.execute_wgmma(dev, a, b, c, bias, batch);
+        }
+        let d = dm;
         let (ta, tb) = table.map(|t| (&t.a, &t.b)).unwrap_or((a, b));
         let t = d.tiling.expect("validated");
         let (gx, gy) = (d.n.div_ceil(t.bn), d.m.div_ceil(t.bm));
@@ -289,10 +370,10 @@ impl GpuBrgemm {
         // aliasing honest for callers.
         let c: &Buffer = c;
         let main = |p: &Buffer| {
-            dev.launch(
-                &self.name,
+            dev.launch_smem(
+                name,
                 |target| brgemm_source(&desc, target).0,
-                &self.name,
+                name,
                 [gx, gy, splits],
                 t.threads(),
                 &[
@@ -305,6 +386,7 @@ impl GpuBrgemm {
                     Arg::I32(batch as i32),
                     Arg::Buf(p),
                 ],
+                t.shared_bytes(d.dtype),
             )
         };
         if splits == 1 {
@@ -314,20 +396,96 @@ impl GpuBrgemm {
         let scratch = dev.scratch(partials * 4)?;
         let p = scratch.as_ref().expect("sized by scratch()");
         main(p)?;
-        const BLOCK: usize = 256;
-        dev.launch(
-            &self.reduce_name,
-            |target| split_reduce_source(&desc, target).0,
-            &self.reduce_name,
-            [(d.m * d.n).div_ceil(BLOCK), 1, 1],
-            BLOCK,
-            &[
-                Arg::Buf(c),
-                Arg::Buf(bias),
-                Arg::Buf(p),
-                Arg::I32(splits as i32),
-            ],
-        )
+        reduce_splits(dev, &desc, reduce_name, c, bias, p, splits)
+    }
+
+    /// The sm_90a launch, after `execute`'s checks: tensor maps over A and
+    /// B, then the same split and reduction as the `mma.sync` path.
+    fn execute_wgmma(
+        &self,
+        dev: &Device,
+        a: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+        bias: &Buffer,
+        batch: usize,
+    ) -> Result<()> {
+        let d = &self.desc;
+        let cuda = dev.cuda().expect("path_on checked the backend");
+        let GpuBatch::Stride { a: sa, b: sb } = d.batch_form else {
+            unreachable!("path_on checked the form")
+        };
+        let h = self.hopper;
+        let nb = batch.max(1) as u64;
+        // (inner, outer, batch) or, where the batch stride is the smaller,
+        // (inner, batch, outer): TMA wants growing strides.
+        let op = |inner: usize, outer: usize, ld: usize, stride: usize, bx: [u32; 2]| {
+            if batch_inner(ld, stride) {
+                TmaOperand {
+                    dims: [inner as u64, nb, outer as u64],
+                    strides: [stride as u64, ld as u64],
+                    boxes: [bx[0], 1, bx[1]],
+                }
+            } else {
+                TmaOperand {
+                    dims: [inner as u64, outer as u64, nb],
+                    strides: [ld as u64, stride as u64],
+                    boxes: [bx[0], bx[1], 1],
+                }
+            }
+        };
+        let bk = HopperTiling::BK as u32;
+        let ma = cuda.tma_map(
+            "A",
+            a.cuda_slice("A")?,
+            d.dtype,
+            &op(d.m, d.k, d.lda, sa, [64, bk]),
+        )?;
+        let mb = cuda.tma_map(
+            "B",
+            b.cuda_slice("B")?,
+            d.dtype,
+            &op(d.k, d.n, d.ldb, sb, [bk, h.bn as u32]),
+        )?;
+        let (gx, gy) = (d.n.div_ceil(h.bn), d.m.div_ceil(HopperTiling::BM));
+        let tiles = batch * d.k.div_ceil(HopperTiling::BK);
+        let splits = match self.split {
+            Some(s) => s.clamp(1, tiles.max(1)),
+            None => Tiling::split(gx * gy, tiles, dev.compute_units()?),
+        };
+        if gx == 0 || gy == 0 {
+            return Ok(());
+        }
+        let desc = *d;
+        let opts = LaunchOpts {
+            arch: Some("sm_90a"),
+            dynamic_smem: h.shared_bytes() as u32,
+        };
+        let main = |p: &Buffer| -> Result<()> {
+            cuda.launch_with(
+                &self.hopper_name,
+                || crate::codegen::wgmma_source(&desc, &h).0,
+                &self.hopper_name,
+                [gx as u32, gy as u32, splits as u32],
+                HopperTiling::THREADS as u32,
+                &[
+                    CuArg::Tma(&ma),
+                    CuArg::Tma(&mb),
+                    CuArg::Buf(c.cuda_slice("C")?),
+                    CuArg::Buf(bias.cuda_slice("bias")?),
+                    CuArg::I32(batch as i32),
+                    CuArg::Buf(p.cuda_slice("P")?),
+                ],
+                opts,
+            )
+        };
+        if splits == 1 {
+            return main(c);
+        }
+        let scratch = dev.scratch(splits * d.m * d.n * 4)?;
+        let p = scratch.as_ref().expect("sized by scratch()");
+        main(p)?;
+        reduce_splits(dev, &desc, &self.reduce_name, c, bias, p, splits)
     }
 
     /// Forces the number of slices the batch-reduce loop is split into
@@ -339,10 +497,39 @@ impl GpuBrgemm {
     }
 }
 
-/// The tiling was validated against the CUDA static limit; an OpenCL device
-/// may have less local memory per work-group (`have` bytes, read when the
-/// device opened): a tiling that needs more (with the `emulated` tensor
-/// core's fragment scratch) is an error naming both.
+/// Finishes a split launch: the slices' partial sums in `p` added in
+/// order into `c`, through `d`'s epilogue (the kernel `name`).
+fn reduce_splits(
+    dev: &Device,
+    d: &GpuDescriptor,
+    name: &str,
+    c: &Buffer,
+    bias: &Buffer,
+    p: &Buffer,
+    splits: usize,
+) -> Result<()> {
+    const BLOCK: usize = 256;
+    let desc = *d;
+    dev.launch(
+        name,
+        |target| split_reduce_source(&desc, target).0,
+        name,
+        [(d.m * d.n).div_ceil(BLOCK), 1, 1],
+        BLOCK,
+        &[
+            Arg::Buf(c),
+            Arg::Buf(bias),
+            Arg::Buf(p),
+            Arg::I32(splits as i32),
+        ],
+    )
+}
+
+/// The tiling was validated against [`crate::SHARED_OPTIN_LIMIT`]; a device
+/// may have less (`have` bytes, read when it opened: an OpenCL device's
+/// local memory per work-group, a CUDA device's opt-in maximum): a tiling
+/// that needs more (with the `emulated` tensor core's fragment scratch) is
+/// an error naming both.
 fn fits_shared(d: &GpuDescriptor, emulated: bool, have: usize, device: &str) -> Result<()> {
     let t = d.tiling.expect("validated");
     let scratch = if emulated {

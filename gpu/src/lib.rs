@@ -47,6 +47,7 @@ mod device;
 mod dtype;
 mod error;
 mod fc;
+pub mod hopper;
 
 mod kernel;
 mod mlp;
@@ -63,9 +64,10 @@ pub use desc::{GpuBatch, GpuDescriptor, GpuDtype};
 pub use device::{Backend, Buffer, Device};
 pub use error::{Error, Result};
 pub use fc::GpuFc;
+pub use hopper::{GpuPath, HopperTiling};
 
 pub use kernel::{BatchTable, GpuBrgemm};
 pub use mlp::GpuMlp;
 
 pub use opencl::OpenClBackend;
-pub use tiling::{Tiling, REGISTER_OVERHEAD, SHARED_LIMIT};
+pub use tiling::{Tiling, REGISTER_OVERHEAD, SHARED_LIMIT, SHARED_OPTIN_LIMIT};

@@ -17,9 +17,16 @@ use crate::error::{invalid, Result};
 /// budget keeps a margin of 9 over the largest.
 pub const REGISTER_OVERHEAD: usize = 144;
 
-/// Shared memory the generated kernels stay under: the static limit every
-/// sm_80+ device gives without an opt-in attribute.
+/// Shared memory the portable default tilings stay under: what every
+/// sm_80+ device gives a block without the opt-in attribute, and what
+/// OpenCL GPUs commonly have.
 pub const SHARED_LIMIT: usize = 48 * 1024;
+
+/// Shared memory any tiling may use: the smallest opt-in maximum of an
+/// sm_80+ device (99 KiB on sm_86/sm_89; sm_80 allows 163, sm_90 227). The
+/// CUDA kernel takes its tiles in dynamic shared memory with the opt-in
+/// attribute set; on OpenCL the device's local memory is checked at launch.
+pub const SHARED_OPTIN_LIMIT: usize = 99 * 1024;
 
 /// Padding (elements) of each shared-memory row: keeps `ldmatrix` row
 /// addresses 16-byte aligned and spreads the 8 rows of one 8x8 matrix over
@@ -122,9 +129,21 @@ impl Tiling {
 
     /// The default for a problem: the largest of 128/64/32 that the problem
     /// fills in each dimension; warps own 64x32 (or 32x32) of C; as many
-    /// stages (2..=4) as fit in 48 KiB.
+    /// stages (2..=4) as fit in 48 KiB ([`SHARED_LIMIT`]).
     /// `m` x `n` is C's shape, `dtype` the operands' type.
     pub fn heuristic(m: usize, n: usize, dtype: GpuDtype) -> Tiling {
+        Self::heuristic_within(m, n, dtype, SHARED_LIMIT)
+    }
+
+    /// The CUDA default: [`Tiling::heuristic`]'s tile with as many stages
+    /// (up to 4) as fit in [`SHARED_OPTIN_LIMIT`], which every sm_80+
+    /// device gives a block that opts in: the deeper ring hides more of the
+    /// load latency.
+    pub fn heuristic_cuda(m: usize, n: usize, dtype: GpuDtype) -> Tiling {
+        Self::heuristic_within(m, n, dtype, SHARED_OPTIN_LIMIT)
+    }
+
+    fn heuristic_within(m: usize, n: usize, dtype: GpuDtype, limit: usize) -> Tiling {
         let pick = |x: usize| {
             if x > 64 {
                 128
@@ -145,16 +164,17 @@ impl Tiling {
             warps_n,
             stages: 4,
         };
-        while t.stages > 2 && t.shared_bytes(dtype) > SHARED_LIMIT {
+        while t.stages > 2 && t.shared_bytes(dtype) > limit {
             t.stages -= 1;
         }
-        if t.shared_bytes(dtype) > SHARED_LIMIT {
+        if t.shared_bytes(dtype) > limit {
             t.bk = 16;
         }
         t
     }
 
-    /// Checks that the fragments tile the block and the stages fit.
+    /// Checks that the fragments tile the block and the stages fit in
+    /// [`SHARED_OPTIN_LIMIT`].
     pub fn validate(&self, dtype: GpuDtype) -> Result<()> {
         let name = format!("{self:?}");
         if self.warps_m == 0 || self.warps_n == 0 || self.threads() > 1024 {
@@ -189,11 +209,11 @@ impl Tiling {
             ));
         }
         let bytes = self.shared_bytes(dtype);
-        if bytes > SHARED_LIMIT {
+        if bytes > SHARED_OPTIN_LIMIT {
             return Err(invalid(
                 "tiling",
                 name,
-                format!("needs {bytes} bytes of shared memory, more than {SHARED_LIMIT}"),
+                format!("needs {bytes} bytes of shared memory, more than {SHARED_OPTIN_LIMIT}"),
             ));
         }
         Ok(())

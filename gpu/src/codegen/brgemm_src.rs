@@ -1,9 +1,8 @@
 //! The BRGEMM skeleton (see the module above for what is shared).
 
 use super::fragment;
-use super::{activation_expr, emulates_mma, float_lit, kernel_names, prelude, Target};
+use super::{activation_expr, emulates_mma, epilogue_value, kernel_names, prelude, Target};
 use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
-use brgemm::Beta;
 use std::fmt::Write;
 
 /// Source of the kernel for a validated descriptor, and its function name.
@@ -118,10 +117,26 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
         "__restrict__",
         if cuda { "__restrict__" } else { "restrict" },
     );
+    if cuda {
+        // Dynamic shared memory (the opt-in attribute lets the ring go past
+        // 48 KiB), 16-byte aligned: cp.async destinations, ldmatrix rows.
+        writeln!(
+            s,
+            "  extern __shared__ __align__(16) unsigned char smem_dyn[];\n  \
+             {et} (*As)[BK][AROW] = reinterpret_cast<{et} (*)[BK][AROW]>(smem_dyn);\n  \
+             {et} (*Bs)[BN][BROW] = reinterpret_cast<{et} (*)[BN][BROW]>(smem_dyn + (idx_t)STAGES * BK * AROW * ESZ);"
+        )
+        .unwrap();
+    } else {
+        writeln!(
+            s,
+            "  SHARED ALIGN16 {et} As[STAGES][BK][AROW];\n  SHARED ALIGN16 {et} Bs[STAGES][BN][BROW];"
+        )
+        .unwrap();
+    }
     writeln!(
         s,
-        "  // 16-byte alignment: cp.async destinations and ldmatrix rows.\n  \
-         SHARED ALIGN16 {et} As[STAGES][BK][AROW];\n  SHARED ALIGN16 {et} Bs[STAGES][BN][BROW];\n  \
+        "  \
          const int tid = TID, lane = tid & 31, warp = tid >> 5;\n  \
          const int wm = warp / WARPS_N, wn = warp % WARPS_N;\n  \
          const int g = lane >> 2, tg = lane & 3;\n  \
@@ -216,13 +231,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
         // Drain the (empty) trailing groups before the block exits.
         s.push_str("  CP_ASYNC_WAIT(0);\n");
     }
-    let mut v_expr = format!("{} * acc[fm][fn][s]", float_lit(d.alpha));
-    if matches!(d.beta, Beta::One) {
-        v_expr = format!("{v_expr} + C[ci]");
-    }
-    if d.epilogue.bias {
-        v_expr = format!("{v_expr} + bias[r]");
-    }
+    let v_expr = epilogue_value(d, "acc[fm][fn][s]");
     writeln!(
         s,
         "  #pragma unroll\n  for (int fm = 0; fm < FM; ++fm)\n    #pragma unroll\n    for (int fn = 0; fn < FN; ++fn)\n      \
@@ -254,13 +263,7 @@ pub fn split_reduce_source(d: &GpuDescriptor, target: Target) -> (String, String
         d.m, d.n, d.ldc
     )
     .unwrap();
-    let mut v = format!("{} * v", float_lit(d.alpha));
-    if matches!(d.beta, Beta::One) {
-        v = format!("{v} + C[ci]");
-    }
-    if d.epilogue.bias {
-        v = format!("{v} + bias[r]");
-    }
+    let v = epilogue_value(d, "v");
     writeln!(
         s,
         "KERNEL {name}(GLOBAL float* C, GLOBAL const float* bias, GLOBAL const float* P, int splits) {{\n  \

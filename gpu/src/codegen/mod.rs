@@ -14,15 +14,20 @@
 //! `fragment` module, and for f32 scalar FMAs over the C fragment elements).
 //! So the OpenCL twin, which CI runs on PoCL, executes the tiling, edge
 //! handling, batch addressing and epilogue that the CUDA kernel uses.
+//!
+//! [`wgmma_source`] writes the sm_90a kernel (TMA, `mbarrier`, `wgmma`;
+//! see [`crate::hopper`]) with the same epilogue and split-K partials.
 
 mod brgemm_src;
 mod elementwise;
 mod fragment;
+mod wgmma;
 
 pub use brgemm_src::{brgemm_source, split_reduce_source};
 pub use elementwise::{elementwise_source, ElementwiseKernel};
 #[doc(hidden)]
 pub use fragment::{set_fragment_fault, FragmentFault};
+pub use wgmma::{wgmma_name, wgmma_source};
 
 /// The function names of `d`'s BRGEMM kernel and of its split reduction
 /// (each also its program's cache key), with a planted fragment fault's
@@ -87,6 +92,20 @@ pub(crate) fn prelude(t: Target) -> &'static str {
              inline u16 f32_to_f16(float f) { u16 h; vstore_half_rte(f, 0, (half*)&h); return h; }\n"
         }
     }
+}
+
+/// The epilogue's value before the activation, for the f32 sum `acc`:
+/// `alpha * acc`, plus `C[ci]` with beta 1, plus `bias[r]` with a bias
+/// (the names `C`, `ci`, `bias`, `r` are the kernels').
+pub(crate) fn epilogue_value(d: &crate::desc::GpuDescriptor, acc: &str) -> String {
+    let mut v = format!("{} * {acc}", float_lit(d.alpha));
+    if matches!(d.beta, brgemm::Beta::One) {
+        v = format!("{v} + C[ci]");
+    }
+    if d.epilogue.bias {
+        v = format!("{v} + bias[r]");
+    }
+    v
 }
 
 /// The activation's name in generated kernel names.

@@ -4,7 +4,7 @@
 
 use brgemm::{Activation, Beta};
 use brgemm_gpu::{
-    Backend, BatchTable, Buffer, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype,
+    Backend, BatchTable, Buffer, Device, GpuBatch, GpuBrgemm, GpuDescriptor, GpuDtype, HopperTiling,
 };
 use half::{bf16, f16};
 use std::sync::OnceLock;
@@ -25,11 +25,18 @@ pub fn opencl() -> Option<&'static Device> {
 }
 
 /// The CUDA device, or `None` with a plain line saying the numeric CUDA
-/// tests were skipped.
+/// tests were skipped (a failure when `BRGEMM_REQUIRE_CUDA=1`: the GPU
+/// machine's script).
 pub fn cuda() -> Option<&'static Device> {
     static DEV: OnceLock<Option<Device>> = OnceLock::new();
-    DEV.get_or_init(|| open(Backend::Cuda, None, "numeric CUDA tests need a CUDA device"))
-        .as_ref()
+    DEV.get_or_init(|| {
+        open(
+            Backend::Cuda,
+            Some("BRGEMM_REQUIRE_CUDA"),
+            "numeric CUDA tests need a CUDA device",
+        )
+    })
+    .as_ref()
 }
 
 fn open(b: Backend, require: Option<&str>, what: &str) -> Option<Device> {
@@ -186,7 +193,11 @@ impl Problem {
     /// [`Problem::run`] with the batch-reduce loop split into `splits`
     /// slices (`None`: the device's default).
     pub fn run_split(&self, dev: &Device, splits: Option<usize>) -> brgemm_gpu::Result<Vec<f32>> {
-        let k = GpuBrgemm::new(&self.d)?.with_split(splits);
+        self.run_kernel(dev, GpuBrgemm::new(&self.d)?.with_split(splits))
+    }
+
+    /// Runs the planned kernel `k` (made for this problem's descriptor).
+    pub fn run_kernel(&self, dev: &Device, k: GpuBrgemm) -> brgemm_gpu::Result<Vec<f32>> {
         let a = upload(dev, self.d.dtype, &self.a);
         let b = upload(dev, self.d.dtype, &self.b);
         let mut c = dev.upload(&self.c0)?;
@@ -250,6 +261,47 @@ pub fn act64(a: Activation, x: f64) -> f64 {
         }
         _ => x,
     }
+}
+
+/// A case for the sm_90a kernel: 16-bit operands in the stride form with
+/// 16-byte aligned leading dimensions and strides (some batch strides below
+/// the leading dimension, as in B_i = B + i*k), edges in m, n and k, zero
+/// and odd batches, every tile width, and some forced splits.
+pub fn hopper_case(seed: u64) -> (GpuDescriptor, usize, HopperTiling, Option<usize>) {
+    let mut r = Lcg(seed);
+    let dt = [GpuDtype::Bf16, GpuDtype::F16][r.below(2)];
+    let pick = |r: &mut Lcg| [1, 8, 50, 64, 65, 128, 130, 200, 257][r.below(9)];
+    let (m, n, k) = (pick(&mut r), pick(&mut r), pick(&mut r));
+    let up = |x: usize| x.div_ceil(8) * 8;
+    let batch = [0, 1, 2, 3, 5][r.below(5)];
+    let (lda, ldc) = (up(m + r.below(9)), m + r.below(3));
+    let (ldb, sb) = if r.below(3) == 0 {
+        // B_i side by side along k inside one wide B.
+        (up(k) * batch.max(1), up(k))
+    } else {
+        let ldb = up(k + r.below(9));
+        (ldb, ldb * n + 8 * r.below(3))
+    };
+    let d = GpuDescriptor::new(m, n, k)
+        .dtype(dt)
+        .lda(lda)
+        .ldb(ldb)
+        .ldc(ldc)
+        .alpha([1.0, 0.5, -2.0][r.below(3)])
+        .beta(if r.below(2) == 1 {
+            Beta::One
+        } else {
+            Beta::Zero
+        })
+        .epilogue(r.below(2) == 1, ACTS[r.below(5)])
+        .batch(GpuBatch::Stride {
+            a: lda * k + 8 * r.below(3),
+            b: sb,
+        });
+    let bn = [64, 128, 256][r.below(3)];
+    let stages = [2, 3, 4][r.below(3)];
+    let split = [None, None, Some(2), Some(7)][r.below(4)];
+    (d, batch, HopperTiling { bn, stages }, split)
 }
 
 /// Every activation the epilogue fuses.
