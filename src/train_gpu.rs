@@ -1,10 +1,14 @@
 //! The MLP training loop on a GPU (or any OpenCL device): the same data,
 //! split, shuffles, initial weights and epoch report as [`crate::train`],
-//! with forward, loss, backward and optimizer on the device.
+//! with forward, loss, backward and optimizer on the device. The training
+//! and test sets are uploaded once; a step sends only its minibatch's
+//! indices, and the host reads the losses every
+//! [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end (so a non-finite
+//! loss stops the run within that many steps).
 
 use crate::data::Dataset;
 use crate::train::{run_epochs, EpochPlan, EpochReport, TrainConfig};
-use brgemm_gpu::{Backend, Device, GpuDtype, GpuMlp, Result};
+use brgemm_gpu::{Backend, Device, GpuDataset, GpuDtype, GpuMlp, Result};
 use brgemm_nn::models::LayerSpec;
 
 /// Rows `idx` of `data`, row-major, and their labels.
@@ -17,7 +21,21 @@ fn gather(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<usize>) {
     (x, idx.iter().map(|&i| data.y[i]).collect())
 }
 
-/// Accuracy of `model` on `data`.
+/// Accuracy of `model` on `data` (uploaded to the device as `on_dev`).
+fn accuracy_on(
+    model: &mut GpuMlp,
+    dev: &Device,
+    data: &Dataset,
+    on_dev: &GpuDataset,
+) -> Result<f64> {
+    let batch = model.batch();
+    accuracy_in_batches(model, data.len(), batch, |m, chunk| {
+        let labels = chunk.iter().map(|&i| data.y[i]).collect();
+        Ok((m.predict_on(dev, on_dev, chunk)?, labels))
+    })
+}
+
+/// Accuracy of `model` on `data`, uploaded minibatch by minibatch.
 pub fn accuracy(model: &mut GpuMlp, dev: &Device, data: &Dataset) -> Result<f64> {
     let batch = model.batch();
     accuracy_in_batches(model, data.len(), batch, |m, chunk| {
@@ -54,24 +72,36 @@ pub fn train(
         whole_batches: false,
         seed: cfg.seed ^ 0x5eed,
     };
+    let (train_d, test_d) = (
+        GpuDataset::upload(&dev, &train.x, &train.y, train.features)?,
+        GpuDataset::upload(&dev, &test.x, &test.y, test.features)?,
+    );
+    let steps_per_epoch = train.len().div_ceil(cfg.batch.max(1)) as u64;
     run_epochs(
         &mut model,
         plan,
         |m, chunk, index| {
-            let (x, labels) = gather(train, chunk);
-            let loss = m.train_step(&dev, &x, &labels, &cfg.optimizer)?;
-            // The gradients stay on the device: the loss is what is checked
-            // (a non-finite gradient makes the next step's loss non-finite).
-            if cfg.check_finite && !loss.is_finite() {
-                return Err(brgemm_gpu::Error::Invalid {
-                    what: format!("loss at step {index}"),
-                    value: loss.to_string(),
-                    why: "not finite: training stopped".into(),
-                });
+            m.train_step_on(&dev, &train_d, chunk, &cfg.optimizer)?;
+            // The losses wait on the device: read them (one blocking copy)
+            // every LOSS_WINDOW steps and at the epoch's end, and hand the
+            // epoch loop their sum (its mean then counts every step).
+            let done = index + 1;
+            if done % GpuMlp::LOSS_WINDOW as u64 != 0 && done % steps_per_epoch != 0 {
+                return Ok(0.0);
             }
-            Ok(loss)
+            let losses = m.losses(&dev)?;
+            if cfg.check_finite {
+                if let Some((i, l)) = losses.iter().enumerate().find(|(_, l)| !l.is_finite()) {
+                    return Err(brgemm_gpu::Error::Invalid {
+                        what: format!("loss at step {}", done - losses.len() as u64 + i as u64),
+                        value: l.to_string(),
+                        why: "not finite: training stopped".into(),
+                    });
+                }
+            }
+            Ok(losses.iter().sum())
         },
-        |m| accuracy(m, &dev, test),
+        |m| accuracy_on(m, &dev, test, &test_d),
         &mut report,
     )?;
     Ok((model, dev))

@@ -98,12 +98,12 @@ pub fn bench_gpu(args: &[String], quick: bool) {
             // (path, sm_90a tiling, mma tiling); None: the default.
             let mut variants: Vec<(GpuPath, Option<HopperTiling>, Option<Tiling>)> =
                 vec![(GpuPath::Mma, None, None)];
+            let base = GpuBrgemm::new(&d).expect("descriptor");
             let portable = Tiling::heuristic(m, n, dt);
-            if cuda && Tiling::heuristic_cuda(m, n, dt) != portable {
+            if cuda && base.mma_tiling(&dev, batch).ok() != Some(portable) {
                 // The CUDA default's deeper ring against the 48 KiB tiling.
                 variants.push((GpuPath::Mma, None, Some(portable)));
             }
-            let base = GpuBrgemm::new(&d).expect("descriptor");
             if cuda && base.path_on(&dev).ok() == Some(GpuPath::Mma) {
                 // Auto chose mma: the sm_90a kernel does not apply here.
             } else if cuda {
@@ -149,13 +149,7 @@ pub fn bench_gpu(args: &[String], quick: bool) {
                         format!("128x{}x64/wgmma/{} stages", h.bn, h.stages)
                     }
                     _ => {
-                        let t = mt.unwrap_or_else(|| {
-                            if cuda {
-                                Tiling::heuristic_cuda(m, n, dt)
-                            } else {
-                                kern.descriptor().tiling.expect("resolved")
-                            }
-                        });
+                        let t = kern.mma_tiling(&dev, batch).expect("tiling");
                         format!(
                             "{}x{}x{}/{}x{} warps/{} stages",
                             t.bm, t.bn, t.bk, t.warps_m, t.warps_n, t.stages

@@ -194,7 +194,49 @@ impl GpuFc {
     }
 
     /// `y = act(W x + b)`: x is `C x N`, w `K x C`, b length K, y `K x N`.
+    /// Converts W for this product; a training loop packs it once per
+    /// step instead ([`GpuFc::pack_weights`], [`GpuFc::forward_packed`]).
     pub fn forward(
+        &mut self,
+        dev: &Device,
+        x: &Buffer,
+        w: &Buffer,
+        b: &Buffer,
+        y: &mut Buffer,
+    ) -> Result<()> {
+        self.check("w", w, self.k * self.c)?;
+        if let Some(wd) = &self.wd {
+            self.convert(dev, w, wd, self.k, self.c, false)?;
+        }
+        self.forward_packed(dev, x, w, b, y)
+    }
+
+    /// Writes W (`K x C`, f32) in the GEMM type as the forward product
+    /// reads it and transposed as backward-data reads it, in one pass:
+    /// what [`GpuFc::forward_packed`] and [`GpuFc::backward_packed`] use
+    /// until the weights change (a training loop calls it after each
+    /// optimizer step).
+    pub fn pack_weights(&mut self, dev: &Device, w: &Buffer) -> Result<()> {
+        let (c, k) = (self.c, self.k);
+        self.check("w", w, k * c)?;
+        let y = self.wd.as_ref().unwrap_or(&self.wtd);
+        dev.launch_elementwise(
+            EK::Pack(self.dtype),
+            k * c,
+            &[
+                Arg::Buf(w),
+                Arg::Buf(y),
+                Arg::Buf(&self.wtd),
+                Arg::I32(i32_of("k", k)?),
+                Arg::I32(i32_of("c", c)?),
+                Arg::I32(self.wd.is_some() as i32),
+            ],
+        )
+    }
+
+    /// [`GpuFc::forward`] on the weights [`GpuFc::pack_weights`] last
+    /// packed (`w` is read as it is only by f32 layers).
+    pub fn forward_packed(
         &mut self,
         dev: &Device,
         x: &Buffer,
@@ -208,14 +250,15 @@ impl GpuFc {
         self.check("b", b, k)?;
         self.check("y", y, k * n)?;
         let xo = self.operand(dev, x, &self.xd, c, n)?;
-        let wo = self.operand(dev, w, &self.wd, k, c)?;
+        let wo = self.wd.as_ref().unwrap_or(w);
         let batch = c / self.fwd.descriptor().k;
         self.fwd.execute(dev, wo, xo, y, Some(b), None, batch)
     }
 
     /// From `dy` (gradient at the output y, `K x N`): keeps dZ = dy *
     /// act'(y) for [`GpuFc::update`] and, when `dx` is given, writes
-    /// dX = W^T dZ (`C x N`).
+    /// dX = W^T dZ (`C x N`). Transposes W for this product; a training
+    /// loop packs it once per step ([`GpuFc::backward_packed`]).
     pub fn backward(
         &mut self,
         dev: &Device,
@@ -224,10 +267,25 @@ impl GpuFc {
         w: &Buffer,
         dx: Option<&mut Buffer>,
     ) -> Result<()> {
+        self.check("w", w, self.k * self.c)?;
+        if dx.is_some() {
+            self.convert(dev, w, &self.wtd, self.c, self.k, true)?;
+        }
+        self.backward_packed(dev, dy, y, dx)
+    }
+
+    /// [`GpuFc::backward`] on the transposed weights
+    /// [`GpuFc::pack_weights`] last packed.
+    pub fn backward_packed(
+        &mut self,
+        dev: &Device,
+        dy: &Buffer,
+        y: &Buffer,
+        dx: Option<&mut Buffer>,
+    ) -> Result<()> {
         let (c, k, n) = (self.c, self.k, self.n);
         self.check("dy", dy, k * n)?;
         self.check("y", y, k * n)?;
-        self.check("w", w, k * c)?;
         let ak = match self.act {
             Activation::Relu => Activation::Relu,
             Activation::Sigmoid => Activation::Sigmoid,
@@ -247,7 +305,6 @@ impl GpuFc {
         let dzo = self.operand(dev, &self.dz, &self.dzd, k, n)?;
         if let Some(dx) = dx {
             self.check("dx", dx, c * n)?;
-            self.convert(dev, w, &self.wtd, c, k, true)?;
             let batch = k / self.bwd.descriptor().k;
             self.bwd
                 .execute(dev, &self.wtd, dzo, dx, None, None, batch)?;

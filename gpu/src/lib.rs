@@ -67,7 +67,7 @@ pub use fc::GpuFc;
 pub use hopper::{GpuPath, HopperTiling};
 
 pub use kernel::{BatchTable, GpuBrgemm};
-pub use mlp::GpuMlp;
+pub use mlp::{GpuDataset, GpuMlp};
 
 pub use opencl::OpenClBackend;
 pub use tiling::{Tiling, REGISTER_OVERHEAD, SHARED_LIMIT, SHARED_OPTIN_LIMIT};

@@ -1,6 +1,9 @@
 //! An MLP trained on the device: [`GpuFc`] layers, softmax cross-entropy and
-//! the optimizer all run there; the host uploads a minibatch and reads back
-//! one loss per sample.
+//! the optimizer all run there. A training set uploaded once
+//! ([`GpuDataset`]) is gathered into minibatches on the device from the
+//! indices of each step; the per-sample losses go to a device ring of
+//! [`GpuMlp::LOSS_WINDOW`] steps, which the host reads when it asks
+//! ([`GpuMlp::losses`]) or when the ring is full: no blocking read per step.
 
 use crate::codegen::ElementwiseKernel as EK;
 use crate::desc::GpuDtype;
@@ -35,7 +38,66 @@ pub struct GpuMlp {
     batch: usize,
     x: Buffer,
     labels: Buffer,
-    loss: Buffer,
+    /// The minibatch's rows of a device data set (i32).
+    idx: Buffer,
+    /// Per-sample losses of up to LOSS_WINDOW steps, `batch` slots each.
+    losses: Buffer,
+    /// Rows of each step whose losses are in `losses`, oldest first.
+    pending: Vec<usize>,
+    /// Step losses read back and not yet taken.
+    ready: Vec<f32>,
+}
+
+/// A data set on the device, uploaded once: features row-major (one
+/// sample's features contiguous) and labels as i32.
+pub struct GpuDataset {
+    x: Buffer,
+    labels: Buffer,
+    len: usize,
+    features: usize,
+    /// One past the largest label.
+    classes: usize,
+}
+
+impl GpuDataset {
+    /// Uploads `labels.len()` samples of `features` values each.
+    pub fn upload(
+        dev: &Device,
+        x: &[f32],
+        labels: &[usize],
+        features: usize,
+    ) -> Result<GpuDataset> {
+        if features == 0 || x.len() != labels.len() * features {
+            return Err(invalid(
+                "data set",
+                format!("{} values, {} labels", x.len(), labels.len()),
+                format!("needs {features} values (at least 1) per label"),
+            ));
+        }
+        if labels.len() > i32::MAX as usize {
+            return Err(invalid("data set length", labels.len(), "exceeds i32"));
+        }
+        let classes = labels.iter().max().map_or(0, |&l| l + 1);
+        let lab = labels
+            .iter()
+            .map(|&l| i32::try_from(l).map_err(|_| invalid("label", l, "exceeds i32")))
+            .collect::<Result<Vec<i32>>>()?;
+        Ok(GpuDataset {
+            x: dev.upload(if x.is_empty() { &[0.0f32][..] } else { x })?,
+            labels: dev.upload(if lab.is_empty() { &[0i32][..] } else { &lab })?,
+            len: labels.len(),
+            features,
+            classes,
+        })
+    }
+    /// Samples.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 impl GpuMlp {
@@ -66,7 +128,7 @@ impl GpuMlp {
         let mut c = inputs;
         for (i, s) in specs.iter().enumerate() {
             let k = s.out;
-            let fc = GpuFc::new(dev, c, k, batch, s.act, dtype)?;
+            let mut fc = GpuFc::new(dev, c, k, batch, s.act, dtype)?;
             let (w_rm, b) = (linears[i].weights(), linears[i].bias());
             if w_rm.len() != k * c {
                 return Err(invalid(
@@ -78,9 +140,11 @@ impl GpuMlp {
             // Host row-major [K][C] is device column-major C x K: transpose.
             let w = transpose(&w_rm, c, k);
             let f = |n: usize| dev.alloc(n * 4);
+            let w = dev.upload(&w)?;
+            fc.pack_weights(dev, &w)?;
             layers.push(Layer {
                 fc,
-                w: dev.upload(&w)?,
+                w,
                 b: dev.upload(&b)?,
                 dw: f(k * c)?,
                 db: f(k)?,
@@ -100,9 +164,15 @@ impl GpuMlp {
             batch,
             x: dev.alloc(inputs * batch * 4)?,
             labels: dev.alloc(batch * 4)?,
-            loss: dev.alloc(batch * 4)?,
+            idx: dev.alloc(batch * 4)?,
+            losses: dev.alloc(Self::LOSS_WINDOW * batch * 4)?,
+            pending: Vec::with_capacity(Self::LOSS_WINDOW),
+            ready: Vec::new(),
         })
     }
+
+    /// Steps whose losses the device holds before the host reads them.
+    pub const LOSS_WINDOW: usize = 16;
 
     /// Minibatch size.
     pub fn batch(&self) -> usize {
@@ -146,7 +216,7 @@ impl GpuMlp {
             let (before, rest) = self.layers.split_at_mut(i);
             let l = &mut rest[0];
             let x = if i == 0 { &self.x } else { &before[i - 1].y };
-            l.fc.forward(dev, x, &l.w, &l.b, &mut l.y)?;
+            l.fc.forward_packed(dev, x, &l.w, &l.b, &mut l.y)?;
         }
         Ok(())
     }
@@ -156,6 +226,11 @@ impl GpuMlp {
     pub fn predict(&mut self, dev: &Device, x: &[f32], rows: usize) -> Result<Vec<usize>> {
         self.load_x(dev, x, rows)?;
         self.forward(dev)?;
+        self.argmax(dev, rows)
+    }
+
+    /// The largest logit's class of each of the first `rows` columns.
+    fn argmax(&self, dev: &Device, rows: usize) -> Result<Vec<usize>> {
         let last = self.layers.last().expect("at least one layer");
         let k = last.fc.k;
         let y: Vec<f32> = dev.download(&last.y, k * rows)?;
@@ -168,13 +243,59 @@ impl GpuMlp {
             .collect())
     }
 
-    /// Forward, mean softmax cross-entropy and backward on `rows =
-    /// labels.len()` samples of `x` (row-major `[rows][inputs]`), leaving the
-    /// weight and bias gradients on the device. Returns the loss.
+    /// Gathers the rows `idx` of `data` (and their labels) into the
+    /// minibatch buffers on the device, after checking them.
+    fn gather(&mut self, dev: &Device, data: &GpuDataset, idx: &[usize]) -> Result<()> {
+        let rows = idx.len();
+        if rows == 0 || rows > self.batch {
+            return Err(invalid(
+                "minibatch",
+                rows,
+                format!("needs 1..={} rows", self.batch),
+            ));
+        }
+        if data.features != self.inputs {
+            return Err(invalid(
+                "data set features",
+                data.features,
+                format!("the model takes {}", self.inputs),
+            ));
+        }
+        if let Some((i, &r)) = idx.iter().enumerate().find(|(_, &r)| r >= data.len) {
+            return Err(invalid(
+                format!("idx[{i}]"),
+                r,
+                format!("the data set has {} samples", data.len),
+            ));
+        }
+        let mut ix: Vec<i32> = idx.iter().map(|&r| r as i32).collect();
+        ix.resize(self.batch, -1);
+        dev.write(&mut self.idx, &ix)?;
+        dev.launch_elementwise(
+            EK::GatherRows,
+            self.inputs * self.batch,
+            &[
+                Arg::Buf(&data.x),
+                Arg::Buf(&data.labels),
+                Arg::Buf(&self.idx),
+                Arg::Buf(&self.x),
+                Arg::Buf(&self.labels),
+                Arg::I32(self.inputs as i32),
+                Arg::I32(self.batch as i32),
+                Arg::I32(rows as i32),
+            ],
+        )
+    }
+
+    /// Forward, loss and backward for the minibatch `x` (row-major, one
+    /// row per label) uploaded from the host; the gradients stay on the
+    /// device for [`GpuMlp::apply_gradients`]. Returns the mean loss (a
+    /// blocking read, which also reads the losses of earlier device-data
+    /// steps; [`GpuMlp::losses`] then holds those).
     pub fn compute_gradients(&mut self, dev: &Device, x: &[f32], labels: &[usize]) -> Result<f32> {
         let rows = labels.len();
         self.load_x(dev, x, rows)?;
-        let classes = self.layers.last().expect("at least one layer").fc.k;
+        let classes = self.classes();
         if let Some((i, &l)) = labels.iter().enumerate().find(|(_, &l)| l >= classes) {
             return Err(invalid(
                 format!("labels[{i}]"),
@@ -185,6 +306,49 @@ impl GpuMlp {
         let mut lab: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
         lab.resize(self.batch, 0);
         dev.write(&mut self.labels, &lab)?;
+        self.backprop(dev, rows)?;
+        self.drain(dev)?;
+        Ok(self.ready.pop().expect("this step's loss"))
+    }
+
+    /// [`GpuMlp::compute_gradients`] for the rows `idx` of a data set
+    /// already on the device: only the indices travel, and the loss stays
+    /// on the device until [`GpuMlp::losses`] (or a full ring) reads it.
+    pub fn compute_gradients_on(
+        &mut self,
+        dev: &Device,
+        data: &GpuDataset,
+        idx: &[usize],
+    ) -> Result<()> {
+        if data.classes > self.classes() {
+            return Err(invalid(
+                "data set labels",
+                data.classes - 1,
+                format!("must be below {} classes", self.classes()),
+            ));
+        }
+        self.gather(dev, data, idx)?;
+        self.backprop(dev, idx.len())
+    }
+
+    /// The mean loss of every step run since the last call, oldest first:
+    /// one blocking read of the device's loss ring.
+    pub fn losses(&mut self, dev: &Device) -> Result<Vec<f32>> {
+        self.drain(dev)?;
+        Ok(std::mem::take(&mut self.ready))
+    }
+
+    fn classes(&self) -> usize {
+        self.layers.last().expect("at least one layer").fc.k
+    }
+
+    /// Forward, softmax cross-entropy into the loss ring and backward, on
+    /// the minibatch in `x`/`labels` (its first `rows` columns).
+    fn backprop(&mut self, dev: &Device, rows: usize) -> Result<()> {
+        if self.pending.len() == Self::LOSS_WINDOW {
+            self.drain(dev)?;
+        }
+        let classes = self.classes();
         self.forward(dev)?;
         {
             let last = self.layers.last().expect("at least one layer");
@@ -195,10 +359,11 @@ impl GpuMlp {
                     Arg::Buf(&last.y),
                     Arg::Buf(&self.labels),
                     Arg::Buf(&last.dy),
-                    Arg::Buf(&self.loss),
+                    Arg::Buf(&self.losses),
                     Arg::I32(classes as i32),
                     Arg::I32(self.batch as i32),
                     Arg::I32(rows as i32),
+                    Arg::I32((self.pending.len() * self.batch) as i32),
                 ],
             )?;
         }
@@ -211,11 +376,26 @@ impl GpuMlp {
             } else {
                 Some(&mut before[i - 1].dy)
             };
-            l.fc.backward(dev, &l.dy, &l.y, &l.w, dx)?;
+            l.fc.backward_packed(dev, &l.dy, &l.y, dx)?;
             l.fc.update(dev, x, &mut l.dw, &mut l.db)?;
         }
-        let loss: Vec<f32> = dev.download(&self.loss, rows)?;
-        Ok((loss.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) as f32)
+        self.pending.push(rows);
+        Ok(())
+    }
+
+    /// Reads the loss ring: each pending step's mean into `ready`.
+    fn drain(&mut self, dev: &Device) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let b = self.batch;
+        let all: Vec<f32> = dev.download(&self.losses, self.pending.len() * b)?;
+        for (s, &rows) in self.pending.iter().enumerate() {
+            let sum: f64 = all[s * b..s * b + rows].iter().map(|&v| v as f64).sum();
+            self.ready.push((sum / rows as f64) as f32);
+        }
+        self.pending.clear();
+        Ok(())
     }
 
     /// One optimizer step on every layer with the gradients of
@@ -226,6 +406,9 @@ impl GpuMlp {
             let (kc, k) = (l.fc.k * l.fc.c, l.fc.k);
             step(dev, opt, l.t, &l.w, &l.dw, &l.mw, &l.vw, kc)?;
             step(dev, opt, l.t, &l.b, &l.db, &l.mb, &l.vb, k)?;
+            // The GEMM copies of W, as they are and transposed: once per
+            // step, not once per pass.
+            l.fc.pack_weights(dev, &l.w)?;
         }
         Ok(())
     }
@@ -242,6 +425,31 @@ impl GpuMlp {
         let loss = self.compute_gradients(dev, x, labels)?;
         self.apply_gradients(dev, opt)?;
         Ok(loss)
+    }
+
+    /// [`GpuMlp::train_step`] on the rows `idx` of a device data set: the
+    /// loss waits on the device for [`GpuMlp::losses`].
+    pub fn train_step_on(
+        &mut self,
+        dev: &Device,
+        data: &GpuDataset,
+        idx: &[usize],
+        opt: &Optimizer,
+    ) -> Result<()> {
+        self.compute_gradients_on(dev, data, idx)?;
+        self.apply_gradients(dev, opt)
+    }
+
+    /// Predicted classes of the rows `idx` of a device data set.
+    pub fn predict_on(
+        &mut self,
+        dev: &Device,
+        data: &GpuDataset,
+        idx: &[usize],
+    ) -> Result<Vec<usize>> {
+        self.gather(dev, data, idx)?;
+        self.forward(dev)?;
+        self.argmax(dev, idx.len())
     }
 
     /// Gradients of layer `i` from the last [`GpuMlp::compute_gradients`],

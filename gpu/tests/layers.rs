@@ -3,7 +3,7 @@
 
 mod common;
 use brgemm::Activation;
-use brgemm_gpu::{Device, GpuDtype, GpuFc, GpuMlp};
+use brgemm_gpu::{Device, GpuDataset, GpuDtype, GpuFc, GpuMlp};
 use brgemm_nn::models::{mlp, LayerSpec};
 use brgemm_nn::{Linear, Tensor};
 use brgemm_primitives::optim::Optimizer;
@@ -190,8 +190,70 @@ fn mlp_gradients(dev: &Device) {
     }
 }
 
+/// Steps on a device data set (indices only, losses read once after 20
+/// steps, past the 16-step ring) give the same losses and weights, bit for
+/// bit, as the same steps with host-uploaded minibatches; bad indices,
+/// widths and labels are refused by name.
+fn device_data_steps(dev: &Device) {
+    let (inputs, batch, len) = (64, 32, 300);
+    let specs = LayerSpec::classifier(&[40], 10);
+    let cpu = mlp(inputs, batch, &specs, 5).unwrap();
+    let mut host = GpuMlp::from_cpu(dev, &cpu, &specs, GpuDtype::Bf16).unwrap();
+    let mut on = GpuMlp::from_cpu(dev, &cpu, &specs, GpuDtype::Bf16).unwrap();
+    let mut r = Lcg(21);
+    let x: Vec<f32> = (0..len * inputs).map(|_| r.f32()).collect();
+    let y: Vec<usize> = (0..len).map(|_| r.below(10)).collect();
+    let data = GpuDataset::upload(dev, &x, &y, inputs).unwrap();
+    let opt = Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+    };
+    let mut want = Vec::new();
+    for step in 0..20 {
+        let rows = if step % 7 == 6 { 13 } else { batch };
+        let idx: Vec<usize> = (0..rows).map(|_| r.below(len)).collect();
+        let xs: Vec<f32> = idx
+            .iter()
+            .flat_map(|&i| x[i * inputs..(i + 1) * inputs].iter().copied())
+            .collect();
+        let ys: Vec<usize> = idx.iter().map(|&i| y[i]).collect();
+        want.push(host.train_step(dev, &xs, &ys, &opt).unwrap());
+        on.train_step_on(dev, &data, &idx, &opt).unwrap();
+    }
+    assert_eq!(on.losses(dev).unwrap(), want);
+    assert!(on.losses(dev).unwrap().is_empty(), "taken once");
+    for i in 0..2 {
+        assert_eq!(
+            on.parameters(dev, i).unwrap(),
+            host.parameters(dev, i).unwrap()
+        );
+    }
+    let idx: Vec<usize> = (0..batch).collect();
+    assert_eq!(
+        on.predict_on(dev, &data, &idx).unwrap(),
+        host.predict(dev, &x[..batch * inputs], batch).unwrap()
+    );
+    let e = |r: brgemm_gpu::Result<()>| r.unwrap_err().to_string();
+    let s = e(on.train_step_on(dev, &data, &[0, 300], &opt));
+    assert!(
+        s.contains("idx[1] = 300") && s.contains("300 samples"),
+        "{s}"
+    );
+    assert!(e(on.train_step_on(dev, &data, &[], &opt)).contains("minibatch = 0"));
+    let narrow = GpuDataset::upload(dev, &x[..10 * 8], &y[..10], 8).unwrap();
+    assert!(e(on.train_step_on(dev, &narrow, &[0], &opt)).contains("features = 8"));
+    let labels11 = GpuDataset::upload(dev, &x[..inputs], &[11], inputs).unwrap();
+    assert!(e(on.train_step_on(dev, &labels11, &[0], &opt)).contains("labels = 11"));
+    let s = GpuDataset::upload(dev, &x[..5], &y[..1], inputs)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(s.contains("5 values, 1 labels"), "{s}");
+}
+
 fn all(dev: &Device) {
     mlp_gradients(dev);
+    device_data_steps(dev);
     for dt in [GpuDtype::F32, GpuDtype::Bf16, GpuDtype::F16] {
         for act in [
             Activation::Identity,

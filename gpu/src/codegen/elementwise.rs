@@ -14,13 +14,25 @@ pub enum ElementwiseKernel {
     /// column-major; it reads x(i, j) at `i + j*rows`, or x(j, i) at
     /// `j + i*cols` when `trans` is set. bf16 rounds to nearest even.
     Convert(GpuDtype),
+    /// `pack_<dtype>(x f32, y dtype, yt dtype, rows, cols, write_y)`: one
+    /// pass over the rows x cols column-major x writing it in the GEMM type
+    /// as it is (`y`, when `write_y`) and transposed (`yt`, cols x rows):
+    /// a layer's weights for its forward and its backward-data products.
+    Pack(GpuDtype),
     /// `act_bwd_<act>(y, dy, dz, n)`: dz = dy * act'(z), from the output y.
     ActBackward(Activation),
     /// `bias_grad(dz, db, rows, cols)`: `db[r]` = the sum of row r of dz.
     BiasGrad,
-    /// `softmax_xent(logits, labels, dlogits, loss, classes, cols, n)`: per
-    /// column; the mean over the first n columns, zeros in the others.
+    /// `softmax_xent(logits, labels, dlogits, loss, classes, cols, n,
+    /// loss_off)`: per column; the gradient of the mean over the first n
+    /// columns (zeros in the others), each column's loss at
+    /// `loss[loss_off + j]`.
     SoftmaxXent,
+    /// `gather_rows(X, L, idx, x, labels, features, cols, n)`: minibatch
+    /// column j (j < n) is row `idx[j]` of the device data set `X`
+    /// (row-major, `features` wide) with label `L[idx[j]]`; columns n..cols
+    /// are zeros with label 0.
+    GatherRows,
     /// `sgd(p, g, v, n, lr, momentum)`.
     Sgd,
     /// `adam(p, g, m, v, n, step, beta1, beta2, eps)` with the bias-corrected
@@ -37,6 +49,9 @@ impl ElementwiseKernel {
             ElementwiseKernel::Convert(GpuDtype::F32) => "convert_f32",
             ElementwiseKernel::Convert(GpuDtype::Bf16) => "convert_bf16",
             ElementwiseKernel::Convert(GpuDtype::F16) => "convert_f16",
+            ElementwiseKernel::Pack(GpuDtype::F32) => "pack_f32",
+            ElementwiseKernel::Pack(GpuDtype::Bf16) => "pack_bf16",
+            ElementwiseKernel::Pack(GpuDtype::F16) => "pack_f16",
             ElementwiseKernel::ActBackward(A::Identity) => "act_bwd_identity",
             ElementwiseKernel::ActBackward(A::Relu) => "act_bwd_relu",
             ElementwiseKernel::ActBackward(A::Sigmoid) => "act_bwd_sigmoid",
@@ -45,6 +60,7 @@ impl ElementwiseKernel {
             ElementwiseKernel::ActBackward(_) => "act_bwd_unknown",
             ElementwiseKernel::BiasGrad => "bias_grad",
             ElementwiseKernel::SoftmaxXent => "softmax_xent",
+            ElementwiseKernel::GatherRows => "gather_rows",
             ElementwiseKernel::Sgd => "sgd",
             ElementwiseKernel::Adam => "adam",
         }
@@ -80,6 +96,19 @@ KERNEL convert_f16(GLOBAL const float* x, GLOBAL u16* y, int rows, int cols, int
   const int r = (int)(i % rows), c = (int)(i / rows);
   y[i] = f32_to_f16(trans ? x[c + (idx_t)r * cols] : x[i]);
 }
+#define PACK(NAME, T, CVT) \
+KERNEL NAME(GLOBAL const float* x, GLOBAL T* y, GLOBAL T* yt, int rows, int cols, int write_y) { \
+  const idx_t i = GID; \
+  if (i >= (idx_t)rows * cols) return; \
+  const int r = (int)(i % rows), c = (int)(i / rows); \
+  const T v = CVT(x[i]); \
+  if (write_y) y[i] = v; \
+  yt[c + (idx_t)r * cols] = v; \
+}
+#define SAME(v) (v)
+PACK(pack_f32, float, SAME)
+PACK(pack_bf16, u16, f32_to_bf16)
+PACK(pack_f16, u16, f32_to_f16)
 KERNEL act_bwd_identity(GLOBAL const float* y, GLOBAL const float* dy, GLOBAL float* dz, int n) {
   const idx_t i = GID; if (i < n) dz[i] = dy[i];
 }
@@ -100,14 +129,14 @@ KERNEL bias_grad(GLOBAL const float* dz, GLOBAL float* db, int rows, int cols) {
   db[r] = s;
 }
 KERNEL softmax_xent(GLOBAL const float* logits, GLOBAL const int* labels, GLOBAL float* dlogits,
-                    GLOBAL float* loss, int classes, int cols, int n) {
+                    GLOBAL float* loss, int classes, int cols, int n, int loss_off) {
   const idx_t j = GID;
   if (j >= cols) return;
   GLOBAL const float* z = logits + j * classes;
   GLOBAL float* dz = dlogits + j * classes;
   if (j >= n) {
     for (int c = 0; c < classes; ++c) dz[c] = 0.0f;
-    loss[j] = 0.0f;
+    loss[loss_off + j] = 0.0f;
     return;
   }
   float mx = z[0];
@@ -120,7 +149,16 @@ KERNEL softmax_xent(GLOBAL const float* logits, GLOBAL const int* labels, GLOBAL
     dz[c] = (p - (c == label ? 1.0f : 0.0f)) / (float)n;
   }
   const float pl = EXPF(z[label] - mx) / sum;
-  loss[j] = -LOGF(pl > FLT_MIN_ ? pl : FLT_MIN_);
+  loss[loss_off + j] = -LOGF(pl > FLT_MIN_ ? pl : FLT_MIN_);
+}
+KERNEL gather_rows(GLOBAL const float* X, GLOBAL const int* L, GLOBAL const int* idx,
+                   GLOBAL float* x, GLOBAL int* labels, int features, int cols, int n) {
+  const idx_t i = GID;
+  if (i >= (idx_t)features * cols) return;
+  const int j = (int)(i / features), f = (int)(i % features);
+  const int row = j < n ? idx[j] : -1;
+  x[i] = row >= 0 ? X[(idx_t)row * features + f] : 0.0f;
+  if (f == 0) labels[j] = row >= 0 ? L[row] : 0;
 }
 KERNEL sgd(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* v, int n, float lr, float momentum) {
   const idx_t i = GID;
