@@ -41,6 +41,7 @@
 
 #![deny(missing_docs)]
 pub mod codegen;
+mod conv;
 mod cuda;
 mod desc;
 mod device;
@@ -57,6 +58,7 @@ pub mod ptxas;
 mod tiling;
 
 pub use codegen::{ElementwiseKernel, Target};
+pub use conv::{ConvShape, GpuConv2d};
 pub use cuda::{
     arch_name, compile_cubin, compile_ptx, driver_available, nvrtc_available, CudaBackend,
 };

@@ -33,6 +33,19 @@ pub enum ElementwiseKernel {
     /// (row-major, `features` wide) with label `L[idx[j]]`; columns n..cols
     /// are zeros with label 0.
     GatherRows,
+    /// `pad_nhwc(x, xp, n, h, w, c, ph, pw, margin)`: the NHWC images x
+    /// on the padded grid (`h + 2ph` x `w + 2pw` pixels per image, zeros
+    /// around), after and before `margin` pixels of zeros: the operand the
+    /// convolution's taps read at a shift.
+    PadNhwc,
+    /// `crop_nhwc(xp, x, n, h, w, c, ph, pw, margin)`: the inverse, the
+    /// interior of the padded grid as NHWC images.
+    CropNhwc,
+    /// `transpose_taps(w, wt, k, c, taps)`: each tap's `k x c`
+    /// column-major block transposed to `c x k`.
+    TransposeTaps,
+    /// `copy_slot(src, dst, n, off)`: `dst[off + i] = src[i]`.
+    CopySlot,
     /// `sgd(p, g, v, n, lr, momentum)`.
     Sgd,
     /// `adam(p, g, m, v, n, step, beta1, beta2, eps)` with the bias-corrected
@@ -61,6 +74,10 @@ impl ElementwiseKernel {
             ElementwiseKernel::BiasGrad => "bias_grad",
             ElementwiseKernel::SoftmaxXent => "softmax_xent",
             ElementwiseKernel::GatherRows => "gather_rows",
+            ElementwiseKernel::PadNhwc => "pad_nhwc",
+            ElementwiseKernel::CropNhwc => "crop_nhwc",
+            ElementwiseKernel::TransposeTaps => "transpose_taps",
+            ElementwiseKernel::CopySlot => "copy_slot",
             ElementwiseKernel::Sgd => "sgd",
             ElementwiseKernel::Adam => "adam",
         }
@@ -159,6 +176,46 @@ KERNEL gather_rows(GLOBAL const float* X, GLOBAL const int* L, GLOBAL const int*
   const int row = j < n ? idx[j] : -1;
   x[i] = row >= 0 ? X[(idx_t)row * features + f] : 0.0f;
   if (f == 0) labels[j] = row >= 0 ? L[row] : 0;
+}
+KERNEL pad_nhwc(GLOBAL const float* x, GLOBAL float* xp, int n, int h, int w, int c,
+                int ph, int pw, int margin) {
+  const int hp = h + 2 * ph, wp = w + 2 * pw;
+  const idx_t i = GID;
+  const idx_t grid = (idx_t)n * hp * wp;
+  if (i >= (grid + 2 * (idx_t)margin) * c) return;
+  const idx_t q = i / c - margin;
+  const int ch = (int)(i % c);
+  float v = 0.0f;
+  if (q >= 0 && q < grid) {
+    const int img = (int)(q / ((idx_t)hp * wp));
+    const int rem = (int)(q % ((idx_t)hp * wp));
+    const int yy = rem / wp - ph, xx = rem % wp - pw;
+    if (yy >= 0 && yy < h && xx >= 0 && xx < w) v = x[(((idx_t)img * h + yy) * w + xx) * c + ch];
+  }
+  xp[i] = v;
+}
+KERNEL crop_nhwc(GLOBAL const float* xp, GLOBAL float* x, int n, int h, int w, int c,
+                 int ph, int pw, int margin) {
+  const int hp = h + 2 * ph, wp = w + 2 * pw;
+  const idx_t i = GID;
+  if (i >= (idx_t)n * h * w * c) return;
+  const int ch = (int)(i % c);
+  const idx_t pix = i / c;
+  const int xx = (int)(pix % w), yy = (int)((pix / w) % h), img = (int)(pix / ((idx_t)w * h));
+  const idx_t q = margin + ((idx_t)img * hp + yy + ph) * wp + xx + pw;
+  x[i] = xp[q * c + ch];
+}
+KERNEL transpose_taps(GLOBAL const float* w, GLOBAL float* wt, int k, int c, int taps) {
+  const idx_t i = GID;
+  const idx_t kc = (idx_t)k * c;
+  if (i >= kc * taps) return;
+  const idx_t t = i / kc, r = i % kc;
+  const int kk = (int)(r % k), cc = (int)(r / k);
+  wt[t * kc + cc + (idx_t)kk * c] = w[i];
+}
+KERNEL copy_slot(GLOBAL const float* src, GLOBAL float* dst, int n, int off) {
+  const idx_t i = GID;
+  if (i < n) dst[off + i] = src[i];
 }
 KERNEL sgd(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* v, int n, float lr, float momentum) {
   const idx_t i = GID;

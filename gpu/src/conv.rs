@@ -1,0 +1,472 @@
+//! A 2-D convolution on device buffers (stride 1, "same" padding, odd
+//! kernels), forward with fused bias and activation, backward-data and
+//! backward-weights, each a generated BRGEMM over the filter taps, as on
+//! the CPU (the offset batch form).
+//!
+//! The trick that makes every pass one batch-reduce GEMM: the input is
+//! written once onto its padded grid (`h + 2ph` x `w + 2pw` pixels per
+//! image, channels contiguous, `margin` zero pixels before and after), and
+//! the convolution is computed for every pixel of that grid. For tap
+//! (r, s) every output pixel reads the input pixel a fixed number of grid
+//! pixels away, so tap t's B operand is the padded input shifted by a
+//! constant: `Y_grid = sum_t W_t X_grid[+shift_t]`, one BRGEMM whose batch
+//! is the taps. Outputs on the border of the grid read across image rows and
+//! are cropped away; the interior is exact. Backward-data is the same with
+//! the transposed taps and the opposite shifts over the padded dZ (zero on
+//! the border); backward-weights reduces over the grid's pixels, per tap,
+//! the dZ pixels against the shifted input's.
+//!
+//! Layouts: activations NHWC (`x[((n*h + y)*w + x)*c + ch]`, as the
+//! channels-last CPU tensors), weights tap-major, each tap `k x c`
+//! column-major (`w[t*k*c + ko + ci*k]`, `t = r*s_w + s`), biases length k.
+//! Master values are f32; GEMM operands are converted to the layer's dtype
+//! on the device.
+
+use crate::codegen::ElementwiseKernel as EK;
+use crate::desc::{GpuBatch, GpuDescriptor, GpuDtype};
+use crate::device::{Arg, Buffer, Device};
+use crate::error::{invalid, Result};
+use crate::fc::reduce_block;
+use crate::kernel::{BatchTable, GpuBrgemm};
+use brgemm::Activation;
+
+/// The shape of a convolution layer: `n` images of `h x w` pixels and `c`
+/// channels in, `k` channels out, an `r x s` filter (odd sizes: "same"
+/// padding, stride 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvShape {
+    /// Images per minibatch.
+    pub n: usize,
+    /// Image height.
+    pub h: usize,
+    /// Image width.
+    pub w: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Output channels.
+    pub k: usize,
+    /// Filter height (odd).
+    pub r: usize,
+    /// Filter width (odd).
+    pub s: usize,
+}
+
+impl ConvShape {
+    fn pads(&self) -> (usize, usize) {
+        (self.r / 2, self.s / 2)
+    }
+    fn grid_w(&self) -> usize {
+        self.w + 2 * self.pads().1
+    }
+    /// Pixels of the padded grid.
+    fn grid(&self) -> usize {
+        self.n * (self.h + 2 * self.pads().0) * self.grid_w()
+    }
+    /// Zero pixels before and after the grid: the farthest shift.
+    fn margin(&self) -> usize {
+        let (ph, pw) = self.pads();
+        ph * self.grid_w() + pw
+    }
+    fn taps(&self) -> usize {
+        self.r * self.s
+    }
+    /// Grid pixels between an output pixel and what tap `t` reads.
+    fn shift(&self, t: usize) -> isize {
+        let (ph, pw) = self.pads();
+        let (dr, ds) = (
+            (t / self.s) as isize - ph as isize,
+            (t % self.s) as isize - pw as isize,
+        );
+        dr * self.grid_w() as isize + ds
+    }
+    /// Elements of an NHWC activation with `ch` channels.
+    pub fn pixels(&self) -> usize {
+        self.n * self.h * self.w
+    }
+}
+
+/// A convolution layer planned for one shape and type.
+pub struct GpuConv2d {
+    /// The layer's shape.
+    pub shape: ConvShape,
+    act: Activation,
+    dtype: GpuDtype,
+    fwd: GpuBrgemm,
+    fwd_tab: BatchTable,
+    bwd: GpuBrgemm,
+    bwd_tab: BatchTable,
+    upd: GpuBrgemm,
+    upd_tabs: Vec<BatchTable>,
+    upd_batch: usize,
+    /// Padded input (f32) and its GEMM-type copies (plain, transposed).
+    xpad: Buffer,
+    xpad_d: Option<Buffer>,
+    xt_d: Buffer,
+    /// Weights in the GEMM type, and transposed per tap (f32, then typed).
+    wd: Option<Buffer>,
+    wt: Buffer,
+    wt_d: Option<Buffer>,
+    /// Outputs and input gradients on the grid.
+    yg: Buffer,
+    dxg: Buffer,
+    /// dZ = dY * act'(Y) (NHWC) and on the padded grid (f32, typed).
+    dz: Buffer,
+    dzp: Buffer,
+    dzp_d: Option<Buffer>,
+    /// One tap's weight gradient.
+    dw_tap: Buffer,
+}
+
+fn i32_of(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| invalid(what, v, "exceeds i32"))
+}
+
+/// The table alignment the offsets allow: a whole 16-byte vector where
+/// every offset is one, else 1.
+fn align_of(dtype: GpuDtype, offs: &[usize]) -> usize {
+    let v = 16 / dtype.size();
+    if offs.iter().all(|o| o % v == 0) {
+        v
+    } else {
+        1
+    }
+}
+
+impl GpuConv2d {
+    /// Plans the three passes for `shape`; `act` is fused into the forward
+    /// epilogue (identity, relu, sigmoid or tanh), `dtype` is the GEMM
+    /// operands' type.
+    pub fn new(
+        dev: &Device,
+        shape: ConvShape,
+        act: Activation,
+        dtype: GpuDtype,
+    ) -> Result<GpuConv2d> {
+        let ConvShape {
+            n,
+            h,
+            w,
+            c,
+            k,
+            r,
+            s,
+        } = shape;
+        for (what, v) in [("n", n), ("h", h), ("w", w), ("c", c), ("k", k)] {
+            if v == 0 {
+                return Err(invalid(what, v, "must be at least 1"));
+            }
+        }
+        for (what, v) in [("r", r), ("s", s)] {
+            if v % 2 == 0 {
+                return Err(invalid(
+                    what,
+                    v,
+                    "the GPU convolution takes odd filters (same padding, stride 1)",
+                ));
+            }
+        }
+        if matches!(act, Activation::Gelu) {
+            return Err(invalid(
+                "activation",
+                "Gelu",
+                "the GPU convolution supports identity, relu, sigmoid and tanh",
+            ));
+        }
+        let (grid, margin, taps) = (shape.grid(), shape.margin(), shape.taps());
+        let ptot = grid + 2 * margin;
+        i32_of("padded elements", ptot * c.max(k))?;
+        let shifted = |t: usize, sign: isize| (margin as isize + sign * shape.shift(t)) as usize;
+        // Forward: Y_grid (k x grid) = sum_t W_t (k x c) X[+shift_t] (c x grid).
+        let fa: Vec<usize> = (0..taps).map(|t| t * k * c).collect();
+        let fb: Vec<usize> = (0..taps).map(|t| shifted(t, 1) * c).collect();
+        let fd = GpuDescriptor::new(k, grid, c)
+            .lda(k)
+            .ldb(c)
+            .ldc(k)
+            .dtype(dtype)
+            .batch(GpuBatch::Offset)
+            .table_align(align_of(dtype, &[&fa[..], &fb[..]].concat()))
+            .epilogue(true, act);
+        // Backward-data: dX_grid (c x grid) = sum_t W_t^T (c x k) dZ[-shift_t].
+        let ba: Vec<usize> = (0..taps).map(|t| t * k * c).collect();
+        let bb: Vec<usize> = (0..taps).map(|t| shifted(t, -1) * k).collect();
+        let bd = GpuDescriptor::new(c, grid, k)
+            .lda(c)
+            .ldb(k)
+            .ldc(c)
+            .dtype(dtype)
+            .batch(GpuBatch::Offset)
+            .table_align(align_of(dtype, &[&ba[..], &bb[..]].concat()));
+        // Backward-weights, per tap: dW_t (k x c) = sum over grid blocks of
+        // dZ (k x blk) X^T[+shift_t] (blk x c).
+        let blk = reduce_block(grid);
+        let ub = grid / blk;
+        let ua: Vec<usize> = (0..ub).map(|i| (margin + i * blk) * k).collect();
+        let ubs: Vec<Vec<usize>> = (0..taps)
+            .map(|t| (0..ub).map(|i| shifted(t, 1) + i * blk).collect())
+            .collect();
+        let all_b: Vec<usize> = ubs.concat();
+        let ud = GpuDescriptor::new(k, c, blk)
+            .lda(k)
+            .ldb(ptot)
+            .ldc(k)
+            .dtype(dtype)
+            .batch(GpuBatch::Offset)
+            .table_align(align_of(dtype, &[&ua[..], &all_b[..]].concat()));
+        let es = dtype.size();
+        let typed = |elems: usize| -> Result<Option<Buffer>> {
+            if dtype == GpuDtype::F32 {
+                Ok(None)
+            } else {
+                dev.alloc(elems * es).map(Some)
+            }
+        };
+        let f = |elems: usize| dev.alloc(elems * 4);
+        Ok(GpuConv2d {
+            shape,
+            act,
+            dtype,
+            fwd_tab: BatchTable::offsets(dev, &fd, &fa, &fb)?,
+            fwd: GpuBrgemm::new(&fd)?,
+            bwd_tab: BatchTable::offsets(dev, &bd, &ba, &bb)?,
+            bwd: GpuBrgemm::new(&bd)?,
+            upd_tabs: ubs
+                .iter()
+                .map(|b| BatchTable::offsets(dev, &ud, &ua, b))
+                .collect::<Result<_>>()?,
+            upd: GpuBrgemm::new(&ud)?,
+            upd_batch: ub,
+            xpad: f(ptot * c)?,
+            xpad_d: typed(ptot * c)?,
+            xt_d: dev.alloc(ptot * c * es)?,
+            wd: typed(taps * k * c)?,
+            wt: f(taps * k * c)?,
+            wt_d: typed(taps * k * c)?,
+            yg: f(grid * k)?,
+            dxg: f(grid * c)?,
+            dz: f(shape.pixels() * k)?,
+            dzp: f(ptot * k)?,
+            dzp_d: typed(ptot * k)?,
+            dw_tap: f(k * c)?,
+        })
+    }
+
+    fn check(&self, what: &str, b: &Buffer, elems: usize) -> Result<()> {
+        if b.holds(elems, 4) {
+            Ok(())
+        } else {
+            Err(invalid(
+                what,
+                format!("{} bytes", b.bytes()),
+                format!("needs {elems} f32"),
+            ))
+        }
+    }
+
+    fn grid_args(&self, ch: usize, margin: usize) -> Result<[Arg<'static>; 7]> {
+        let ConvShape { n, h, w, .. } = self.shape;
+        let (ph, pw) = self.shape.pads();
+        Ok([
+            Arg::I32(i32_of("n", n)?),
+            Arg::I32(i32_of("h", h)?),
+            Arg::I32(i32_of("w", w)?),
+            Arg::I32(i32_of("channels", ch)?),
+            Arg::I32(ph as i32),
+            Arg::I32(pw as i32),
+            Arg::I32(i32_of("margin", margin)?),
+        ])
+    }
+
+    /// `src` (f32) in the GEMM type into `dst`, as it is.
+    fn convert(&self, dev: &Device, src: &Buffer, dst: &Buffer, elems: usize) -> Result<()> {
+        dev.launch_elementwise(
+            EK::Convert(self.dtype),
+            elems,
+            &[
+                Arg::Buf(src),
+                Arg::Buf(dst),
+                Arg::I32(i32_of("elements", elems)?),
+                Arg::I32(1),
+                Arg::I32(0),
+            ],
+        )
+    }
+
+    /// `y = act(conv(x, w) + b)`: x NHWC with c channels, y NHWC with k.
+    pub fn forward(
+        &mut self,
+        dev: &Device,
+        x: &Buffer,
+        w: &Buffer,
+        b: &Buffer,
+        y: &mut Buffer,
+    ) -> Result<()> {
+        let ConvShape { c, k, .. } = self.shape;
+        let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
+        let ptot = self.shape.grid() + 2 * margin;
+        self.check("x", x, px * c)?;
+        self.check("w", w, taps * k * c)?;
+        self.check("b", b, k)?;
+        self.check("y", y, px * k)?;
+        let mut args = vec![Arg::Buf(x), Arg::Buf(&self.xpad)];
+        args.extend(self.grid_args(c, margin)?);
+        dev.launch_elementwise(EK::PadNhwc, ptot * c, &args)?;
+        let xo = match &self.xpad_d {
+            Some(d) => {
+                self.convert(dev, &self.xpad, d, ptot * c)?;
+                d
+            }
+            None => &self.xpad,
+        };
+        let wo = match &self.wd {
+            Some(d) => {
+                self.convert(dev, w, d, taps * k * c)?;
+                d
+            }
+            None => w,
+        };
+        self.fwd.execute(
+            dev,
+            wo,
+            xo,
+            &mut self.yg,
+            Some(b),
+            Some(&self.fwd_tab),
+            taps,
+        )?;
+        let y: &Buffer = y;
+        let mut args = vec![Arg::Buf(&self.yg), Arg::Buf(y)];
+        args.extend(self.grid_args(k, 0)?);
+        dev.launch_elementwise(EK::CropNhwc, px * k, &args)
+    }
+
+    /// From `dy` (gradient at the output y, NHWC): keeps dZ = dy * act'(y)
+    /// for [`GpuConv2d::update`] and, when `dx` is given, writes dX (NHWC).
+    pub fn backward(
+        &mut self,
+        dev: &Device,
+        dy: &Buffer,
+        y: &Buffer,
+        w: &Buffer,
+        dx: Option<&mut Buffer>,
+    ) -> Result<()> {
+        let ConvShape { c, k, .. } = self.shape;
+        let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
+        let ptot = self.shape.grid() + 2 * margin;
+        self.check("dy", dy, px * k)?;
+        self.check("y", y, px * k)?;
+        self.check("w", w, taps * k * c)?;
+        let ak = match self.act {
+            Activation::Relu => Activation::Relu,
+            Activation::Sigmoid => Activation::Sigmoid,
+            Activation::Tanh => Activation::Tanh,
+            _ => Activation::Identity,
+        };
+        dev.launch_elementwise(
+            EK::ActBackward(ak),
+            px * k,
+            &[
+                Arg::Buf(y),
+                Arg::Buf(dy),
+                Arg::Buf(&self.dz),
+                Arg::I32(i32_of("pixels*k", px * k)?),
+            ],
+        )?;
+        let mut args = vec![Arg::Buf(&self.dz), Arg::Buf(&self.dzp)];
+        args.extend(self.grid_args(k, margin)?);
+        dev.launch_elementwise(EK::PadNhwc, ptot * k, &args)?;
+        if let Some(d) = &self.dzp_d {
+            self.convert(dev, &self.dzp, d, ptot * k)?;
+        }
+        let Some(dx) = dx else { return Ok(()) };
+        self.check("dx", dx, px * c)?;
+        dev.launch_elementwise(
+            EK::TransposeTaps,
+            taps * k * c,
+            &[
+                Arg::Buf(w),
+                Arg::Buf(&self.wt),
+                Arg::I32(k as i32),
+                Arg::I32(c as i32),
+                Arg::I32(taps as i32),
+            ],
+        )?;
+        let wto = match &self.wt_d {
+            Some(d) => {
+                self.convert(dev, &self.wt, d, taps * k * c)?;
+                d
+            }
+            None => &self.wt,
+        };
+        let dzo = self.dzp_d.as_ref().unwrap_or(&self.dzp);
+        self.bwd.execute(
+            dev,
+            wto,
+            dzo,
+            &mut self.dxg,
+            None,
+            Some(&self.bwd_tab),
+            taps,
+        )?;
+        let dx: &Buffer = dx;
+        let mut args = vec![Arg::Buf(&self.dxg), Arg::Buf(dx)];
+        args.extend(self.grid_args(c, 0)?);
+        dev.launch_elementwise(EK::CropNhwc, px * c, &args)
+    }
+
+    /// After [`GpuConv2d::backward`]: dW (tap-major, as the weights) and
+    /// db, from the last forward's input and backward's dZ.
+    pub fn update(&mut self, dev: &Device, dw: &mut Buffer, db: &mut Buffer) -> Result<()> {
+        let ConvShape { c, k, .. } = self.shape;
+        let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
+        let ptot = self.shape.grid() + 2 * margin;
+        self.check("dw", dw, taps * k * c)?;
+        self.check("db", db, k)?;
+        // X^T: the padded input with its pixels contiguous per channel.
+        dev.launch_elementwise(
+            EK::Convert(self.dtype),
+            ptot * c,
+            &[
+                Arg::Buf(&self.xpad),
+                Arg::Buf(&self.xt_d),
+                Arg::I32(i32_of("padded pixels", ptot)?),
+                Arg::I32(c as i32),
+                Arg::I32(1),
+            ],
+        )?;
+        let dzo = self.dzp_d.as_ref().unwrap_or(&self.dzp);
+        let dw: &Buffer = dw;
+        for (t, tab) in self.upd_tabs.iter().enumerate() {
+            self.upd.execute(
+                dev,
+                dzo,
+                &self.xt_d,
+                &mut self.dw_tap,
+                None,
+                Some(tab),
+                self.upd_batch,
+            )?;
+            dev.launch_elementwise(
+                EK::CopySlot,
+                k * c,
+                &[
+                    Arg::Buf(&self.dw_tap),
+                    Arg::Buf(dw),
+                    Arg::I32(i32_of("k*c", k * c)?),
+                    Arg::I32(i32_of("dw offset", t * k * c)?),
+                ],
+            )?;
+        }
+        let db: &Buffer = db;
+        dev.launch_elementwise(
+            EK::BiasGrad,
+            k,
+            &[
+                Arg::Buf(&self.dz),
+                Arg::Buf(db),
+                Arg::I32(k as i32),
+                Arg::I32(i32_of("pixels", px)?),
+            ],
+        )
+    }
+}
