@@ -6,7 +6,12 @@
 //! ```text
 //! cargo run --release --example train_cnn [-- --data DIR --epochs N --batch B --lr LR
 //!     --save FILE --load FILE --batchnorm --dropout P --train-limit N --seed S --dtype f32|bf16]
+//! cargo run --release --features cuda --example train_cnn -- --device opencl|cuda [--dtype f32|bf16|f16]
 //! ```
+//!
+//! `--device` trains on a GPU through the run-time generated kernels (the
+//! convolutions as BRGEMMs over the filter taps, pooling, the FC head, the
+//! loss and Adam on the device), from the same seeded weights.
 //!
 //! Data: the IDX files of Fashion-MNIST (Xiao, Rasul and Vollgraf 2017, MIT
 //! licence) as the Debian package `dataset-fashion-mnist` installs them in
@@ -19,7 +24,7 @@ use brgemm_primitives::optim::Optimizer;
 mod cli;
 
 const USAGE: &str = "train_cnn: a small CNN on Fashion-MNIST\n\
-    usage: train_cnn [--data DIR --epochs N --batch B --lr LR --batchnorm --dropout P --train-limit N --seed S --dtype f32|bf16]";
+    usage: train_cnn [--data DIR --epochs N --batch B --lr LR --batchnorm --dropout P --train-limit N --seed S --dtype f32|bf16 --device cpu|opencl|cuda]";
 
 fn main() {
     let args = cli::parse(
@@ -28,6 +33,7 @@ fn main() {
             cli::flag("batchnorm", "batch normalisation after each convolution"),
             cli::value("dropout", "P", "dropout before the FC head, in [0, 1)"),
             cli::value("train-limit", "N", "train on the first N images only"),
+            cli::value("device", "D", "cpu, or opencl|cuda with --features cuda"),
             cli::DTYPE,
         ],
     );
@@ -61,6 +67,12 @@ fn main() {
         let idx: Vec<usize> = (0..limit).collect();
         tr.data = tr.data.subset(&idx);
     }
+    let device: String = args.get_or("device", "cpu".to_string());
+    if device != "cpu" {
+        args.no_model_files("GPU CNN");
+        let dt: String = args.get_or("dtype", "f32".to_string());
+        return gpu_main(&cfg, &device, &dt, &tr, &te);
+    }
     let pool = cli::pool();
     println!(
         "fashion-mnist: {} train / {} test images of {:?}; CNN {:?}, FC {:?} -> {}, batchnorm {bn}, dropout {}; batch {}, {} thread(s), {dtype}",
@@ -91,4 +103,56 @@ fn main() {
     }
     cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
+}
+
+#[cfg(feature = "gpu")]
+fn gpu_main(
+    cfg: &train_cnn::CnnConfig,
+    device: &str,
+    dtype: &str,
+    tr: &data::ImageSet,
+    te: &data::ImageSet,
+) {
+    use brgemm_dl::gpu::{Backend, GpuDtype};
+    use brgemm_dl::train_gpu;
+    let fail = |msg: String| -> ! { cli::usage_error(msg) };
+    let backend: Backend = device
+        .parse()
+        .unwrap_or_else(|e| fail(format!("--device: {e}")));
+    let dt = match dtype {
+        "f32" => GpuDtype::F32,
+        "bf16" => GpuDtype::Bf16,
+        "f16" => GpuDtype::F16,
+        other => fail(format!("--dtype {other:?}: expected f32, bf16 or f16")),
+    };
+    println!(
+        "fashion-mnist: {} train / {} test images of {:?}; CNN {:?}, FC {:?} -> {}; batch {}, device {device}, {dtype}",
+        tr.data.len(),
+        te.data.len(),
+        tr.dims,
+        cfg.stages.iter().map(|s| s.channels).collect::<Vec<_>>(),
+        cfg.hidden,
+        tr.data.classes,
+        cfg.batch,
+    );
+    let ((_, dev), last) = cli::run_training("images", |report| {
+        train_gpu::train_cnn(cfg, backend, dt, tr, te, report)
+    });
+    println!("device: {}", dev.name());
+    println!("test_accuracy={last:.4}");
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_main(
+    _: &train_cnn::CnnConfig,
+    device: &str,
+    _: &str,
+    _: &data::ImageSet,
+    _: &data::ImageSet,
+) {
+    eprintln!(
+        "--device {device}: this build has no GPU support; rebuild with --features cuda \
+         (or --features opencl), e.g. cargo run --release --features cuda --example train_cnn -- --device {device}"
+    );
+    std::process::exit(2)
 }

@@ -64,8 +64,8 @@ impl Default for CnnConfig {
     }
 }
 
-/// Plans the network of `cfg` for images like `data`'s ([`CnnSpec::graph`]).
-pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Graph> {
+/// The network of `cfg` for images like `data`'s.
+pub fn spec(cfg: &CnnConfig, data: &ImageSet) -> CnnSpec {
     CnnSpec {
         input: data.dims,
         stages: cfg.stages.clone(),
@@ -73,7 +73,11 @@ pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Graph> {
         classes: data.data.classes,
         dropout: cfg.dropout,
     }
-    .graph(cfg.batch, cfg.seed)
+}
+
+/// Plans the network of `cfg` for images like `data`'s ([`CnnSpec::graph`]).
+pub fn build(cfg: &CnnConfig, data: &ImageSet) -> Result<Graph> {
+    spec(cfg, data).graph(cfg.batch, cfg.seed)
 }
 
 /// Trains on `train`, evaluating on `test` after each epoch; `report` sees

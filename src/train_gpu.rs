@@ -4,11 +4,12 @@
 //! and test sets are uploaded once; a step sends only its minibatch's
 //! indices, and the host reads the losses every
 //! [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end (so a non-finite
-//! loss stops the run within that many steps).
+//! loss stops the run within that many steps). [`train_cnn`] does the same
+//! for the CNN of [`crate::train_cnn`].
 
-use crate::data::Dataset;
+use crate::data::{Dataset, ImageSet};
 use crate::train::{run_epochs, EpochPlan, EpochReport, TrainConfig};
-use brgemm_gpu::{Backend, Device, GpuDataset, GpuDtype, GpuMlp, Result};
+use brgemm_gpu::{Backend, Device, GpuCnn, GpuDataset, GpuDtype, GpuMlp, Result};
 use brgemm_nn::models::LayerSpec;
 
 /// Rows `idx` of `data`, row-major, and their labels.
@@ -76,32 +77,110 @@ pub fn train(
         GpuDataset::upload(&dev, &train.x, &train.y, train.features)?,
         GpuDataset::upload(&dev, &test.x, &test.y, test.features)?,
     );
-    let steps_per_epoch = train.len().div_ceil(cfg.batch.max(1)) as u64;
-    run_epochs(
+    device_epochs(
         &mut model,
         plan,
+        cfg.check_finite,
+        |m, chunk| m.train_step_on(&dev, &train_d, chunk, &cfg.optimizer),
+        |m| m.losses(&dev),
+        |m| accuracy_on(m, &dev, test, &test_d),
+        &mut report,
+    )?;
+    Ok((model, dev))
+}
+
+/// The epoch loop of a device model: `step` runs a minibatch and leaves
+/// its loss on the device; `losses` reads them (one blocking copy) every
+/// [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end, and the loop
+/// hands [`run_epochs`] their sum (its mean then counts every step). With
+/// `check_finite`, a non-finite loss stops the run, naming its step.
+fn device_epochs<M>(
+    model: &mut M,
+    plan: EpochPlan,
+    check_finite: bool,
+    mut step: impl FnMut(&mut M, &[usize]) -> Result<()>,
+    mut losses: impl FnMut(&mut M) -> Result<Vec<f32>>,
+    evaluate: impl FnMut(&mut M) -> Result<f64>,
+    report: &mut dyn FnMut(&EpochReport),
+) -> Result<()> {
+    let b = plan.batch.max(1);
+    let steps = if plan.whole_batches {
+        plan.len / b
+    } else {
+        plan.len.div_ceil(b)
+    };
+    let steps_per_epoch = steps.max(1) as u64;
+    run_epochs(
+        model,
+        plan,
         |m, chunk, index| {
-            m.train_step_on(&dev, &train_d, chunk, &cfg.optimizer)?;
-            // The losses wait on the device: read them (one blocking copy)
-            // every LOSS_WINDOW steps and at the epoch's end, and hand the
-            // epoch loop their sum (its mean then counts every step).
+            step(m, chunk)?;
             let done = index + 1;
             if done % GpuMlp::LOSS_WINDOW as u64 != 0 && done % steps_per_epoch != 0 {
                 return Ok(0.0);
             }
-            let losses = m.losses(&dev)?;
-            if cfg.check_finite {
-                if let Some((i, l)) = losses.iter().enumerate().find(|(_, l)| !l.is_finite()) {
+            let ls = losses(m)?;
+            if check_finite {
+                if let Some((i, l)) = ls.iter().enumerate().find(|(_, l)| !l.is_finite()) {
                     return Err(brgemm_gpu::Error::Invalid {
-                        what: format!("loss at step {}", done - losses.len() as u64 + i as u64),
+                        what: format!("loss at step {}", done - ls.len() as u64 + i as u64),
                         value: l.to_string(),
                         why: "not finite: training stopped".into(),
                     });
                 }
             }
-            Ok(losses.iter().sum())
+            Ok(ls.iter().sum())
         },
-        |m| accuracy_on(m, &dev, test, &test_d),
+        evaluate,
+        report,
+    )
+}
+
+/// Trains the CNN of `cfg` ([`crate::train_cnn::build`]'s network, from
+/// its seeded weights) on the device `backend` opens, GEMM inputs in
+/// `dtype`, evaluating on `test` after every epoch. Batch norm and dropout
+/// are not on the device yet (refused by name).
+pub fn train_cnn(
+    cfg: &crate::train_cnn::CnnConfig,
+    backend: Backend,
+    dtype: GpuDtype,
+    train: &ImageSet,
+    test: &ImageSet,
+    mut report: impl FnMut(&EpochReport),
+) -> Result<(GpuCnn, Device)> {
+    let dev = Device::open(backend)?;
+    let spec = crate::train_cnn::spec(cfg, train);
+    let cpu = spec
+        .graph(cfg.batch, cfg.seed)
+        .map_err(|e| brgemm_gpu::Error::Invalid {
+            what: "model".into(),
+            value: format!("{:?}", cfg.stages),
+            why: e.to_string(),
+        })?;
+    let mut model = GpuCnn::from_cpu(&dev, &cpu, &spec, dtype)?;
+    let train_d = model.dataset(&dev, &train.data.x, &train.data.y)?;
+    let test_d = model.dataset(&dev, &test.data.x, &test.data.y)?;
+    // The CPU CNN's loop: its shuffle seed, whole minibatches only.
+    let plan = EpochPlan {
+        epochs: cfg.epochs,
+        len: train.data.len(),
+        batch: cfg.batch,
+        whole_batches: true,
+        seed: cfg.seed ^ 0xc22,
+    };
+    let batch = model.batch();
+    device_epochs(
+        &mut model,
+        plan,
+        cfg.check_finite,
+        |m, chunk| m.train_step_on(&dev, &train_d, chunk, &cfg.optimizer),
+        |m| m.losses(&dev),
+        |m| {
+            accuracy_in_batches(m, test.data.len(), batch, |m, chunk| {
+                let labels = chunk.iter().map(|&i| test.data.y[i]).collect();
+                Ok((m.predict_on(&dev, &test_d, chunk)?, labels))
+            })
+        },
         &mut report,
     )?;
     Ok((model, dev))

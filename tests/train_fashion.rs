@@ -99,3 +99,48 @@ fn a_missing_data_set_names_the_package_and_the_flag() {
         "{e}"
     );
 }
+
+/// The CNN trained on an OpenCL device (PoCL in CI) from the same seeds,
+/// data order and minibatches as the CPU graph reaches the CPU run's test
+/// accuracy within half a point (in f32 the two runs agree to rounding).
+#[cfg(feature = "gpu")]
+#[test]
+fn cnn_on_opencl_matches_the_cpu_run() {
+    use brgemm_dl::gpu::{Backend, Device, GpuDtype};
+    let Some((mut tr, mut te)) = load() else {
+        return;
+    };
+    if let Err(e) = Device::open(Backend::OpenCl) {
+        assert!(
+            std::env::var("BRGEMM_REQUIRE_OPENCL").as_deref() != Ok("1"),
+            "BRGEMM_REQUIRE_OPENCL=1 but: {e}"
+        );
+        eprintln!("SKIPPED: no OpenCL device ({e})");
+        return;
+    }
+    tr.data = tr.data.subset(&(0..1280).collect::<Vec<_>>());
+    te.data = te.data.subset(&(0..1000).collect::<Vec<_>>());
+    let cfg = train_cnn::CnnConfig {
+        epochs: 1,
+        ..Default::default()
+    };
+    let pool = Pool::new(2).unwrap();
+    let (mut cpu, mut cpu_loss) = (0.0, 0.0);
+    train_cnn::train(&cfg, &pool, &tr, &te, |r| {
+        (cpu, cpu_loss) = (r.test_accuracy, r.loss)
+    })
+    .unwrap();
+    let (mut gpu, mut gpu_loss) = (0.0, 0.0);
+    brgemm_dl::train_gpu::train_cnn(&cfg, Backend::OpenCl, GpuDtype::F32, &tr, &te, |r| {
+        (gpu, gpu_loss) = (r.test_accuracy, r.loss)
+    })
+    .unwrap();
+    assert!(
+        (gpu - cpu).abs() <= 0.005,
+        "accuracy: opencl {gpu}, cpu {cpu}"
+    );
+    assert!(
+        (gpu_loss - cpu_loss).abs() <= 1e-3 * cpu_loss.abs().max(1.0),
+        "loss: opencl {gpu_loss}, cpu {cpu_loss}"
+    );
+}

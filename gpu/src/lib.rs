@@ -40,6 +40,7 @@
 //! ```
 
 #![deny(missing_docs)]
+mod cnn;
 pub mod codegen;
 mod conv;
 mod cuda;
@@ -57,6 +58,7 @@ mod opencl;
 pub mod ptxas;
 mod tiling;
 
+pub use cnn::GpuCnn;
 pub use codegen::{ElementwiseKernel, Target};
 pub use conv::{ConvShape, GpuConv2d};
 pub use cuda::{

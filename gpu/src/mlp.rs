@@ -51,12 +51,12 @@ pub struct GpuMlp {
 /// A data set on the device, uploaded once: features row-major (one
 /// sample's features contiguous) and labels as i32.
 pub struct GpuDataset {
-    x: Buffer,
-    labels: Buffer,
-    len: usize,
-    features: usize,
+    pub(crate) x: Buffer,
+    pub(crate) labels: Buffer,
+    pub(crate) len: usize,
+    pub(crate) features: usize,
     /// One past the largest label.
-    classes: usize,
+    pub(crate) classes: usize,
 }
 
 impl GpuDataset {
@@ -124,6 +124,22 @@ impl GpuMlp {
             ));
         }
         let (inputs, batch) = (cpu.input_shape().features(), cpu.input_shape().n);
+        Self::from_linears(dev, &linears, specs, inputs, batch, None, dtype)
+    }
+
+    /// A model of the CPU `linears` (the layers of `specs`) on `inputs`
+    /// features and minibatches of `batch`; `perm[g]`, where given, is the
+    /// CPU input feature that device feature g is (a CNN's head reads NHWC
+    /// where the CPU flattens NCHW).
+    pub(crate) fn from_linears(
+        dev: &Device,
+        linears: &[&Linear],
+        specs: &[LayerSpec],
+        inputs: usize,
+        batch: usize,
+        perm: Option<&[usize]>,
+        dtype: GpuDtype,
+    ) -> Result<GpuMlp> {
         let mut layers = Vec::with_capacity(specs.len());
         let mut c = inputs;
         for (i, s) in specs.iter().enumerate() {
@@ -137,6 +153,13 @@ impl GpuMlp {
                     format!("expected {k} x {c}"),
                 ));
             }
+            let w_rm = match (i, perm) {
+                (0, Some(p)) => (0..k)
+                    .flat_map(|o| p.iter().map(move |&f| (o, f)))
+                    .map(|(o, f)| w_rm[o * c + f])
+                    .collect(),
+                _ => w_rm,
+            };
             // Host row-major [K][C] is device column-major C x K: transpose.
             let w = transpose(&w_rm, c, k);
             let f = |n: usize| dev.alloc(n * 4);
@@ -246,45 +269,31 @@ impl GpuMlp {
     /// Gathers the rows `idx` of `data` (and their labels) into the
     /// minibatch buffers on the device, after checking them.
     fn gather(&mut self, dev: &Device, data: &GpuDataset, idx: &[usize]) -> Result<()> {
-        let rows = idx.len();
-        if rows == 0 || rows > self.batch {
-            return Err(invalid(
-                "minibatch",
-                rows,
-                format!("needs 1..={} rows", self.batch),
-            ));
-        }
-        if data.features != self.inputs {
-            return Err(invalid(
-                "data set features",
-                data.features,
-                format!("the model takes {}", self.inputs),
-            ));
-        }
-        if let Some((i, &r)) = idx.iter().enumerate().find(|(_, &r)| r >= data.len) {
-            return Err(invalid(
-                format!("idx[{i}]"),
-                r,
-                format!("the data set has {} samples", data.len),
-            ));
-        }
-        let mut ix: Vec<i32> = idx.iter().map(|&r| r as i32).collect();
-        ix.resize(self.batch, -1);
-        dev.write(&mut self.idx, &ix)?;
-        dev.launch_elementwise(
-            EK::GatherRows,
-            self.inputs * self.batch,
-            &[
-                Arg::Buf(&data.x),
-                Arg::Buf(&data.labels),
-                Arg::Buf(&self.idx),
-                Arg::Buf(&self.x),
-                Arg::Buf(&self.labels),
-                Arg::I32(self.inputs as i32),
-                Arg::I32(self.batch as i32),
-                Arg::I32(rows as i32),
-            ],
-        )
+        let (x, labels, ix) = (&self.x, &self.labels, &mut self.idx);
+        gather_rows(dev, data, idx, self.batch, self.inputs, x, labels, ix)
+    }
+
+    /// The minibatch input buffer (features x batch) and its labels.
+    pub(crate) fn input_buffers(&self) -> (&Buffer, &Buffer) {
+        (&self.x, &self.labels)
+    }
+
+    /// Forward, loss and backward on the minibatch already in the input
+    /// buffers (its first `rows` columns).
+    pub(crate) fn backprop_rows(
+        &mut self,
+        dev: &Device,
+        rows: usize,
+        dx0: Option<&mut Buffer>,
+    ) -> Result<()> {
+        self.backprop_into(dev, rows, dx0)
+    }
+
+    /// Forward on the minibatch already in the input buffers; the
+    /// predicted classes of its first `rows` columns.
+    pub(crate) fn predict_rows(&mut self, dev: &Device, rows: usize) -> Result<Vec<usize>> {
+        self.forward(dev)?;
+        self.argmax(dev, rows)
     }
 
     /// Forward, loss and backward for the minibatch `x` (row-major, one
@@ -345,6 +354,17 @@ impl GpuMlp {
     /// Forward, softmax cross-entropy into the loss ring and backward, on
     /// the minibatch in `x`/`labels` (its first `rows` columns).
     fn backprop(&mut self, dev: &Device, rows: usize) -> Result<()> {
+        self.backprop_into(dev, rows, None)
+    }
+
+    /// [`GpuMlp::backprop`], writing the gradient of the input to `dx0`
+    /// where given (a CNN's head hands it to the convolutions).
+    pub(crate) fn backprop_into(
+        &mut self,
+        dev: &Device,
+        rows: usize,
+        mut dx0: Option<&mut Buffer>,
+    ) -> Result<()> {
         if self.pending.len() == Self::LOSS_WINDOW {
             self.drain(dev)?;
         }
@@ -372,7 +392,7 @@ impl GpuMlp {
             let l = &mut rest[0];
             let x = if i == 0 { &self.x } else { &before[i - 1].y };
             let dx = if i == 0 {
-                None
+                dx0.take()
             } else {
                 Some(&mut before[i - 1].dy)
             };
@@ -469,6 +489,60 @@ impl GpuMlp {
 /// Column-major `rows x cols` to column-major `cols x rows` (equally:
 /// device column-major `K x C` to host row-major `[K][C]` with rows = K, and
 /// back with rows = C).
+/// Gathers the rows `idx` of `data` (features wide) into `x` (features x
+/// batch) and their labels into `labels`, through the index buffer `ix`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_rows(
+    dev: &Device,
+    data: &GpuDataset,
+    idx: &[usize],
+    batch: usize,
+    features: usize,
+    x: &Buffer,
+    labels: &Buffer,
+    ix: &mut Buffer,
+) -> Result<()> {
+    let rows = idx.len();
+    if rows == 0 || rows > batch {
+        return Err(invalid(
+            "minibatch",
+            rows,
+            format!("needs 1..={batch} rows"),
+        ));
+    }
+    if data.features != features {
+        return Err(invalid(
+            "data set features",
+            data.features,
+            format!("the model takes {features}"),
+        ));
+    }
+    if let Some((i, &r)) = idx.iter().enumerate().find(|(_, &r)| r >= data.len) {
+        return Err(invalid(
+            format!("idx[{i}]"),
+            r,
+            format!("the data set has {} samples", data.len),
+        ));
+    }
+    let mut v: Vec<i32> = idx.iter().map(|&r| r as i32).collect();
+    v.resize(batch, -1);
+    dev.write(ix, &v)?;
+    dev.launch_elementwise(
+        EK::GatherRows,
+        features * batch,
+        &[
+            Arg::Buf(&data.x),
+            Arg::Buf(&data.labels),
+            Arg::Buf(ix),
+            Arg::Buf(x),
+            Arg::Buf(labels),
+            Arg::I32(features as i32),
+            Arg::I32(batch as i32),
+            Arg::I32(rows as i32),
+        ],
+    )
+}
+
 fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0.0f32; rows * cols];
     for r in 0..rows {
@@ -482,7 +556,7 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// One optimizer step on the device, the same update as
 /// [`brgemm_primitives::optim::OptState::step`].
 #[allow(clippy::too_many_arguments)]
-fn step(
+pub(crate) fn step(
     dev: &Device,
     opt: &Optimizer,
     t: u32,

@@ -46,6 +46,13 @@ pub enum ElementwiseKernel {
     TransposeTaps,
     /// `copy_slot(src, dst, n, off)`: `dst[off + i] = src[i]`.
     CopySlot,
+    /// `maxpool_fwd(x, y, arg, n, h, w, c, p)`: p x p windows at stride p
+    /// over NHWC x (`h / p` x `w / p` out), the max and where it was.
+    MaxPoolFwd,
+    /// `maxpool_bwd(dy, arg, dx, n, h, w, c, p)`: each input element the
+    /// gradient of the output whose max it was, else zero (one pass, no
+    /// scatter: the windows do not overlap).
+    MaxPoolBwd,
     /// `sgd(p, g, v, n, lr, momentum)`.
     Sgd,
     /// `adam(p, g, m, v, n, step, beta1, beta2, eps)` with the bias-corrected
@@ -78,6 +85,8 @@ impl ElementwiseKernel {
             ElementwiseKernel::CropNhwc => "crop_nhwc",
             ElementwiseKernel::TransposeTaps => "transpose_taps",
             ElementwiseKernel::CopySlot => "copy_slot",
+            ElementwiseKernel::MaxPoolFwd => "maxpool_fwd",
+            ElementwiseKernel::MaxPoolBwd => "maxpool_bwd",
             ElementwiseKernel::Sgd => "sgd",
             ElementwiseKernel::Adam => "adam",
         }
@@ -216,6 +225,40 @@ KERNEL transpose_taps(GLOBAL const float* w, GLOBAL float* wt, int k, int c, int
 KERNEL copy_slot(GLOBAL const float* src, GLOBAL float* dst, int n, int off) {
   const idx_t i = GID;
   if (i < n) dst[off + i] = src[i];
+}
+KERNEL maxpool_fwd(GLOBAL const float* x, GLOBAL float* y, GLOBAL int* arg, int n, int h, int w,
+                   int c, int p) {
+  const int oh = h / p, ow = w / p;
+  const idx_t i = GID;
+  if (i >= (idx_t)n * oh * ow * c) return;
+  const int ch = (int)(i % c);
+  const idx_t pix = i / c;
+  const int ox = (int)(pix % ow), oy = (int)((pix / ow) % oh), img = (int)(pix / ((idx_t)ow * oh));
+  int bi = (int)((((idx_t)img * h + oy * p) * w + ox * p) * c + ch);
+  float best = x[bi];
+  for (int dy = 0; dy < p; ++dy)
+    for (int dx = 0; dx < p; ++dx) {
+      const int j = (int)((((idx_t)img * h + oy * p + dy) * w + ox * p + dx) * c + ch);
+      if (x[j] > best) { best = x[j]; bi = j; }
+    }
+  y[i] = best;
+  arg[i] = bi;
+}
+KERNEL maxpool_bwd(GLOBAL const float* dy, GLOBAL const int* arg, GLOBAL float* dx, int n, int h,
+                   int w, int c, int p) {
+  const int oh = h / p, ow = w / p;
+  const idx_t i = GID;
+  if (i >= (idx_t)n * h * w * c) return;
+  const int ch = (int)(i % c);
+  const idx_t pix = i / c;
+  const int xx = (int)(pix % w), yy = (int)((pix / w) % h), img = (int)(pix / ((idx_t)w * h));
+  const int oy = yy / p, ox = xx / p;
+  float g = 0.0f;
+  if (oy < oh && ox < ow) {
+    const idx_t o = (((idx_t)img * oh + oy) * ow + ox) * c + ch;
+    if (arg[o] == (int)i) g = dy[o];
+  }
+  dx[i] = g;
 }
 KERNEL sgd(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* v, int n, float lr, float momentum) {
   const idx_t i = GID;

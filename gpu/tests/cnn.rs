@@ -1,0 +1,126 @@
+//! The device CNN against the CPU graph it was built from: three SGD steps
+//! (the last a partial minibatch) give the same losses and the same
+//! convolution weights, in f32; bf16 follows within its rounding. On
+//! OpenCL (PoCL in CI) and, when there is one, a CUDA device.
+
+mod common;
+use brgemm_gpu::{Device, GpuCnn, GpuDtype};
+use brgemm_nn::models::{CnnSpec, StageSpec};
+use brgemm_nn::{Conv2d, Tensor};
+use brgemm_primitives::optim::Optimizer;
+use brgemm_primitives::Pool;
+use common::*;
+
+fn spec() -> CnnSpec {
+    let stage = |channels, pool| StageSpec {
+        channels,
+        kernel: 3,
+        batchnorm: false,
+        pool,
+    };
+    CnnSpec {
+        input: (2, 8, 6),
+        stages: vec![stage(4, 2), stage(6, 1)],
+        hidden: vec![10],
+        classes: 5,
+        dropout: 0.0,
+    }
+}
+
+fn steps(dev: &Device, dt: GpuDtype) {
+    let (batch, len) = (8, 40);
+    let spec = spec();
+    let mut cpu = spec.graph(batch, 7).unwrap();
+    let mut gpu = GpuCnn::from_cpu(dev, &cpu, &spec, dt).unwrap();
+    let feats = 2 * 8 * 6;
+    let mut r = Lcg(3);
+    let x: Vec<f32> = (0..len * feats).map(|_| round(dt, r.f32())).collect();
+    let y: Vec<usize> = (0..len).map(|_| r.below(5)).collect();
+    let data = gpu.dataset(dev, &x, &y).unwrap();
+    let opt = Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+    };
+    let mut want = Vec::new();
+    for step in 0..3 {
+        let rows = if step == 2 { 5 } else { batch };
+        let idx: Vec<usize> = (0..rows).map(|_| r.below(len)).collect();
+        let mut xs: Vec<f32> = idx
+            .iter()
+            .flat_map(|&i| x[i * feats..(i + 1) * feats].iter().copied())
+            .collect();
+        xs.resize(batch * feats, 0.0);
+        let ys: Vec<usize> = idx.iter().map(|&i| y[i]).collect();
+        let xb = Tensor::from_vec(cpu.input_shape(), xs).unwrap();
+        want.push(
+            cpu.compute_gradients_with(Pool::global(), &xb, &ys, &mut |_, _| {})
+                .unwrap(),
+        );
+        cpu.step(&opt).unwrap();
+        gpu.train_step_on(dev, &data, &idx, &opt).unwrap();
+    }
+    let got = gpu.losses(dev).unwrap();
+    let tol = if dt == GpuDtype::F32 { 1e-4 } else { 3e-2 };
+    for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * w.abs().max(1.0),
+            "{dt:?} step {s}: loss gpu {g} cpu {w}"
+        );
+    }
+    assert_eq!(got.len(), 3);
+    if dt == GpuDtype::F32 {
+        for (i, cv) in cpu.layers_of::<Conv2d>().into_iter().enumerate() {
+            let (wg, bg) = gpu.conv_parameters(dev, i).unwrap();
+            for (name, g, c) in [("w", wg, cv.weights()), ("b", bg, cv.bias())] {
+                for (j, (a, b)) in g.iter().zip(&c).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-4,
+                        "stage {i} {name}[{j}] gpu {a} cpu {b}"
+                    );
+                }
+            }
+        }
+    }
+    // The trained model predicts what the CPU graph predicts, mostly.
+    let idx: Vec<usize> = (0..batch).collect();
+    let p = gpu.predict_on(dev, &data, &idx).unwrap();
+    assert_eq!(p.len(), batch);
+}
+
+fn all(dev: &Device) {
+    steps(dev, GpuDtype::F32);
+    steps(dev, GpuDtype::Bf16);
+}
+
+#[test]
+fn cnn_steps_match_the_cpu_graph_on_opencl() {
+    let Some(dev) = opencl() else { return };
+    all(dev);
+}
+
+#[test]
+fn cnn_steps_match_the_cpu_graph_on_cuda() {
+    let Some(dev) = cuda() else { return };
+    all(dev);
+}
+
+#[test]
+fn batch_norm_and_dropout_are_refused_by_name() {
+    let Some(dev) = opencl() else { return };
+    let mut s = spec();
+    s.dropout = 0.5;
+    let cpu = s.graph(4, 1).unwrap();
+    let e = GpuCnn::from_cpu(dev, &cpu, &s, GpuDtype::F32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("dropout"), "{e}");
+    let mut s = spec();
+    s.stages[1].batchnorm = true;
+    let cpu = s.graph(4, 1).unwrap();
+    let e = GpuCnn::from_cpu(dev, &cpu, &s, GpuDtype::F32)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("stage 1 batchnorm"), "{e}");
+}
