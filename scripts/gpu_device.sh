@@ -12,13 +12,17 @@ case "${1:-}" in
 build)
     set -e
     mkdir -p .devbin
-    for t in cuda layers nvrtc; do
+    for t in cuda layers nvrtc conv cnn; do
         exe=$(cargo test --release -p brgemm-gpu --test "$t" --no-run --message-format=json 2>/dev/null |
             sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
         strip -o ".devbin/$t" "$exe"
     done
-    cargo build -q --release --features cuda --example bench --example train_mlp
-    for e in bench train_mlp; do strip -o ".devbin/$e" "target/release/examples/$e"; done
+    cargo build -q --release --features cuda --example bench --example train_mlp --example train_cnn
+    for e in bench train_mlp train_cnn; do strip -o ".devbin/$e" "target/release/examples/$e"; done
+    # Fashion-MNIST for train_cnn (the GPU machine has no Debian package).
+    if [ -d /usr/share/datasets/fashion-mnist ]; then
+        mkdir -p .devbin/fashion && cp /usr/share/datasets/fashion-mnist/*.gz .devbin/fashion/
+    fi
     ls -la .devbin
     ;;
 run)
@@ -46,6 +50,20 @@ run)
         return $rc
     }
     export BRGEMM_REQUIRE_CUDA=1
+    if [ "${ONLY:-}" = cnn ]; then
+        # The convolution and CNN checks, then train_cnn on the GPU and, for
+        # its accuracy, on this machine's CPUs.
+        step conv 90 .devbin/conv --nocapture cuda
+        step cnn 90 .devbin/cnn --nocapture cuda
+        for dt in f32 bf16; do
+            step "train_cnn_$dt" 120 .devbin/train_cnn --device cuda --data .devbin/fashion --dtype "$dt"
+            grep -E "^epoch|trained in" "$out/train_cnn_$dt.log"
+        done
+        step train_cnn_cpu 120 .devbin/train_cnn --data .devbin/fashion
+        grep -E "^epoch|trained in" "$out/train_cnn_cpu.log"
+        cat "$out/summary.txt"
+        exit 0
+    fi
     # The sm_90a kernel first: every later step may run it (Auto), so a
     # failure or a hang there stops the run early.
     if step wgmma 60 .devbin/cuda --nocapture wgmma; then
