@@ -113,18 +113,7 @@ fn gpu_main(
     tr: &data::ImageSet,
     te: &data::ImageSet,
 ) {
-    use brgemm_dl::gpu::{Backend, GpuDtype};
-    use brgemm_dl::train_gpu;
-    let fail = |msg: String| -> ! { cli::usage_error(msg) };
-    let backend: Backend = device
-        .parse()
-        .unwrap_or_else(|e| fail(format!("--device: {e}")));
-    let dt = match dtype {
-        "f32" => GpuDtype::F32,
-        "bf16" => GpuDtype::Bf16,
-        "f16" => GpuDtype::F16,
-        other => fail(format!("--dtype {other:?}: expected f32, bf16 or f16")),
-    };
+    let (backend, dt) = cli::gpu_target(device, dtype);
     println!(
         "fashion-mnist: {} train / {} test images of {:?}; CNN {:?}, FC {:?} -> {}; batch {}, device {device}, {dtype}",
         tr.data.len(),
@@ -135,11 +124,9 @@ fn gpu_main(
         tr.data.classes,
         cfg.batch,
     );
-    let ((_, dev), last) = cli::run_training("images", |report| {
-        train_gpu::train_cnn(cfg, backend, dt, tr, te, report)
+    cli::run_gpu_training("images", |report| {
+        brgemm_dl::train_gpu::train_cnn(cfg, backend, dt, tr, te, report)
     });
-    println!("device: {}", dev.name());
-    println!("test_accuracy={last:.4}");
 }
 
 #[cfg(not(feature = "gpu"))]
@@ -150,9 +137,5 @@ fn gpu_main(
     _: &data::ImageSet,
     _: &data::ImageSet,
 ) {
-    eprintln!(
-        "--device {device}: this build has no GPU support; rebuild with --features cuda \
-         (or --features opencl), e.g. cargo run --release --features cuda --example train_cnn -- --device {device}"
-    );
-    std::process::exit(2)
+    cli::no_gpu_build("train_cnn", device)
 }

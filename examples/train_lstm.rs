@@ -12,6 +12,10 @@
 //! `--layers 2` stacks LSTM layers (each reads the one below at every step);
 //! `--bidirectional` runs every layer in both directions and gives the head
 //! both final states; `--rnn` uses the plain tanh cell.
+//!
+//! `cargo run --release --features cuda --example train_lstm -- --device
+//! opencl|cuda [--dtype f32|bf16|f16]` trains the one-layer LSTM classifier on a
+//! GPU through the run-time generated kernels, from the same seeded weights.
 
 use brgemm_dl::{data, train_lstm};
 use brgemm_primitives::optim::Optimizer;
@@ -21,7 +25,7 @@ use brgemm_primitives::CellKind;
 mod cli;
 
 const USAGE: &str = "train_lstm: an LSTM classifier of images read row by row\n\
-    usage: train_lstm [--data DIR --epochs N --batch B --hidden K --lr LR --layers L --bidirectional --rnn --train-limit N --seed S --dtype f32|bf16]";
+    usage: train_lstm [--data DIR --epochs N --batch B --hidden K --lr LR --layers L --bidirectional --rnn --train-limit N --seed S --dtype f32|bf16 --device cpu|opencl|cuda]";
 
 fn main() {
     let args = cli::parse(
@@ -32,6 +36,7 @@ fn main() {
             cli::flag("bidirectional", "every layer in both directions"),
             cli::flag("rnn", "the plain tanh cell instead of the LSTM"),
             cli::value("train-limit", "N", "train on the first N sequences only"),
+            cli::value("device", "D", "cpu, or opencl|cuda with --features cuda"),
             cli::DTYPE,
         ],
     );
@@ -84,6 +89,12 @@ fn main() {
     if limit < tr.len() {
         tr = tr.subset(&(0..limit).collect::<Vec<_>>());
     }
+    let device: String = args.get_or("device", "cpu".to_string());
+    if device != "cpu" {
+        args.no_model_files("GPU sequence classifier");
+        let dt: String = args.get_or("dtype", "f32".to_string());
+        return gpu_main(&cfg, &device, &dt, name, &tr, &te);
+    }
     let pool = cli::pool();
     println!(
         "{name}: {} train / {} test sequences of {} steps x {} features; {:?} {} x {} hidden{}, head {:?} -> {}; batch {}, {} thread(s), {dtype}",
@@ -117,4 +128,42 @@ fn main() {
     }
     cli::save_graph(&model, save);
     println!("test_accuracy={last:.4}");
+}
+
+#[cfg(feature = "gpu")]
+fn gpu_main(
+    cfg: &train_lstm::SeqConfig,
+    device: &str,
+    dtype: &str,
+    name: &str,
+    tr: &data::Dataset,
+    te: &data::Dataset,
+) {
+    let (backend, dt) = cli::gpu_target(device, dtype);
+    println!(
+        "{name}: {} train / {} test sequences of {} steps x {} features; {:?} {} hidden -> {}; batch {}, device {device}, {dtype}",
+        tr.len(),
+        te.len(),
+        cfg.steps,
+        tr.features / cfg.steps,
+        cfg.kind,
+        cfg.hidden,
+        tr.classes,
+        cfg.batch,
+    );
+    cli::run_gpu_training("sequences", |report| {
+        brgemm_dl::train_gpu::train_lstm(cfg, backend, dt, tr, te, report)
+    });
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_main(
+    _: &train_lstm::SeqConfig,
+    device: &str,
+    _: &str,
+    _: &str,
+    _: &data::Dataset,
+    _: &data::Dataset,
+) {
+    cli::no_gpu_build("train_lstm", device)
 }

@@ -113,33 +113,16 @@ fn header(
 
 #[cfg(feature = "gpu")]
 fn gpu_main(cfg: &train::TrainConfig, device: &str, dtype: &str) {
-    use brgemm_dl::gpu::{Backend, GpuDtype};
-    use brgemm_dl::train_gpu;
-    let fail = |msg: String| -> ! { cli::usage_error(msg) };
-    let backend: Backend = device
-        .parse()
-        .unwrap_or_else(|e| fail(format!("--device: {e}")));
-    let dt = match dtype {
-        "f32" => GpuDtype::F32,
-        "bf16" => GpuDtype::Bf16,
-        "f16" => GpuDtype::F16,
-        other => fail(format!("--dtype {other:?}: expected f32, bf16 or f16")),
-    };
+    let (backend, dt) = cli::gpu_target(device, dtype);
     let all = data::digits().expect("embedded digits");
     let (tr, te) = all.split(0.2, 42);
     header(cfg, &all, &tr, &te, &format!("device {device}, {dtype}"));
-    let ((_, dev), last) = cli::run_training("samples", |report| {
-        train_gpu::train(cfg, backend, dt, &tr, &te, report)
+    cli::run_gpu_training("samples", |report| {
+        brgemm_dl::train_gpu::train(cfg, backend, dt, &tr, &te, report)
     });
-    println!("device: {}", dev.name());
-    println!("test_accuracy={last:.4}");
 }
 
 #[cfg(not(feature = "gpu"))]
 fn gpu_main(_: &train::TrainConfig, device: &str, _: &str) {
-    eprintln!(
-        "--device {device}: this build has no GPU support; rebuild with --features cuda \
-         (or --features opencl), e.g. cargo run --release --features cuda --example train_mlp -- --device {device}"
-    );
-    std::process::exit(2)
+    cli::no_gpu_build("train_mlp", device)
 }

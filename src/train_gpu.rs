@@ -1,16 +1,64 @@
-//! The MLP training loop on a GPU (or any OpenCL device): the same data,
-//! split, shuffles, initial weights and epoch report as [`crate::train`],
-//! with forward, loss, backward and optimizer on the device. The training
-//! and test sets are uploaded once; a step sends only its minibatch's
-//! indices, and the host reads the losses every
-//! [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end (so a non-finite
-//! loss stops the run within that many steps). [`train_cnn`] does the same
-//! for the CNN of [`crate::train_cnn`].
+//! The training loops on a GPU (or any OpenCL device) for the MLP
+//! ([`train`]), the CNN ([`train_cnn`]) and the sequence classifier
+//! ([`train_lstm`]): the same data, split, shuffles, initial weights and
+//! epoch report as their CPU loops, with forward, loss, backward and
+//! optimizer on the device. The training and test sets are uploaded once; a
+//! step sends only its minibatch's indices, and the host reads the losses
+//! every [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end (so a
+//! non-finite loss stops the run within that many steps).
 
 use crate::data::{Dataset, ImageSet};
 use crate::train::{run_epochs, EpochPlan, EpochReport, TrainConfig};
-use brgemm_gpu::{Backend, Device, GpuCnn, GpuDataset, GpuDtype, GpuMlp, Result};
+use brgemm_gpu::{Backend, Device, GpuCnn, GpuDataset, GpuDtype, GpuMlp, GpuSeqNet, Result};
 use brgemm_nn::models::LayerSpec;
+use brgemm_primitives::optim::Optimizer;
+
+/// What the device loop needs of a model.
+trait DeviceModel {
+    fn batch(&self) -> usize;
+    fn step_on(
+        &mut self,
+        dev: &Device,
+        data: &GpuDataset,
+        idx: &[usize],
+        opt: &Optimizer,
+    ) -> Result<()>;
+    fn read_losses(&mut self, dev: &Device) -> Result<Vec<f32>>;
+    fn predict(&mut self, dev: &Device, data: &GpuDataset, idx: &[usize]) -> Result<Vec<usize>>;
+}
+
+macro_rules! device_model {
+    ($t:ty) => {
+        impl DeviceModel for $t {
+            fn batch(&self) -> usize {
+                <$t>::batch(self)
+            }
+            fn step_on(
+                &mut self,
+                dev: &Device,
+                data: &GpuDataset,
+                idx: &[usize],
+                opt: &Optimizer,
+            ) -> Result<()> {
+                self.train_step_on(dev, data, idx, opt)
+            }
+            fn read_losses(&mut self, dev: &Device) -> Result<Vec<f32>> {
+                self.losses(dev)
+            }
+            fn predict(
+                &mut self,
+                dev: &Device,
+                data: &GpuDataset,
+                idx: &[usize],
+            ) -> Result<Vec<usize>> {
+                self.predict_on(dev, data, idx)
+            }
+        }
+    };
+}
+device_model!(GpuMlp);
+device_model!(GpuCnn);
+device_model!(GpuSeqNet);
 
 /// Rows `idx` of `data`, row-major, and their labels.
 fn gather(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<usize>) {
@@ -22,17 +70,18 @@ fn gather(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<usize>) {
     (x, idx.iter().map(|&i| data.y[i]).collect())
 }
 
-/// Accuracy of `model` on `data` (uploaded to the device as `on_dev`).
+/// Accuracy of `model` on the device data set `on_dev`, whose labels are
+/// `labels`.
 fn accuracy_on(
-    model: &mut GpuMlp,
+    model: &mut impl DeviceModel,
     dev: &Device,
-    data: &Dataset,
+    labels: &[usize],
     on_dev: &GpuDataset,
 ) -> Result<f64> {
     let batch = model.batch();
-    accuracy_in_batches(model, data.len(), batch, |m, chunk| {
-        let labels = chunk.iter().map(|&i| data.y[i]).collect();
-        Ok((m.predict_on(dev, on_dev, chunk)?, labels))
+    accuracy_in_batches(model, labels.len(), batch, |m, chunk| {
+        let want = chunk.iter().map(|&i| labels[i]).collect();
+        Ok((m.predict(dev, on_dev, chunk)?, want))
     })
 }
 
@@ -43,6 +92,63 @@ pub fn accuracy(model: &mut GpuMlp, dev: &Device, data: &Dataset) -> Result<f64>
         let (x, labels) = gather(data, chunk);
         Ok((m.predict(dev, &x, chunk.len())?, labels))
     })
+}
+
+/// The epoch loop of a device model over the device data sets: each step
+/// leaves its loss on the device; the losses are read (one blocking copy)
+/// every [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end, and their
+/// sum goes to [`run_epochs`] (its mean then counts every step). With
+/// `check_finite`, a non-finite loss stops the run, naming its step.
+#[allow(clippy::too_many_arguments)]
+fn fit_on_device(
+    model: &mut impl DeviceModel,
+    dev: &Device,
+    train: &GpuDataset,
+    test: (&GpuDataset, &[usize]),
+    plan: EpochPlan,
+    opt: &Optimizer,
+    check_finite: bool,
+    report: &mut dyn FnMut(&EpochReport),
+) -> Result<()> {
+    let b = plan.batch.max(1);
+    let steps = if plan.whole_batches {
+        plan.len / b
+    } else {
+        plan.len.div_ceil(b)
+    };
+    let steps_per_epoch = steps.max(1) as u64;
+    run_epochs(
+        model,
+        plan,
+        |m, chunk, index| {
+            m.step_on(dev, train, chunk, opt)?;
+            let done = index + 1;
+            if done % GpuMlp::LOSS_WINDOW as u64 != 0 && done % steps_per_epoch != 0 {
+                return Ok(0.0);
+            }
+            let ls = m.read_losses(dev)?;
+            if check_finite {
+                if let Some((i, l)) = ls.iter().enumerate().find(|(_, l)| !l.is_finite()) {
+                    return Err(brgemm_gpu::Error::Invalid {
+                        what: format!("loss at step {}", done - ls.len() as u64 + i as u64),
+                        value: l.to_string(),
+                        why: "not finite: training stopped".into(),
+                    });
+                }
+            }
+            Ok(ls.iter().sum())
+        },
+        |m| accuracy_on(m, dev, test.1, test.0),
+        report,
+    )
+}
+
+fn model_error(value: String) -> impl FnOnce(brgemm_nn::Error) -> brgemm_gpu::Error {
+    move |e| brgemm_gpu::Error::Invalid {
+        what: "model".into(),
+        value,
+        why: e.to_string(),
+    }
 }
 
 /// Trains on `train` on the device `backend` opens, GEMM inputs in
@@ -59,11 +165,8 @@ pub fn train(
     let dev = Device::open(backend)?;
     let mut cpu_cfg = cfg.clone();
     cpu_cfg.bf16 = false;
-    let cpu = crate::train::build(&cpu_cfg, train).map_err(|e| brgemm_gpu::Error::Invalid {
-        what: "model".into(),
-        value: format!("{:?}", cfg.hidden),
-        why: e.to_string(),
-    })?;
+    let cpu =
+        crate::train::build(&cpu_cfg, train).map_err(model_error(format!("{:?}", cfg.hidden)))?;
     let specs = LayerSpec::classifier(&cfg.hidden, train.classes);
     let mut model = GpuMlp::from_cpu(&dev, &cpu, &specs, dtype)?;
     let plan = EpochPlan {
@@ -73,73 +176,27 @@ pub fn train(
         whole_batches: false,
         seed: cfg.seed ^ 0x5eed,
     };
-    let (train_d, test_d) = (
-        GpuDataset::upload(&dev, &train.x, &train.y, train.features)?,
-        GpuDataset::upload(&dev, &test.x, &test.y, test.features)?,
-    );
-    device_epochs(
+    let train_d = GpuDataset::upload(&dev, &train.x, &train.y, train.features)?;
+    let test_d = GpuDataset::upload(&dev, &test.x, &test.y, test.features)?;
+    let test_set = (&test_d, &test.y[..]);
+    fit_on_device(
         &mut model,
+        &dev,
+        &train_d,
+        test_set,
         plan,
+        &cfg.optimizer,
         cfg.check_finite,
-        |m, chunk| m.train_step_on(&dev, &train_d, chunk, &cfg.optimizer),
-        |m| m.losses(&dev),
-        |m| accuracy_on(m, &dev, test, &test_d),
         &mut report,
     )?;
     Ok((model, dev))
 }
 
-/// The epoch loop of a device model: `step` runs a minibatch and leaves
-/// its loss on the device; `losses` reads them (one blocking copy) every
-/// [`GpuMlp::LOSS_WINDOW`] steps and at each epoch's end, and the loop
-/// hands [`run_epochs`] their sum (its mean then counts every step). With
-/// `check_finite`, a non-finite loss stops the run, naming its step.
-fn device_epochs<M>(
-    model: &mut M,
-    plan: EpochPlan,
-    check_finite: bool,
-    mut step: impl FnMut(&mut M, &[usize]) -> Result<()>,
-    mut losses: impl FnMut(&mut M) -> Result<Vec<f32>>,
-    evaluate: impl FnMut(&mut M) -> Result<f64>,
-    report: &mut dyn FnMut(&EpochReport),
-) -> Result<()> {
-    let b = plan.batch.max(1);
-    let steps = if plan.whole_batches {
-        plan.len / b
-    } else {
-        plan.len.div_ceil(b)
-    };
-    let steps_per_epoch = steps.max(1) as u64;
-    run_epochs(
-        model,
-        plan,
-        |m, chunk, index| {
-            step(m, chunk)?;
-            let done = index + 1;
-            if done % GpuMlp::LOSS_WINDOW as u64 != 0 && done % steps_per_epoch != 0 {
-                return Ok(0.0);
-            }
-            let ls = losses(m)?;
-            if check_finite {
-                if let Some((i, l)) = ls.iter().enumerate().find(|(_, l)| !l.is_finite()) {
-                    return Err(brgemm_gpu::Error::Invalid {
-                        what: format!("loss at step {}", done - ls.len() as u64 + i as u64),
-                        value: l.to_string(),
-                        why: "not finite: training stopped".into(),
-                    });
-                }
-            }
-            Ok(ls.iter().sum())
-        },
-        evaluate,
-        report,
-    )
-}
-
 /// Trains the CNN of `cfg` ([`crate::train_cnn::build`]'s network, from
 /// its seeded weights) on the device `backend` opens, GEMM inputs in
-/// `dtype`, evaluating on `test` after every epoch. Batch norm and dropout
-/// are not on the device yet (refused by name).
+/// `dtype`, walking the data as the CPU loop does (its shuffle seed, whole
+/// minibatches), evaluating on `test` after every epoch. Batch norm and
+/// dropout are not on the device yet (refused by name).
 pub fn train_cnn(
     cfg: &crate::train_cnn::CnnConfig,
     backend: Backend,
@@ -152,15 +209,10 @@ pub fn train_cnn(
     let spec = crate::train_cnn::spec(cfg, train);
     let cpu = spec
         .graph(cfg.batch, cfg.seed)
-        .map_err(|e| brgemm_gpu::Error::Invalid {
-            what: "model".into(),
-            value: format!("{:?}", cfg.stages),
-            why: e.to_string(),
-        })?;
+        .map_err(model_error(format!("{:?}", cfg.stages)))?;
     let mut model = GpuCnn::from_cpu(&dev, &cpu, &spec, dtype)?;
     let train_d = model.dataset(&dev, &train.data.x, &train.data.y)?;
     let test_d = model.dataset(&dev, &test.data.x, &test.data.y)?;
-    // The CPU CNN's loop: its shuffle seed, whole minibatches only.
     let plan = EpochPlan {
         epochs: cfg.epochs,
         len: train.data.len(),
@@ -168,19 +220,56 @@ pub fn train_cnn(
         whole_batches: true,
         seed: cfg.seed ^ 0xc22,
     };
-    let batch = model.batch();
-    device_epochs(
+    let test_set = (&test_d, &test.data.y[..]);
+    fit_on_device(
         &mut model,
+        &dev,
+        &train_d,
+        test_set,
         plan,
+        &cfg.optimizer,
         cfg.check_finite,
-        |m, chunk| m.train_step_on(&dev, &train_d, chunk, &cfg.optimizer),
-        |m| m.losses(&dev),
-        |m| {
-            accuracy_in_batches(m, test.data.len(), batch, |m, chunk| {
-                let labels = chunk.iter().map(|&i| test.data.y[i]).collect();
-                Ok((m.predict_on(&dev, &test_d, chunk)?, labels))
-            })
-        },
+        &mut report,
+    )?;
+    Ok((model, dev))
+}
+
+/// Trains the sequence classifier of `cfg` ([`crate::train_lstm::build`]'s
+/// network, from its seeded weights; one unidirectional LSTM layer) on the
+/// device `backend` opens, reading images row by row, GEMM inputs in
+/// `dtype`, walking the data as the CPU loop does, evaluating on `test`
+/// after every epoch.
+pub fn train_lstm(
+    cfg: &crate::train_lstm::SeqConfig,
+    backend: Backend,
+    dtype: GpuDtype,
+    train: &Dataset,
+    test: &Dataset,
+    mut report: impl FnMut(&EpochReport),
+) -> Result<(GpuSeqNet, Device)> {
+    let dev = Device::open(backend)?;
+    let what = format!("{:?} x {}", cfg.kind, cfg.hidden);
+    let spec = crate::train_lstm::spec(cfg, train).map_err(model_error(what.clone()))?;
+    let cpu = spec.graph(cfg.batch, cfg.seed).map_err(model_error(what))?;
+    let mut model = GpuSeqNet::from_cpu(&dev, &cpu, &spec, dtype)?;
+    let train_d = model.dataset(&dev, &train.x, &train.y)?;
+    let test_d = model.dataset(&dev, &test.x, &test.y)?;
+    let plan = EpochPlan {
+        epochs: cfg.epochs,
+        len: train.len(),
+        batch: cfg.batch,
+        whole_batches: false,
+        seed: cfg.seed ^ 0x157,
+    };
+    let test_set = (&test_d, &test.y[..]);
+    fit_on_device(
+        &mut model,
+        &dev,
+        &train_d,
+        test_set,
+        plan,
+        &cfg.optimizer,
+        cfg.check_finite,
         &mut report,
     )?;
     Ok((model, dev))

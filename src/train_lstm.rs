@@ -71,13 +71,19 @@ impl SeqConfig {
 /// Plans the classifier of `cfg` for `data` (whose features are `steps`
 /// rows of equal length) as a layer graph ([`SeqSpec::graph`]).
 pub fn build(cfg: &SeqConfig, data: &Dataset) -> brgemm_nn::Result<Graph> {
+    spec(cfg, data)?.graph(cfg.batch, cfg.seed)
+}
+
+/// The classifier of `cfg` for `data` (whose features are `steps` rows of
+/// equal length).
+pub fn spec(cfg: &SeqConfig, data: &Dataset) -> brgemm_nn::Result<SeqSpec> {
     if cfg.steps == 0 || !data.features.is_multiple_of(cfg.steps) {
         return Err(brgemm_nn::Error::Graph(format!(
             "steps {}: must divide the {} features of an image",
             cfg.steps, data.features
         )));
     }
-    SeqSpec {
+    Ok(SeqSpec {
         kind: cfg.kind,
         steps: cfg.steps,
         features: data.features / cfg.steps,
@@ -86,8 +92,7 @@ pub fn build(cfg: &SeqConfig, data: &Dataset) -> brgemm_nn::Result<Graph> {
         bidirectional: cfg.bidirectional,
         head: cfg.head.clone(),
         classes: data.classes,
-    }
-    .graph(cfg.batch, cfg.seed)
+    })
 }
 
 /// `data`'s images as sequences for `g`: row t of an image is step t

@@ -100,22 +100,63 @@ fn a_missing_data_set_names_the_package_and_the_flag() {
     );
 }
 
+/// Whether an OpenCL device is there (a failure when the test script
+/// requires one, a skip line otherwise).
+#[cfg(feature = "gpu")]
+fn opencl_ready() -> bool {
+    use brgemm_dl::gpu::{Backend, Device};
+    match Device::open(Backend::OpenCl) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("BRGEMM_REQUIRE_OPENCL").as_deref() != Ok("1"),
+                "BRGEMM_REQUIRE_OPENCL=1 but: {e}"
+            );
+            eprintln!("SKIPPED: no OpenCL device ({e})");
+            false
+        }
+    }
+}
+
+/// The last epoch's (test accuracy, loss) of a run that reports epochs.
+#[cfg(feature = "gpu")]
+fn last_epoch<E: std::fmt::Debug, T>(
+    run: impl FnOnce(&mut dyn FnMut(&brgemm_dl::train::EpochReport)) -> Result<T, E>,
+) -> (f64, f32) {
+    let mut last = (0.0, 0.0);
+    run(&mut |r| last = (r.test_accuracy, r.loss)).unwrap();
+    last
+}
+
+/// A device run's accuracy within half a point of the CPU run's, its loss
+/// to rounding (the same seeds, data order and minibatches).
+#[cfg(feature = "gpu")]
+fn same_run(what: &str, gpu: (f64, f32), cpu: (f64, f32)) {
+    assert!(
+        (gpu.0 - cpu.0).abs() <= 0.005,
+        "{what} accuracy: opencl {}, cpu {}",
+        gpu.0,
+        cpu.0
+    );
+    assert!(
+        (gpu.1 - cpu.1).abs() <= 1e-3 * cpu.1.abs().max(1.0),
+        "{what} loss: opencl {}, cpu {}",
+        gpu.1,
+        cpu.1
+    );
+}
+
 /// The CNN trained on an OpenCL device (PoCL in CI) from the same seeds,
 /// data order and minibatches as the CPU graph reaches the CPU run's test
 /// accuracy within half a point (in f32 the two runs agree to rounding).
 #[cfg(feature = "gpu")]
 #[test]
 fn cnn_on_opencl_matches_the_cpu_run() {
-    use brgemm_dl::gpu::{Backend, Device, GpuDtype};
+    use brgemm_dl::gpu::{Backend, GpuDtype};
     let Some((mut tr, mut te)) = load() else {
         return;
     };
-    if let Err(e) = Device::open(Backend::OpenCl) {
-        assert!(
-            std::env::var("BRGEMM_REQUIRE_OPENCL").as_deref() != Ok("1"),
-            "BRGEMM_REQUIRE_OPENCL=1 but: {e}"
-        );
-        eprintln!("SKIPPED: no OpenCL device ({e})");
+    if !opencl_ready() {
         return;
     }
     tr.data = tr.data.subset(&(0..1280).collect::<Vec<_>>());
@@ -125,22 +166,44 @@ fn cnn_on_opencl_matches_the_cpu_run() {
         ..Default::default()
     };
     let pool = Pool::new(2).unwrap();
-    let (mut cpu, mut cpu_loss) = (0.0, 0.0);
-    train_cnn::train(&cfg, &pool, &tr, &te, |r| {
-        (cpu, cpu_loss) = (r.test_accuracy, r.loss)
-    })
-    .unwrap();
-    let (mut gpu, mut gpu_loss) = (0.0, 0.0);
-    brgemm_dl::train_gpu::train_cnn(&cfg, Backend::OpenCl, GpuDtype::F32, &tr, &te, |r| {
-        (gpu, gpu_loss) = (r.test_accuracy, r.loss)
-    })
-    .unwrap();
-    assert!(
-        (gpu - cpu).abs() <= 0.005,
-        "accuracy: opencl {gpu}, cpu {cpu}"
-    );
-    assert!(
-        (gpu_loss - cpu_loss).abs() <= 1e-3 * cpu_loss.abs().max(1.0),
-        "loss: opencl {gpu_loss}, cpu {cpu_loss}"
-    );
+    let cpu = last_epoch(|r| train_cnn::train(&cfg, &pool, &tr, &te, r));
+    let gpu = last_epoch(|r| {
+        brgemm_dl::train_gpu::train_cnn(&cfg, Backend::OpenCl, GpuDtype::F32, &tr, &te, r)
+    });
+    same_run("cnn", gpu, cpu);
+}
+
+/// The LSTM classifier (Fashion-MNIST read row by row) trained on an
+/// OpenCL device from the same seeds and data order as the CPU graph ends
+/// with the CPU run's accuracy within half a point.
+#[cfg(feature = "gpu")]
+#[test]
+fn lstm_on_opencl_matches_the_cpu_run() {
+    use brgemm_dl::gpu::{Backend, GpuDtype};
+    use brgemm_dl::train_lstm;
+    let Some((mut tr, mut te)) = load() else {
+        return;
+    };
+    if !opencl_ready() {
+        return;
+    }
+    tr.data = tr.data.subset(&(0..1280).collect::<Vec<_>>());
+    te.data = te.data.subset(&(0..1000).collect::<Vec<_>>());
+    let cfg = train_lstm::SeqConfig {
+        epochs: 1,
+        ..train_lstm::SeqConfig::lstm(28)
+    };
+    let pool = Pool::new(2).unwrap();
+    let cpu = last_epoch(|r| train_lstm::train(&cfg, &pool, &tr.data, &te.data, r));
+    let gpu = last_epoch(|r| {
+        brgemm_dl::train_gpu::train_lstm(
+            &cfg,
+            Backend::OpenCl,
+            GpuDtype::F32,
+            &tr.data,
+            &te.data,
+            r,
+        )
+    });
+    same_run("lstm", gpu, cpu);
 }

@@ -348,3 +348,45 @@ pub fn run_training<M, E: std::fmt::Display>(
     println!("trained in {:.2} s", t.elapsed().as_secs_f64());
     (model, last)
 }
+
+/// `--device` and `--dtype` of a GPU run: the backend and the GEMM type, or
+/// a usage error naming the bad value.
+#[cfg(feature = "gpu")]
+pub fn gpu_target(
+    device: &str,
+    dtype: &str,
+) -> (brgemm_dl::gpu::Backend, brgemm_dl::gpu::GpuDtype) {
+    use brgemm_dl::gpu::GpuDtype;
+    let backend = device
+        .parse()
+        .unwrap_or_else(|e| usage_error(format!("--device: {e}")));
+    let dt = match dtype {
+        "f32" => GpuDtype::F32,
+        "bf16" => GpuDtype::Bf16,
+        "f16" => GpuDtype::F16,
+        other => usage_error(format!("--dtype {other:?}: expected f32, bf16 or f16")),
+    };
+    (backend, dt)
+}
+
+/// Runs a GPU training run (`train` returns the model and the device),
+/// printing the epochs, the device and the final accuracy.
+#[cfg(feature = "gpu")]
+pub fn run_gpu_training<M, E: std::fmt::Display>(
+    unit: &str,
+    train: impl FnOnce(&mut dyn FnMut(&EpochReport)) -> Result<(M, brgemm_dl::gpu::Device), E>,
+) {
+    let ((_, dev), last) = run_training(unit, train);
+    println!("device: {}", dev.name());
+    println!("test_accuracy={last:.4}");
+}
+
+/// `--device` on a build without GPU support: says how to get one, exits 2.
+#[cfg(not(feature = "gpu"))]
+pub fn no_gpu_build(example: &str, device: &str) -> ! {
+    eprintln!(
+        "--device {device}: this build has no GPU support; rebuild with --features cuda \
+         (or --features opencl), e.g. cargo run --release --features cuda --example {example} -- --device {device}"
+    );
+    std::process::exit(2)
+}

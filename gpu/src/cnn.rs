@@ -220,6 +220,7 @@ impl GpuCnn {
                 Arg::Buf(hx),
                 Arg::I32(n as i32),
                 Arg::I32(0),
+                Arg::I32(0),
             ],
         )
     }

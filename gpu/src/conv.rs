@@ -277,21 +277,6 @@ impl GpuConv2d {
         ])
     }
 
-    /// `src` (f32) in the GEMM type into `dst`, as it is.
-    fn convert(&self, dev: &Device, src: &Buffer, dst: &Buffer, elems: usize) -> Result<()> {
-        dev.launch_elementwise(
-            EK::Convert(self.dtype),
-            elems,
-            &[
-                Arg::Buf(src),
-                Arg::Buf(dst),
-                Arg::I32(i32_of("elements", elems)?),
-                Arg::I32(1),
-                Arg::I32(0),
-            ],
-        )
-    }
-
     /// `y = act(conv(x, w) + b)`: x NHWC with c channels, y NHWC with k.
     pub fn forward(
         &mut self,
@@ -313,14 +298,14 @@ impl GpuConv2d {
         dev.launch_elementwise(EK::PadNhwc, ptot * c, &args)?;
         let xo = match &self.xpad_d {
             Some(d) => {
-                self.convert(dev, &self.xpad, d, ptot * c)?;
+                dev.convert(self.dtype, &self.xpad, d, ptot * c, 1, false)?;
                 d
             }
             None => &self.xpad,
         };
         let wo = match &self.wd {
             Some(d) => {
-                self.convert(dev, w, d, taps * k * c)?;
+                dev.convert(self.dtype, w, d, taps * k * c, 1, false)?;
                 d
             }
             None => w,
@@ -376,7 +361,7 @@ impl GpuConv2d {
         args.extend(self.grid_args(k, margin)?);
         dev.launch_elementwise(EK::PadNhwc, ptot * k, &args)?;
         if let Some(d) = &self.dzp_d {
-            self.convert(dev, &self.dzp, d, ptot * k)?;
+            dev.convert(self.dtype, &self.dzp, d, ptot * k, 1, false)?;
         }
         let Some(dx) = dx else { return Ok(()) };
         self.check("dx", dx, px * c)?;
@@ -393,7 +378,7 @@ impl GpuConv2d {
         )?;
         let wto = match &self.wt_d {
             Some(d) => {
-                self.convert(dev, &self.wt, d, taps * k * c)?;
+                dev.convert(self.dtype, &self.wt, d, taps * k * c, 1, false)?;
                 d
             }
             None => &self.wt,
@@ -423,17 +408,7 @@ impl GpuConv2d {
         self.check("dw", dw, taps * k * c)?;
         self.check("db", db, k)?;
         // X^T: the padded input with its pixels contiguous per channel.
-        dev.launch_elementwise(
-            EK::Convert(self.dtype),
-            ptot * c,
-            &[
-                Arg::Buf(&self.xpad),
-                Arg::Buf(&self.xt_d),
-                Arg::I32(i32_of("padded pixels", ptot)?),
-                Arg::I32(c as i32),
-                Arg::I32(1),
-            ],
-        )?;
+        dev.convert(self.dtype, &self.xpad, &self.xt_d, ptot, c, true)?;
         let dzo = self.dzp_d.as_ref().unwrap_or(&self.dzp);
         let dw: &Buffer = dw;
         for (t, tab) in self.upd_tabs.iter().enumerate() {
@@ -453,6 +428,7 @@ impl GpuConv2d {
                     Arg::Buf(&self.dw_tap),
                     Arg::Buf(dw),
                     Arg::I32(i32_of("k*c", k * c)?),
+                    Arg::I32(0),
                     Arg::I32(i32_of("dw offset", t * k * c)?),
                 ],
             )?;

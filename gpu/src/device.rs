@@ -366,6 +366,33 @@ impl Device {
     }
 
     /// Runs an element-wise kernel over `n` work items.
+    /// Writes the f32 `rows x cols` column-major `x` in `dtype` to `y`, as
+    /// it is or (`trans`) transposed to `cols x rows`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn convert(
+        &self,
+        dtype: crate::GpuDtype,
+        x: &Buffer,
+        y: &Buffer,
+        rows: usize,
+        cols: usize,
+        trans: bool,
+    ) -> Result<()> {
+        let i =
+            |what: &str, v: usize| i32::try_from(v).map_err(|_| invalid(what, v, "exceeds i32"));
+        self.launch_elementwise(
+            crate::codegen::ElementwiseKernel::Convert(dtype),
+            rows * cols,
+            &[
+                Arg::Buf(x),
+                Arg::Buf(y),
+                Arg::I32(i("rows", rows)?),
+                Arg::I32(i("cols", cols)?),
+                Arg::I32(trans as i32),
+            ],
+        )
+    }
+
     pub(crate) fn launch_elementwise(
         &self,
         k: crate::ElementwiseKernel,

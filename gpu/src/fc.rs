@@ -163,7 +163,7 @@ impl GpuFc {
         match scratch {
             None => Ok(x),
             Some(s) => {
-                self.convert(dev, x, s, rows, cols, false)?;
+                dev.convert(self.dtype, x, s, rows, cols, false)?;
                 Ok(s)
             }
         }
@@ -171,28 +171,6 @@ impl GpuFc {
 
     /// Converts `x` (f32, `rows x cols`, or `cols x rows` transposed when
     /// `trans`) into `y` in the layer's dtype.
-    fn convert(
-        &self,
-        dev: &Device,
-        x: &Buffer,
-        y: &Buffer,
-        rows: usize,
-        cols: usize,
-        trans: bool,
-    ) -> Result<()> {
-        dev.launch_elementwise(
-            EK::Convert(self.dtype),
-            rows * cols,
-            &[
-                Arg::Buf(x),
-                Arg::Buf(y),
-                Arg::I32(i32_of("rows", rows)?),
-                Arg::I32(i32_of("cols", cols)?),
-                Arg::I32(trans as i32),
-            ],
-        )
-    }
-
     /// `y = act(W x + b)`: x is `C x N`, w `K x C`, b length K, y `K x N`.
     /// Converts W for this product; a training loop packs it once per
     /// step instead ([`GpuFc::pack_weights`], [`GpuFc::forward_packed`]).
@@ -206,7 +184,7 @@ impl GpuFc {
     ) -> Result<()> {
         self.check("w", w, self.k * self.c)?;
         if let Some(wd) = &self.wd {
-            self.convert(dev, w, wd, self.k, self.c, false)?;
+            dev.convert(self.dtype, w, wd, self.k, self.c, false)?;
         }
         self.forward_packed(dev, x, w, b, y)
     }
@@ -269,7 +247,7 @@ impl GpuFc {
     ) -> Result<()> {
         self.check("w", w, self.k * self.c)?;
         if dx.is_some() {
-            self.convert(dev, w, &self.wtd, self.c, self.k, true)?;
+            dev.convert(self.dtype, w, &self.wtd, self.c, self.k, true)?;
         }
         self.backward_packed(dev, dy, y, dx)
     }
@@ -325,7 +303,7 @@ impl GpuFc {
         self.check("x", x, c * n)?;
         self.check("dw", dw, k * c)?;
         self.check("db", db, k)?;
-        self.convert(dev, x, &self.xtd, n, c, true)?;
+        dev.convert(self.dtype, x, &self.xtd, n, c, true)?;
         let batch = n / self.upd.descriptor().k;
         // dZ in the GEMM dtype, as backward left it (no conversion for f32).
         let dzo = self.dzd.as_ref().unwrap_or(&self.dz);

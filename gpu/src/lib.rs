@@ -52,6 +52,7 @@ mod fc;
 pub mod hopper;
 
 mod kernel;
+mod lstm;
 mod mlp;
 
 mod opencl;
@@ -71,6 +72,7 @@ pub use fc::GpuFc;
 pub use hopper::{GpuPath, HopperTiling};
 
 pub use kernel::{BatchTable, GpuBrgemm};
+pub use lstm::GpuSeqNet;
 pub use mlp::{GpuDataset, GpuMlp};
 
 pub use opencl::OpenClBackend;

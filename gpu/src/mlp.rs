@@ -543,7 +543,7 @@ pub(crate) fn gather_rows(
     )
 }
 
-fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+pub(crate) fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     let mut t = vec![0.0f32; rows * cols];
     for r in 0..rows {
         for c in 0..cols {

@@ -44,8 +44,27 @@ pub enum ElementwiseKernel {
     /// `transpose_taps(w, wt, k, c, taps)`: each tap's `k x c`
     /// column-major block transposed to `c x k`.
     TransposeTaps,
-    /// `copy_slot(src, dst, n, off)`: `dst[off + i] = src[i]`.
+    /// `copy_slot(src, dst, n, src_off, dst_off)`:
+    /// `dst[dst_off + i] = src[src_off + i]`.
     CopySlot,
+    /// `seq_time_major(x, y, n, t, f)`: n sequences of t steps of f
+    /// features (each sequence contiguous) to step-major columns:
+    /// column `step*n + sample`.
+    SeqTimeMajor,
+    /// `lstm_fwd(xp, rh, b, g, cs, hs, hq, h, n, step, has_rh, q)`: one
+    /// LSTM step for every (unit, sample): gates i, f, g, o (PyTorch's
+    /// order) from the input projection's column block `step` of xp, the
+    /// recurrent product rh (when has_rh) and the bias; their activations to
+    /// g's block `step`, c and h to block `step + 1` of cs and hs (block 0:
+    /// the zero initial state), h also in the GEMM type to hq (q: 0 none,
+    /// 1 bf16, 2 f16).
+    LstmFwd,
+    /// `lstm_bwd(g, cs, dha, dhb, dc, dz, dzq, h, n, step, has_a, has_b,
+    /// first, q)`: one step of BPTT: dh = dha + dhb (each when present),
+    /// dc carried in place (zero at the first step taken), the gate
+    /// pre-activation gradients to dz's block `step` (and dzq in the GEMM
+    /// type).
+    LstmBwd,
     /// `maxpool_fwd(x, y, arg, n, h, w, c, p)`: p x p windows at stride p
     /// over NHWC x (`h / p` x `w / p` out), the max and where it was.
     MaxPoolFwd,
@@ -85,6 +104,9 @@ impl ElementwiseKernel {
             ElementwiseKernel::CropNhwc => "crop_nhwc",
             ElementwiseKernel::TransposeTaps => "transpose_taps",
             ElementwiseKernel::CopySlot => "copy_slot",
+            ElementwiseKernel::SeqTimeMajor => "seq_time_major",
+            ElementwiseKernel::LstmFwd => "lstm_fwd",
+            ElementwiseKernel::LstmBwd => "lstm_bwd",
             ElementwiseKernel::MaxPoolFwd => "maxpool_fwd",
             ElementwiseKernel::MaxPoolBwd => "maxpool_bwd",
             ElementwiseKernel::Sgd => "sgd",
@@ -222,9 +244,70 @@ KERNEL transpose_taps(GLOBAL const float* w, GLOBAL float* wt, int k, int c, int
   const int kk = (int)(r % k), cc = (int)(r / k);
   wt[t * kc + cc + (idx_t)kk * c] = w[i];
 }
-KERNEL copy_slot(GLOBAL const float* src, GLOBAL float* dst, int n, int off) {
+KERNEL copy_slot(GLOBAL const float* src, GLOBAL float* dst, int n, int src_off, int dst_off) {
   const idx_t i = GID;
-  if (i < n) dst[off + i] = src[i];
+  if (i < n) dst[dst_off + i] = src[src_off + i];
+}
+KERNEL seq_time_major(GLOBAL const float* x, GLOBAL float* y, int n, int t, int f) {
+  const idx_t i = GID;
+  if (i >= (idx_t)n * t * f) return;
+  const int ff = (int)(i % f);
+  const idx_t col = i / f;
+  const int step = (int)(col / n), s = (int)(col % n);
+  y[i] = x[((idx_t)s * t + step) * f + ff];
+}
+inline float sigm_(float z) { return 1.0f / (1.0f + EXPF(-z)); }
+inline void store_q(GLOBAL u16* q, idx_t i, float v, int kind) {
+  if (kind == 1) q[i] = f32_to_bf16(v);
+  else if (kind == 2) q[i] = f32_to_f16(v);
+}
+KERNEL lstm_fwd(GLOBAL const float* xp, GLOBAL const float* rh, GLOBAL const float* b,
+                GLOBAL float* g, GLOBAL float* cs, GLOBAL float* hs, GLOBAL u16* hq,
+                int h, int n, int step, int has_rh, int q) {
+  const idx_t i = GID;
+  if (i >= (idx_t)h * n) return;
+  const int r = (int)(i % h), s = (int)(i / h);
+  const idx_t col = (idx_t)step * n + s;
+  float z[4];
+  for (int j = 0; j < 4; ++j) {
+    z[j] = xp[col * 4 * h + j * h + r] + b[j * h + r];
+    if (has_rh) z[j] += rh[(idx_t)s * 4 * h + j * h + r];
+  }
+  const float ig = sigm_(z[0]), fg = sigm_(z[1]), gg = TANHF(z[2]), og = sigm_(z[3]);
+  GLOBAL float* gc = g + col * 4 * h;
+  gc[r] = ig; gc[h + r] = fg; gc[2 * h + r] = gg; gc[3 * h + r] = og;
+  const idx_t here = col * h + r, next = ((idx_t)(step + 1) * n + s) * h + r;
+  const float c = fg * cs[here] + ig * gg;
+  const float hv = og * TANHF(c);
+  cs[next] = c;
+  hs[next] = hv;
+  store_q(hq, next, hv, q);
+}
+KERNEL lstm_bwd(GLOBAL const float* g, GLOBAL const float* cs, GLOBAL const float* dha,
+                GLOBAL const float* dhb, GLOBAL float* dc, GLOBAL float* dz, GLOBAL u16* dzq,
+                int h, int n, int step, int has_a, int has_b, int first, int q) {
+  const idx_t i = GID;
+  if (i >= (idx_t)h * n) return;
+  const int r = (int)(i % h), s = (int)(i / h);
+  const idx_t col = (idx_t)step * n + s;
+  GLOBAL const float* gc = g + col * 4 * h;
+  const float ig = gc[r], fg = gc[h + r], gg = gc[2 * h + r], og = gc[3 * h + r];
+  const float c = cs[((idx_t)(step + 1) * n + s) * h + r], cp = cs[col * h + r];
+  float dh = 0.0f;
+  if (has_a) dh += dha[i];
+  if (has_b) dh += dhb[i];
+  const float tc = TANHF(c);
+  const float dct = (first ? 0.0f : dc[i]) + dh * og * (1.0f - tc * tc);
+  float d[4];
+  d[0] = dct * gg * ig * (1.0f - ig);
+  d[1] = dct * cp * fg * (1.0f - fg);
+  d[2] = dct * ig * (1.0f - gg * gg);
+  d[3] = dh * tc * og * (1.0f - og);
+  for (int j = 0; j < 4; ++j) {
+    dz[col * 4 * h + j * h + r] = d[j];
+    store_q(dzq, col * 4 * h + j * h + r, d[j], q);
+  }
+  dc[i] = dct * fg;
 }
 KERNEL maxpool_fwd(GLOBAL const float* x, GLOBAL float* y, GLOBAL int* arg, int n, int h, int w,
                    int c, int p) {
@@ -279,6 +362,8 @@ KERNEL adam(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* m, GLOBAL floa
     match t {
         Target::Cuda => s
             .replace("inline u16", "__device__ __forceinline__ u16")
+            .replace("inline float", "__device__ __forceinline__ float")
+            .replace("inline void", "__device__ __forceinline__ void")
             .replace("AS_UINT(f)", "__float_as_uint(f)"),
         Target::OpenCl => s.replace("AS_UINT(f)", "as_uint(f)"),
     }
