@@ -12,13 +12,13 @@ case "${1:-}" in
 build)
     set -e
     mkdir -p .devbin
-    for t in cuda layers nvrtc conv cnn; do
+    for t in cuda layers nvrtc conv cnn seq; do
         exe=$(cargo test --release -p brgemm-gpu --test "$t" --no-run --message-format=json 2>/dev/null |
             sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
         strip -o ".devbin/$t" "$exe"
     done
-    cargo build -q --release --features cuda --example bench --example train_mlp --example train_cnn
-    for e in bench train_mlp train_cnn; do strip -o ".devbin/$e" "target/release/examples/$e"; done
+    cargo build -q --release --features cuda --example bench --example train_mlp --example train_cnn --example train_lstm
+    for e in bench train_mlp train_cnn train_lstm; do strip -o ".devbin/$e" "target/release/examples/$e"; done
     # Fashion-MNIST for train_cnn (the GPU machine has no Debian package).
     if [ -d /usr/share/datasets/fashion-mnist ]; then
         mkdir -p .devbin/fashion && cp /usr/share/datasets/fashion-mnist/*.gz .devbin/fashion/
@@ -50,6 +50,7 @@ run)
         return $rc
     }
     export BRGEMM_REQUIRE_CUDA=1
+    # ONLY=cnn or ONLY=lstm: just that model's checks and training runs.
     if [ "${ONLY:-}" = cnn ]; then
         # The convolution and CNN checks, then train_cnn on the GPU and, for
         # its accuracy, on this machine's CPUs.
@@ -61,6 +62,19 @@ run)
         done
         step train_cnn_cpu 120 .devbin/train_cnn --data .devbin/fashion
         grep -E "^epoch|trained in" "$out/train_cnn_cpu.log"
+        cat "$out/summary.txt"
+        exit 0
+    fi
+    if [ "${ONLY:-}" = lstm ]; then
+        # The LSTM checks, then train_lstm (2 epochs) on the GPU and on
+        # this machine's CPUs.
+        step seq 90 .devbin/seq --nocapture cuda
+        for dt in f32 bf16; do
+            step "train_lstm_$dt" 120 .devbin/train_lstm --device cuda --data .devbin/fashion --epochs 2 --dtype "$dt"
+            grep -E "^epoch|trained in" "$out/train_lstm_$dt.log"
+        done
+        step train_lstm_cpu 120 .devbin/train_lstm --data .devbin/fashion --epochs 2
+        grep -E "^epoch|trained in" "$out/train_lstm_cpu.log"
         cat "$out/summary.txt"
         exit 0
     fi
