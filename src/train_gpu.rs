@@ -195,8 +195,9 @@ pub fn train(
 /// Trains the CNN of `cfg` ([`crate::train_cnn::build`]'s network, from
 /// its seeded weights) on the device `backend` opens, GEMM inputs in
 /// `dtype`, walking the data as the CPU loop does (its shuffle seed, whole
-/// minibatches), evaluating on `test` after every epoch. Batch norm and
-/// dropout are not on the device yet (refused by name).
+/// minibatches), evaluating on `test` after every epoch (batch norm with
+/// its running statistics). Dropout is not on the device yet (refused by
+/// name).
 pub fn train_cnn(
     cfg: &crate::train_cnn::CnnConfig,
     backend: Backend,

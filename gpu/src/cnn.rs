@@ -10,9 +10,10 @@ use crate::desc::GpuDtype;
 use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
 use crate::mlp::{gather_rows, step, GpuDataset, GpuMlp};
+use crate::norm::GpuBatchNorm;
 use brgemm::Activation;
 use brgemm_nn::models::{CnnSpec, LayerSpec};
-use brgemm_nn::{Conv2d, Graph, Linear};
+use brgemm_nn::{BatchNorm2d, Conv2d, Graph, Layer, Linear};
 use brgemm_primitives::optim::Optimizer;
 
 struct Stage {
@@ -34,6 +35,18 @@ struct Stage {
     arg: Buffer,
     /// Gradient of this stage's input (stages after the first).
     dx: Option<Buffer>,
+    /// Batch norm (with the ReLU) after the convolution, where the spec
+    /// has one.
+    bn: Option<Bn>,
+}
+
+struct Bn {
+    norm: GpuBatchNorm,
+    /// Its output (what the pooling reads) and the convolution output's
+    /// gradient.
+    z: Buffer,
+    dconv: Buffer,
+    moments: [(Buffer, Buffer); 2],
 }
 
 /// A CNN on the device.
@@ -52,8 +65,9 @@ pub struct GpuCnn {
 
 impl GpuCnn {
     /// The network of `spec` with the weights of its CPU graph `cpu` (as
-    /// [`CnnSpec::graph`] built it), GEMM inputs in `dtype`. Batch norm and
-    /// dropout are not on the device yet: a spec with them is refused.
+    /// [`CnnSpec::graph`] built it), GEMM inputs in `dtype`; batch norm
+    /// (with its ReLU) where the spec has it. Dropout is not on the device
+    /// yet: a spec with it is refused.
     pub fn from_cpu(dev: &Device, cpu: &Graph, spec: &CnnSpec, dtype: GpuDtype) -> Result<GpuCnn> {
         if spec.dropout > 0.0 {
             return Err(invalid(
@@ -62,14 +76,8 @@ impl GpuCnn {
                 "the GPU CNN has no dropout yet",
             ));
         }
-        if let Some(i) = spec.stages.iter().position(|s| s.batchnorm) {
-            return Err(invalid(
-                format!("stage {i} batchnorm"),
-                true,
-                "the GPU CNN has no batch norm yet",
-            ));
-        }
         let convs = cpu.layers_of::<Conv2d>();
+        let mut bns = cpu.layers_of::<BatchNorm2d>().into_iter();
         if convs.len() != spec.stages.len() {
             return Err(invalid(
                 "stages",
@@ -93,7 +101,54 @@ impl GpuCnn {
                 r: st.kernel,
                 s: st.kernel,
             };
-            let conv = GpuConv2d::new(dev, sh, Activation::Relu, dtype)?;
+            // With batch norm the ReLU follows it, as in the CPU graph.
+            let act = if st.batchnorm {
+                Activation::Identity
+            } else {
+                Activation::Relu
+            };
+            let conv = GpuConv2d::new(dev, sh, act, dtype)?;
+            let bn = match (st.batchnorm, st.batchnorm.then(|| bns.next()).flatten()) {
+                (false, _) => None,
+                (true, None) => {
+                    return Err(invalid(
+                        format!("stage {i} batchnorm"),
+                        true,
+                        "the CPU graph has no batch norm there",
+                    ))
+                }
+                (true, Some(l)) => {
+                    let v = l.export();
+                    let get = |name: &str| {
+                        v.iter()
+                            .find(|(n, _)| *n == name)
+                            .map(|(_, x)| x.as_slice())
+                            .unwrap_or(&[])
+                    };
+                    let px = batch * h * w;
+                    let zeros = || dev.upload(&vec![0.0f32; k]);
+                    Some(Bn {
+                        // eps and momentum: the CPU layer's (PyTorch's defaults).
+                        norm: GpuBatchNorm::new(
+                            dev,
+                            k,
+                            px,
+                            true,
+                            [
+                                get("gamma"),
+                                get("beta"),
+                                get("running_mean"),
+                                get("running_var"),
+                            ],
+                            1e-5,
+                            0.1,
+                        )?,
+                        z: f(px * k)?,
+                        dconv: f(px * k)?,
+                        moments: [(zeros()?, zeros()?), (zeros()?, zeros()?)],
+                    })
+                }
+            };
             let taps = st.kernel * st.kernel;
             // CPU [k][c][r][s] -> tap-major, each tap k x c column-major.
             let kcrs = cv.weights();
@@ -131,6 +186,7 @@ impl GpuCnn {
                 py: f(batch * oh * ow * k)?,
                 arg: f(batch * oh * ow * k)?,
                 dx: if i > 0 { Some(f(px * c)?) } else { None },
+                bn,
             });
             (c, h, w) = (k, oh, ow);
         }
@@ -182,7 +238,7 @@ impl GpuCnn {
         GpuDataset::upload(dev, &nhwc, labels, f)
     }
 
-    fn forward(&mut self, dev: &Device) -> Result<()> {
+    fn forward(&mut self, dev: &Device, train: bool) -> Result<()> {
         for i in 0..self.stages.len() {
             let (before, rest) = self.stages.split_at_mut(i);
             let st = &mut rest[0];
@@ -192,13 +248,24 @@ impl GpuCnn {
                 &before[i - 1].py
             };
             st.conv.forward(dev, x, &st.w, &st.b, &mut st.y)?;
+            let out = match &mut st.bn {
+                Some(bn) if train => {
+                    bn.norm.forward_train(dev, &st.y, &mut bn.z)?;
+                    &bn.z
+                }
+                Some(bn) => {
+                    bn.norm.forward_infer(dev, &st.y, &mut bn.z)?;
+                    &bn.z
+                }
+                None => &st.y,
+            };
             let sh = st.conv.shape;
             let (oh, ow) = (sh.h / st.pool, sh.w / st.pool);
             dev.launch_elementwise(
                 EK::MaxPoolFwd,
                 sh.n * oh * ow * sh.k,
                 &[
-                    Arg::Buf(&st.y),
+                    Arg::Buf(out),
                     Arg::Buf(&st.py),
                     Arg::Buf(&st.arg),
                     Arg::I32(sh.n as i32),
@@ -247,7 +314,7 @@ impl GpuCnn {
             labels,
             &mut self.idx,
         )?;
-        self.forward(dev)?;
+        self.forward(dev, true)?;
         self.head
             .backprop_rows(dev, idx.len(), Some(&mut self.dhead))?;
         let count = self.stages.len();
@@ -274,8 +341,15 @@ impl GpuCnn {
                     Arg::I32(st.pool as i32),
                 ],
             )?;
-            st.conv
-                .backward(dev, &st.dy, &st.y, &st.w, st.dx.as_mut())?;
+            // st.dy: the gradient at what the pooling read.
+            let dconv = match &mut st.bn {
+                Some(bn) => {
+                    bn.norm.backward(dev, &st.y, &bn.z, &st.dy, &mut bn.dconv)?;
+                    &bn.dconv
+                }
+                None => &st.dy,
+            };
+            st.conv.backward(dev, dconv, &st.y, &st.w, st.dx.as_mut())?;
             st.conv.update(dev, &mut st.dw, &mut st.db)?;
         }
         self.head.apply_gradients(dev, opt)?;
@@ -287,6 +361,11 @@ impl GpuCnn {
             );
             step(dev, opt, self.t, &st.w, &st.dw, &st.mw, &st.vw, n)?;
             step(dev, opt, self.t, &st.b, &st.db, &st.mb, &st.vb, k)?;
+            if let Some(bn) = &st.bn {
+                let [(mg, vg), (mb, vb)] = &bn.moments;
+                step(dev, opt, self.t, &bn.norm.gamma, &bn.norm.dgamma, mg, vg, k)?;
+                step(dev, opt, self.t, &bn.norm.beta, &bn.norm.dbeta, mb, vb, k)?;
+            }
         }
         Ok(())
     }
@@ -315,8 +394,18 @@ impl GpuCnn {
             labels,
             &mut self.idx,
         )?;
-        self.forward(dev)?;
+        self.forward(dev, false)?;
         self.head.predict_rows(dev, idx.len())
+    }
+
+    /// Stage `i`'s batch norm: scale, shift, running mean and variance
+    /// (`None` without one).
+    pub fn batchnorm_values(&self, dev: &Device, i: usize) -> Result<Option<[Vec<f32>; 4]>> {
+        let st = self
+            .stages
+            .get(i)
+            .ok_or_else(|| invalid("stage", i, "no such stage"))?;
+        st.bn.as_ref().map(|bn| bn.norm.values(dev)).transpose()
     }
 
     /// Stage `i`'s weights (CPU order `[k][c][r][s]`) and bias.

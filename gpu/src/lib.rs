@@ -54,6 +54,7 @@ pub mod hopper;
 mod kernel;
 mod lstm;
 mod mlp;
+mod norm;
 
 mod opencl;
 pub mod ptxas;
@@ -74,6 +75,7 @@ pub use hopper::{GpuPath, HopperTiling};
 pub use kernel::{BatchTable, GpuBrgemm};
 pub use lstm::GpuSeqNet;
 pub use mlp::{GpuDataset, GpuMlp};
+pub use norm::GpuBatchNorm;
 
 pub use opencl::OpenClBackend;
 pub use tiling::{Tiling, REGISTER_OVERHEAD, SHARED_LIMIT, SHARED_OPTIN_LIMIT};

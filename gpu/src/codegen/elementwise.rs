@@ -72,6 +72,31 @@ pub enum ElementwiseKernel {
     /// gradient of the output whose max it was, else zero (one pass, no
     /// scatter: the windows do not overlap).
     MaxPoolBwd,
+    /// `bn_partial(x, part, pixels, c, chunk)`: per (chunk of pixels,
+    /// channel) of NHWC x, the sums of d and d^2 for d = x - x[first pixel]
+    /// (the shift keeps the one-pass variance free of cancellation).
+    BnPartial,
+    /// `bn_finish(x, part, chunks, c, pixels, gamma, beta, eps, momentum,
+    /// mean, invstd, run_mean, run_var, scale, offset)`: per channel, the
+    /// chunks' sums in order: the batch mean and 1/sqrt(var + eps), the
+    /// running statistics (unbiased variance), and the affine map y = scale
+    /// x + offset.
+    BnFinish,
+    /// `bn_infer(gamma, beta, run_mean, run_var, eps, c, scale, offset)`:
+    /// the affine map of the running statistics.
+    BnInfer,
+    /// `bn_apply(x, y, scale, offset, c, n, relu)`: y = scale x + offset
+    /// per channel, then a ReLU when `relu`.
+    BnApply,
+    /// `bn_grad_partial(x, y, dy, mean, invstd, part, pixels, c, chunk,
+    /// relu)`: per (chunk, channel) the sums of dy and dy * xhat (dy
+    /// through the ReLU where `relu`).
+    BnGradPartial,
+    /// `bn_grad_finish(part, chunks, c, dgamma, dbeta)`.
+    BnGradFinish,
+    /// `bn_dx(x, y, dy, mean, invstd, gamma, dgamma, dbeta, dx, pixels, c,
+    /// relu)`: dx = gamma invstd (dy - (dbeta + xhat dgamma) / pixels).
+    BnDx,
     /// `sgd(p, g, v, n, lr, momentum)`.
     Sgd,
     /// `adam(p, g, m, v, n, step, beta1, beta2, eps)` with the bias-corrected
@@ -109,6 +134,13 @@ impl ElementwiseKernel {
             ElementwiseKernel::LstmBwd => "lstm_bwd",
             ElementwiseKernel::MaxPoolFwd => "maxpool_fwd",
             ElementwiseKernel::MaxPoolBwd => "maxpool_bwd",
+            ElementwiseKernel::BnPartial => "bn_partial",
+            ElementwiseKernel::BnFinish => "bn_finish",
+            ElementwiseKernel::BnInfer => "bn_infer",
+            ElementwiseKernel::BnApply => "bn_apply",
+            ElementwiseKernel::BnGradPartial => "bn_grad_partial",
+            ElementwiseKernel::BnGradFinish => "bn_grad_finish",
+            ElementwiseKernel::BnDx => "bn_dx",
             ElementwiseKernel::Sgd => "sgd",
             ElementwiseKernel::Adam => "adam",
         }
@@ -342,6 +374,104 @@ KERNEL maxpool_bwd(GLOBAL const float* dy, GLOBAL const int* arg, GLOBAL float* 
     if (arg[o] == (int)i) g = dy[o];
   }
   dx[i] = g;
+}
+KERNEL bn_partial(GLOBAL const float* x, GLOBAL float* part, int pixels, int c, int chunk) {
+  const idx_t i = GID;
+  const int chunks = (pixels + chunk - 1) / chunk;
+  if (i >= (idx_t)chunks * c) return;
+  const int ch = (int)(i % c), j = (int)(i / c);
+  const float k = x[ch];
+  float s = 0.0f, q = 0.0f;
+  const int end = (j + 1) * chunk < pixels ? (j + 1) * chunk : pixels;
+  for (int p = j * chunk; p < end; ++p) {
+    const float d = x[(idx_t)p * c + ch] - k;
+    s += d;
+    q += d * d;
+  }
+  part[2 * i] = s;
+  part[2 * i + 1] = q;
+}
+KERNEL bn_finish(GLOBAL const float* x, GLOBAL const float* part, int chunks, int c, int pixels,
+                 GLOBAL const float* gamma, GLOBAL const float* beta, float eps, float momentum,
+                 GLOBAL float* mean_out, GLOBAL float* invstd, GLOBAL float* run_mean,
+                 GLOBAL float* run_var, GLOBAL float* scale, GLOBAL float* offset) {
+  const idx_t ch = GID;
+  if (ch >= c) return;
+  float s = 0.0f, q = 0.0f;
+  for (int j = 0; j < chunks; ++j) {
+    s += part[2 * ((idx_t)j * c + ch)];
+    q += part[2 * ((idx_t)j * c + ch) + 1];
+  }
+  const float n = (float)pixels;
+  const float m0 = s / n;
+  float var = q / n - m0 * m0;
+  var = var > 0.0f ? var : 0.0f;
+  const float inv = 1.0f / SQRTF(var + eps);
+  const float mean = m0 + x[ch];
+  mean_out[ch] = mean;
+  invstd[ch] = inv;
+  const float unbiased = pixels > 1 ? var * n / (n - 1.0f) : var;
+  run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * mean;
+  run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * unbiased;
+  scale[ch] = gamma[ch] * inv;
+  offset[ch] = beta[ch] - mean * gamma[ch] * inv;
+}
+KERNEL bn_infer(GLOBAL const float* gamma, GLOBAL const float* beta, GLOBAL const float* run_mean,
+                GLOBAL const float* run_var, float eps, int c, GLOBAL float* scale, GLOBAL float* offset) {
+  const idx_t ch = GID;
+  if (ch >= c) return;
+  const float inv = 1.0f / SQRTF(run_var[ch] + eps);
+  scale[ch] = gamma[ch] * inv;
+  offset[ch] = beta[ch] - run_mean[ch] * gamma[ch] * inv;
+}
+KERNEL bn_apply(GLOBAL const float* x, GLOBAL float* y, GLOBAL const float* scale,
+                GLOBAL const float* offset, int c, int n, int relu) {
+  const idx_t i = GID;
+  if (i >= n) return;
+  const int ch = (int)(i % c);
+  const float v = x[i] * scale[ch] + offset[ch];
+  y[i] = relu && v < 0.0f ? 0.0f : v;
+}
+KERNEL bn_grad_partial(GLOBAL const float* x, GLOBAL const float* y, GLOBAL const float* dy,
+                       GLOBAL const float* mean, GLOBAL const float* invstd, GLOBAL float* part,
+                       int pixels, int c, int chunk, int relu) {
+  const idx_t i = GID;
+  const int chunks = (pixels + chunk - 1) / chunk;
+  if (i >= (idx_t)chunks * c) return;
+  const int ch = (int)(i % c), j = (int)(i / c);
+  float sd = 0.0f, sx = 0.0f;
+  const int end = (j + 1) * chunk < pixels ? (j + 1) * chunk : pixels;
+  for (int p = j * chunk; p < end; ++p) {
+    const idx_t e = (idx_t)p * c + ch;
+    const float g = relu && y[e] <= 0.0f ? 0.0f : dy[e];
+    sd += g;
+    sx += g * (x[e] - mean[ch]) * invstd[ch];
+  }
+  part[2 * i] = sd;
+  part[2 * i + 1] = sx;
+}
+KERNEL bn_grad_finish(GLOBAL const float* part, int chunks, int c, GLOBAL float* dgamma,
+                      GLOBAL float* dbeta) {
+  const idx_t ch = GID;
+  if (ch >= c) return;
+  float sd = 0.0f, sx = 0.0f;
+  for (int j = 0; j < chunks; ++j) {
+    sd += part[2 * ((idx_t)j * c + ch)];
+    sx += part[2 * ((idx_t)j * c + ch) + 1];
+  }
+  dbeta[ch] = sd;
+  dgamma[ch] = sx;
+}
+KERNEL bn_dx(GLOBAL const float* x, GLOBAL const float* y, GLOBAL const float* dy,
+             GLOBAL const float* mean, GLOBAL const float* invstd, GLOBAL const float* gamma,
+             GLOBAL const float* dgamma, GLOBAL const float* dbeta, GLOBAL float* dx,
+             int pixels, int c, int relu) {
+  const idx_t i = GID;
+  if (i >= (idx_t)pixels * c) return;
+  const int ch = (int)(i % c);
+  const float g = relu && y[i] <= 0.0f ? 0.0f : dy[i];
+  const float xh = (x[i] - mean[ch]) * invstd[ch];
+  dx[i] = gamma[ch] * invstd[ch] * (g - (dbeta[ch] + xh * dgamma[ch]) / (float)pixels);
 }
 KERNEL sgd(GLOBAL float* p, GLOBAL const float* g, GLOBAL float* v, int n, float lr, float momentum) {
   const idx_t i = GID;
