@@ -50,17 +50,18 @@ run)
         return $rc
     }
     export BRGEMM_REQUIRE_CUDA=1
-    # ONLY=cnn or ONLY=lstm: just that model's checks and training runs.
+    # ONLY=cnn or ONLY=lstm: just that model's checks and training runs
+    # (CNN_ARGS: more train_cnn options, e.g. --batchnorm).
     if [ "${ONLY:-}" = cnn ]; then
         # The convolution and CNN checks, then train_cnn on the GPU and, for
         # its accuracy, on this machine's CPUs.
         step conv 90 .devbin/conv --nocapture cuda
         step cnn 90 .devbin/cnn --nocapture cuda
         for dt in f32 bf16; do
-            step "train_cnn_$dt" 120 .devbin/train_cnn --device cuda --data .devbin/fashion --dtype "$dt"
+            step "train_cnn_$dt" 120 .devbin/train_cnn --device cuda --data .devbin/fashion --dtype "$dt" ${CNN_ARGS:-}
             grep -E "^epoch|trained in" "$out/train_cnn_$dt.log"
         done
-        step train_cnn_cpu 120 .devbin/train_cnn --data .devbin/fashion
+        step train_cnn_cpu 120 .devbin/train_cnn --data .devbin/fashion ${CNN_ARGS:-}
         grep -E "^epoch|trained in" "$out/train_cnn_cpu.log"
         cat "$out/summary.txt"
         exit 0
