@@ -100,6 +100,7 @@ impl GpuCnn {
                 k,
                 r: st.kernel,
                 s: st.kernel,
+                stride: 1,
             };
             // With batch norm the ReLU follows it, as in the CPU graph.
             let act = if st.batchnorm {

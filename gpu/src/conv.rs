@@ -1,7 +1,10 @@
-//! A 2-D convolution on device buffers (stride 1, "same" padding, odd
-//! kernels), forward with fused bias and activation, backward-data and
+//! A 2-D convolution on device buffers (odd filters with padding `r / 2`,
+//! any stride), forward with fused bias and activation, backward-data and
 //! backward-weights, each a generated BRGEMM over the filter taps, as on
-//! the CPU (the offset batch form).
+//! the CPU (the offset batch form). A strided convolution is the stride-1
+//! one on the grid, read at the stride's pixels (its gradient spread back
+//! over the grid with zeros between): stride^2 times the arithmetic, for
+//! the few strided layers of a network.
 //!
 //! The trick that makes every pass one batch-reduce GEMM: the input is
 //! written once onto its padded grid (`h + 2ph` x `w + 2pw` pixels per
@@ -31,8 +34,9 @@ use crate::kernel::{BatchTable, GpuBrgemm};
 use brgemm::Activation;
 
 /// The shape of a convolution layer: `n` images of `h x w` pixels and `c`
-/// channels in, `k` channels out, an `r x s` filter (odd sizes: "same"
-/// padding, stride 1).
+/// channels in, `k` channels out, an `r x s` filter (odd sizes, padding
+/// `r / 2` and `s / 2`) at `stride` (output `(h - 1) / stride + 1` rows, as
+/// PyTorch's with that padding).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvShape {
     /// Images per minibatch.
@@ -49,6 +53,8 @@ pub struct ConvShape {
     pub r: usize,
     /// Filter width (odd).
     pub s: usize,
+    /// Stride (1: same size out).
+    pub stride: usize,
 }
 
 impl ConvShape {
@@ -79,9 +85,24 @@ impl ConvShape {
         );
         dr * self.grid_w() as isize + ds
     }
-    /// Elements of an NHWC activation with `ch` channels.
+    /// Input pixels (images x height x width).
     pub fn pixels(&self) -> usize {
         self.n * self.h * self.w
+    }
+    /// Output rows and columns.
+    pub fn out_hw(&self) -> (usize, usize) {
+        (
+            (self.h - 1) / self.stride + 1,
+            (self.w - 1) / self.stride + 1,
+        )
+    }
+    /// Output pixels.
+    pub fn out_pixels(&self) -> usize {
+        let (oh, ow) = self.out_hw();
+        self.n * oh * ow
+    }
+    fn grid_h(&self) -> usize {
+        self.h + 2 * self.pads().0
     }
 }
 
@@ -150,8 +171,16 @@ impl GpuConv2d {
             k,
             r,
             s,
+            stride,
         } = shape;
-        for (what, v) in [("n", n), ("h", h), ("w", w), ("c", c), ("k", k)] {
+        for (what, v) in [
+            ("n", n),
+            ("h", h),
+            ("w", w),
+            ("c", c),
+            ("k", k),
+            ("stride", stride),
+        ] {
             if v == 0 {
                 return Err(invalid(what, v, "must be at least 1"));
             }
@@ -161,7 +190,7 @@ impl GpuConv2d {
                 return Err(invalid(
                     what,
                     v,
-                    "the GPU convolution takes odd filters (same padding, stride 1)",
+                    "the GPU convolution takes odd filters (padding r / 2, s / 2)",
                 ));
             }
         }
@@ -244,7 +273,7 @@ impl GpuConv2d {
             wt_d: typed(taps * k * c)?,
             yg: f(grid * k)?,
             dxg: f(grid * c)?,
-            dz: f(shape.pixels() * k)?,
+            dz: f(shape.out_pixels() * k)?,
             dzp: f(ptot * k)?,
             dzp_d: typed(ptot * k)?,
             dw_tap: f(k * c)?,
@@ -263,17 +292,28 @@ impl GpuConv2d {
         }
     }
 
-    fn grid_args(&self, ch: usize, margin: usize) -> Result<[Arg<'static>; 7]> {
-        let ConvShape { n, h, w, .. } = self.shape;
+    /// Arguments of pad_nhwc/crop_nhwc: `src` (rows, columns) images of
+    /// `ch` channels on this layer's grid, `margin` pixels around, placed
+    /// at `stride`.
+    fn grid_args(
+        &self,
+        src: (usize, usize),
+        ch: usize,
+        margin: usize,
+        stride: usize,
+    ) -> Result<[Arg<'static>; 10]> {
         let (ph, pw) = self.shape.pads();
         Ok([
-            Arg::I32(i32_of("n", n)?),
-            Arg::I32(i32_of("h", h)?),
-            Arg::I32(i32_of("w", w)?),
+            Arg::I32(i32_of("n", self.shape.n)?),
+            Arg::I32(i32_of("h", src.0)?),
+            Arg::I32(i32_of("w", src.1)?),
             Arg::I32(i32_of("channels", ch)?),
             Arg::I32(ph as i32),
             Arg::I32(pw as i32),
             Arg::I32(i32_of("margin", margin)?),
+            Arg::I32(i32_of("stride", stride)?),
+            Arg::I32(i32_of("grid rows", self.shape.grid_h())?),
+            Arg::I32(i32_of("grid columns", self.shape.grid_w())?),
         ])
     }
 
@@ -286,15 +326,23 @@ impl GpuConv2d {
         b: &Buffer,
         y: &mut Buffer,
     ) -> Result<()> {
-        let ConvShape { c, k, .. } = self.shape;
+        let ConvShape {
+            h,
+            w: iw,
+            c,
+            k,
+            stride,
+            ..
+        } = self.shape;
         let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
+        let opx = self.shape.out_pixels();
         let ptot = self.shape.grid() + 2 * margin;
         self.check("x", x, px * c)?;
         self.check("w", w, taps * k * c)?;
         self.check("b", b, k)?;
-        self.check("y", y, px * k)?;
+        self.check("y", y, opx * k)?;
         let mut args = vec![Arg::Buf(x), Arg::Buf(&self.xpad)];
-        args.extend(self.grid_args(c, margin)?);
+        args.extend(self.grid_args((h, iw), c, margin, 1)?);
         dev.launch_elementwise(EK::PadNhwc, ptot * c, &args)?;
         let xo = match &self.xpad_d {
             Some(d) => {
@@ -319,10 +367,11 @@ impl GpuConv2d {
             Some(&self.fwd_tab),
             taps,
         )?;
+        // The outputs at the stride's pixels of the grid.
         let y: &Buffer = y;
         let mut args = vec![Arg::Buf(&self.yg), Arg::Buf(y)];
-        args.extend(self.grid_args(k, 0)?);
-        dev.launch_elementwise(EK::CropNhwc, px * k, &args)
+        args.extend(self.grid_args(self.shape.out_hw(), k, 0, stride)?);
+        dev.launch_elementwise(EK::CropNhwc, opx * k, &args)
     }
 
     /// From `dy` (gradient at the output y, NHWC): keeps dZ = dy * act'(y)
@@ -335,11 +384,19 @@ impl GpuConv2d {
         w: &Buffer,
         dx: Option<&mut Buffer>,
     ) -> Result<()> {
-        let ConvShape { c, k, .. } = self.shape;
+        let ConvShape {
+            h,
+            w: iw,
+            c,
+            k,
+            stride,
+            ..
+        } = self.shape;
         let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
+        let opx = self.shape.out_pixels();
         let ptot = self.shape.grid() + 2 * margin;
-        self.check("dy", dy, px * k)?;
-        self.check("y", y, px * k)?;
+        self.check("dy", dy, opx * k)?;
+        self.check("y", y, opx * k)?;
         self.check("w", w, taps * k * c)?;
         let ak = match self.act {
             Activation::Relu => Activation::Relu,
@@ -349,16 +406,17 @@ impl GpuConv2d {
         };
         dev.launch_elementwise(
             EK::ActBackward(ak),
-            px * k,
+            opx * k,
             &[
                 Arg::Buf(y),
                 Arg::Buf(dy),
                 Arg::Buf(&self.dz),
-                Arg::I32(i32_of("pixels*k", px * k)?),
+                Arg::I32(i32_of("pixels*k", opx * k)?),
             ],
         )?;
+        // dZ at the stride's pixels of the grid, zeros between.
         let mut args = vec![Arg::Buf(&self.dz), Arg::Buf(&self.dzp)];
-        args.extend(self.grid_args(k, margin)?);
+        args.extend(self.grid_args(self.shape.out_hw(), k, margin, stride)?);
         dev.launch_elementwise(EK::PadNhwc, ptot * k, &args)?;
         if let Some(d) = &self.dzp_d {
             dev.convert(self.dtype, &self.dzp, d, ptot * k, 1, false)?;
@@ -395,7 +453,7 @@ impl GpuConv2d {
         )?;
         let dx: &Buffer = dx;
         let mut args = vec![Arg::Buf(&self.dxg), Arg::Buf(dx)];
-        args.extend(self.grid_args(c, 0)?);
+        args.extend(self.grid_args((h, iw), c, 0, 1)?);
         dev.launch_elementwise(EK::CropNhwc, px * c, &args)
     }
 
@@ -403,7 +461,11 @@ impl GpuConv2d {
     /// db, from the last forward's input and backward's dZ.
     pub fn update(&mut self, dev: &Device, dw: &mut Buffer, db: &mut Buffer) -> Result<()> {
         let ConvShape { c, k, .. } = self.shape;
-        let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
+        let (px, taps, margin) = (
+            self.shape.out_pixels(),
+            self.shape.taps(),
+            self.shape.margin(),
+        );
         let ptot = self.shape.grid() + 2 * margin;
         self.check("dw", dw, taps * k * c)?;
         self.check("db", db, k)?;

@@ -24,14 +24,14 @@ fn inputs(sh: &ConvShape, dt: GpuDtype, seed: u64) -> [Vec<f32>; 4] {
         v(sh.pixels() * sh.c),
         v(taps * sh.k * sh.c),
         v(sh.k),
-        v(sh.pixels() * sh.k),
+        v(sh.out_pixels() * sh.k),
     ]
 }
 
 /// The input pixel tap (r, s) of output (img, y, x) reads, if inside.
 fn at(sh: &ConvShape, img: usize, y: usize, x: usize, r: usize, s: usize) -> Option<usize> {
-    let yy = y as isize + r as isize - (sh.r / 2) as isize;
-    let xx = x as isize + s as isize - (sh.s / 2) as isize;
+    let yy = (y * sh.stride) as isize + r as isize - (sh.r / 2) as isize;
+    let xx = (x * sh.stride) as isize + s as isize - (sh.s / 2) as isize;
     (yy >= 0 && xx >= 0 && (yy as usize) < sh.h && (xx as usize) < sh.w)
         .then(|| (img * sh.h + yy as usize) * sh.w + xx as usize)
 }
@@ -41,11 +41,12 @@ fn check(c: &Case, dev: &Device, seed: u64) {
     let [x, w, b, dy] = inputs(&sh, c.dt, seed);
     let (k, ch, taps) = (sh.k, sh.c, sh.r * sh.s);
     // f64 reference: forward, dZ, dX, dW, db.
-    let mut y = vec![0.0f64; sh.pixels() * k];
+    let (oh, ow) = sh.out_hw();
+    let mut y = vec![0.0f64; sh.out_pixels() * k];
     for img in 0..sh.n {
-        for yy in 0..sh.h {
-            for xx in 0..sh.w {
-                let o = (img * sh.h + yy) * sh.w + xx;
+        for yy in 0..oh {
+            for xx in 0..ow {
+                let o = (img * oh + yy) * ow + xx;
                 for ko in 0..k {
                     let mut acc = b[ko] as f64;
                     for t in 0..taps {
@@ -83,9 +84,9 @@ fn check(c: &Case, dev: &Device, seed: u64) {
     let mut dw = vec![0.0f64; taps * k * ch];
     let mut db = vec![0.0f64; k];
     for img in 0..sh.n {
-        for yy in 0..sh.h {
-            for xx in 0..sh.w {
-                let o = (img * sh.h + yy) * sh.w + xx;
+        for yy in 0..oh {
+            for xx in 0..ow {
+                let o = (img * oh + yy) * ow + xx;
                 for ko in 0..k {
                     db[ko] += dz[o * k + ko];
                 }
@@ -106,7 +107,7 @@ fn check(c: &Case, dev: &Device, seed: u64) {
     let mut conv = GpuConv2d::new(dev, sh, c.act, c.dt).unwrap();
     let up = |v: &[f32]| dev.upload(v).unwrap();
     let (xb, wb, bb, dyb) = (up(&x), up(&w), up(&b), up(&dy));
-    let mut yb = dev.alloc(sh.pixels() * k * 4).unwrap();
+    let mut yb = dev.alloc(sh.out_pixels() * k * 4).unwrap();
     let mut dxb = dev.alloc(sh.pixels() * ch * 4).unwrap();
     let mut dwb = dev.alloc(taps * k * ch * 4).unwrap();
     let mut dbb = dev.alloc(k * 4).unwrap();
@@ -148,7 +149,7 @@ fn check(c: &Case, dev: &Device, seed: u64) {
 }
 
 fn cases() -> Vec<Case> {
-    let sh = |n, h, w, c, k, r, s| ConvShape {
+    let sh = |n, h, w, c, k, r, s, stride| ConvShape {
         n,
         h,
         w,
@@ -156,14 +157,21 @@ fn cases() -> Vec<Case> {
         k,
         r,
         s,
+        stride,
     };
     let mut v = Vec::new();
     for (i, shape) in [
-        sh(1, 5, 7, 1, 4, 3, 3),
-        sh(2, 6, 5, 3, 8, 3, 3),
-        sh(2, 4, 4, 16, 8, 1, 1),
-        sh(1, 7, 6, 5, 3, 5, 5),
-        sh(3, 5, 8, 8, 16, 3, 5),
+        sh(1, 5, 7, 1, 4, 3, 3, 1),
+        sh(2, 6, 5, 3, 8, 3, 3, 1),
+        sh(2, 4, 4, 16, 8, 1, 1, 1),
+        sh(1, 7, 6, 5, 3, 5, 5, 1),
+        sh(3, 5, 8, 8, 16, 3, 5, 1),
+        // Strided, as ResNet's downsampling: 3x3, 1x1 and the 7x7 stem,
+        // odd and even sizes.
+        sh(2, 7, 6, 4, 8, 3, 3, 2),
+        sh(2, 8, 8, 16, 8, 1, 1, 2),
+        sh(1, 9, 10, 3, 4, 7, 7, 2),
+        sh(1, 7, 7, 2, 3, 3, 3, 3),
     ]
     .into_iter()
     .enumerate()
@@ -210,6 +218,7 @@ fn bad_shapes_are_refused_by_name() {
         k: 2,
         r: 2,
         s: 3,
+        stride: 1,
     };
     let e = GpuConv2d::new(dev, sh, Activation::Relu, GpuDtype::F32)
         .err()
@@ -222,6 +231,20 @@ fn bad_shapes_are_refused_by_name() {
         .unwrap()
         .to_string();
     assert!(e.contains("c = 0"), "{e}");
+    let e = GpuConv2d::new(
+        dev,
+        ConvShape {
+            c: 2,
+            stride: 0,
+            ..sh
+        },
+        Activation::Relu,
+        GpuDtype::F32,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("stride = 0"), "{e}");
     let sh = ConvShape { c: 2, ..sh };
     let e = GpuConv2d::new(dev, sh, Activation::Gelu, GpuDtype::F32)
         .err()

@@ -33,13 +33,16 @@ pub enum ElementwiseKernel {
     /// (row-major, `features` wide) with label `L[idx[j]]`; columns n..cols
     /// are zeros with label 0.
     GatherRows,
-    /// `pad_nhwc(x, xp, n, h, w, c, ph, pw, margin)`: the NHWC images x
-    /// on the padded grid (`h + 2ph` x `w + 2pw` pixels per image, zeros
-    /// around), after and before `margin` pixels of zeros: the operand the
-    /// convolution's taps read at a shift.
+    /// `pad_nhwc(x, xp, n, h, w, c, ph, pw, margin, s, gh, gw)`: the NHWC
+    /// images x (h x w) on a grid of `gh x gw` pixels per image, pixel
+    /// (y, x) at grid (y*s + ph, x*s + pw), zeros elsewhere, after and
+    /// before `margin` pixels of zeros: the operand the convolution's taps
+    /// read at a shift (s = 1), or a strided output's gradient spread over
+    /// its input's grid.
     PadNhwc,
-    /// `crop_nhwc(xp, x, n, h, w, c, ph, pw, margin)`: the inverse, the
-    /// interior of the padded grid as NHWC images.
+    /// `crop_nhwc(xp, x, n, h, w, c, ph, pw, margin, s, gh, gw)`: the
+    /// inverse: pixel (y, x) of the h x w NHWC images from grid pixel
+    /// (y*s + ph, x*s + pw).
     CropNhwc,
     /// `transpose_taps(w, wt, k, c, taps)`: each tap's `k x c`
     /// column-major block transposed to `c x k`.
@@ -241,31 +244,30 @@ KERNEL gather_rows(GLOBAL const float* X, GLOBAL const int* L, GLOBAL const int*
   if (f == 0) labels[j] = row >= 0 ? L[row] : 0;
 }
 KERNEL pad_nhwc(GLOBAL const float* x, GLOBAL float* xp, int n, int h, int w, int c,
-                int ph, int pw, int margin) {
-  const int hp = h + 2 * ph, wp = w + 2 * pw;
+                int ph, int pw, int margin, int s, int gh, int gw) {
   const idx_t i = GID;
-  const idx_t grid = (idx_t)n * hp * wp;
+  const idx_t grid = (idx_t)n * gh * gw;
   if (i >= (grid + 2 * (idx_t)margin) * c) return;
   const idx_t q = i / c - margin;
   const int ch = (int)(i % c);
   float v = 0.0f;
   if (q >= 0 && q < grid) {
-    const int img = (int)(q / ((idx_t)hp * wp));
-    const int rem = (int)(q % ((idx_t)hp * wp));
-    const int yy = rem / wp - ph, xx = rem % wp - pw;
-    if (yy >= 0 && yy < h && xx >= 0 && xx < w) v = x[(((idx_t)img * h + yy) * w + xx) * c + ch];
+    const int img = (int)(q / ((idx_t)gh * gw));
+    const int rem = (int)(q % ((idx_t)gh * gw));
+    const int yy = rem / gw - ph, xx = rem % gw - pw;
+    if (yy >= 0 && xx >= 0 && yy % s == 0 && xx % s == 0 && yy / s < h && xx / s < w)
+      v = x[(((idx_t)img * h + yy / s) * w + xx / s) * c + ch];
   }
   xp[i] = v;
 }
 KERNEL crop_nhwc(GLOBAL const float* xp, GLOBAL float* x, int n, int h, int w, int c,
-                 int ph, int pw, int margin) {
-  const int hp = h + 2 * ph, wp = w + 2 * pw;
+                 int ph, int pw, int margin, int s, int gh, int gw) {
   const idx_t i = GID;
   if (i >= (idx_t)n * h * w * c) return;
   const int ch = (int)(i % c);
   const idx_t pix = i / c;
   const int xx = (int)(pix % w), yy = (int)((pix / w) % h), img = (int)(pix / ((idx_t)w * h));
-  const idx_t q = margin + ((idx_t)img * hp + yy + ph) * wp + xx + pw;
+  const idx_t q = margin + ((idx_t)img * gh + yy * s + ph) * gw + xx * s + pw;
   x[i] = xp[q * c + ch];
 }
 KERNEL transpose_taps(GLOBAL const float* w, GLOBAL float* wt, int k, int c, int taps) {
