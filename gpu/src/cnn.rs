@@ -11,6 +11,7 @@ use crate::device::{Arg, Buffer, Device};
 use crate::error::{invalid, Result};
 use crate::mlp::{gather_rows, step, GpuDataset, GpuMlp};
 use crate::norm::GpuBatchNorm;
+use crate::pool::{maxpool_backward, maxpool_forward, PoolShape};
 use brgemm::Activation;
 use brgemm_nn::models::{CnnSpec, LayerSpec};
 use brgemm_nn::{BatchNorm2d, Conv2d, Graph, Layer, Linear};
@@ -38,6 +39,23 @@ struct Stage {
     /// Batch norm (with the ReLU) after the convolution, where the spec
     /// has one.
     bn: Option<Bn>,
+}
+
+impl Stage {
+    /// The pooling after the convolution: windows of `pool` at stride
+    /// `pool` (1: a copy).
+    fn pool_shape(&self) -> PoolShape {
+        let sh = self.conv.shape;
+        PoolShape {
+            n: sh.n,
+            h: sh.h,
+            w: sh.w,
+            c: sh.k,
+            win: self.pool,
+            stride: self.pool,
+            pad: 0,
+        }
+    }
 }
 
 struct Bn {
@@ -249,6 +267,7 @@ impl GpuCnn {
                 &before[i - 1].py
             };
             st.conv.forward(dev, x, &st.w, &st.b, &mut st.y)?;
+            let ps = st.pool_shape();
             let out = match &mut st.bn {
                 Some(bn) if train => {
                     bn.norm.forward_train(dev, &st.y, &mut bn.z)?;
@@ -260,22 +279,7 @@ impl GpuCnn {
                 }
                 None => &st.y,
             };
-            let sh = st.conv.shape;
-            let (oh, ow) = (sh.h / st.pool, sh.w / st.pool);
-            dev.launch_elementwise(
-                EK::MaxPoolFwd,
-                sh.n * oh * ow * sh.k,
-                &[
-                    Arg::Buf(out),
-                    Arg::Buf(&st.py),
-                    Arg::Buf(&st.arg),
-                    Arg::I32(sh.n as i32),
-                    Arg::I32(sh.h as i32),
-                    Arg::I32(sh.w as i32),
-                    Arg::I32(sh.k as i32),
-                    Arg::I32(st.pool as i32),
-                ],
-            )?;
+            maxpool_forward(dev, &ps, out, &st.py, &st.arg)?;
         }
         let last = self.stages.last().expect("at least one stage");
         let (hx, _) = self.head.input_buffers();
@@ -327,21 +331,7 @@ impl GpuCnn {
             } else {
                 after_dx(after)
             };
-            let sh = st.conv.shape;
-            dev.launch_elementwise(
-                EK::MaxPoolBwd,
-                sh.n * sh.h * sh.w * sh.k,
-                &[
-                    Arg::Buf(dpy),
-                    Arg::Buf(&st.arg),
-                    Arg::Buf(&st.dy),
-                    Arg::I32(sh.n as i32),
-                    Arg::I32(sh.h as i32),
-                    Arg::I32(sh.w as i32),
-                    Arg::I32(sh.k as i32),
-                    Arg::I32(st.pool as i32),
-                ],
-            )?;
+            maxpool_backward(dev, &st.pool_shape(), dpy, &st.arg, &st.dy)?;
             // st.dy: the gradient at what the pooling read.
             let dconv = match &mut st.bn {
                 Some(bn) => {

@@ -57,6 +57,7 @@ mod mlp;
 mod norm;
 
 mod opencl;
+pub mod pool;
 pub mod ptxas;
 mod tiling;
 

@@ -68,13 +68,21 @@ pub enum ElementwiseKernel {
     /// pre-activation gradients to dz's block `step` (and dzq in the GEMM
     /// type).
     LstmBwd,
-    /// `maxpool_fwd(x, y, arg, n, h, w, c, p)`: p x p windows at stride p
-    /// over NHWC x (`h / p` x `w / p` out), the max and where it was.
+    /// `maxpool_fwd(x, y, arg, n, h, w, c, win, stride, pad, oh, ow)`:
+    /// win x win windows at `stride` over NHWC x padded by `pad` (the
+    /// padding never wins), the max and where it was.
     MaxPoolFwd,
-    /// `maxpool_bwd(dy, arg, dx, n, h, w, c, p)`: each input element the
-    /// gradient of the output whose max it was, else zero (one pass, no
-    /// scatter: the windows do not overlap).
+    /// `maxpool_bwd(dy, arg, dx, ...)`: each input element the sum of the
+    /// gradients of the outputs whose max it was (a gather over the windows
+    /// that hold it, in a fixed order: no scatter, no atomics).
     MaxPoolBwd,
+    /// `gavgpool_fwd(x, y, n, hw, c)`: the mean of each image's channel.
+    GAvgPoolFwd,
+    /// `gavgpool_bwd(dy, dx, n, hw, c)`: dy / hw to every pixel.
+    GAvgPoolBwd,
+    /// `add_act(a, b, y, n, relu)`: a residual join, y = a + b, then a
+    /// ReLU when `relu`.
+    AddAct,
     /// `bn_partial(x, part, pixels, c, chunk)`: per (chunk of pixels,
     /// channel) of NHWC x, the sums of d and d^2 for d = x - x[first pixel]
     /// (the shift keeps the one-pass variance free of cancellation).
@@ -137,6 +145,9 @@ impl ElementwiseKernel {
             ElementwiseKernel::LstmBwd => "lstm_bwd",
             ElementwiseKernel::MaxPoolFwd => "maxpool_fwd",
             ElementwiseKernel::MaxPoolBwd => "maxpool_bwd",
+            ElementwiseKernel::GAvgPoolFwd => "gavgpool_fwd",
+            ElementwiseKernel::GAvgPoolBwd => "gavgpool_bwd",
+            ElementwiseKernel::AddAct => "add_act",
             ElementwiseKernel::BnPartial => "bn_partial",
             ElementwiseKernel::BnFinish => "bn_finish",
             ElementwiseKernel::BnInfer => "bn_infer",
@@ -344,38 +355,60 @@ KERNEL lstm_bwd(GLOBAL const float* g, GLOBAL const float* cs, GLOBAL const floa
   dc[i] = dct * fg;
 }
 KERNEL maxpool_fwd(GLOBAL const float* x, GLOBAL float* y, GLOBAL int* arg, int n, int h, int w,
-                   int c, int p) {
-  const int oh = h / p, ow = w / p;
+                   int c, int win, int st, int pad, int oh, int ow) {
   const idx_t i = GID;
   if (i >= (idx_t)n * oh * ow * c) return;
   const int ch = (int)(i % c);
   const idx_t pix = i / c;
   const int ox = (int)(pix % ow), oy = (int)((pix / ow) % oh), img = (int)(pix / ((idx_t)ow * oh));
-  int bi = (int)((((idx_t)img * h + oy * p) * w + ox * p) * c + ch);
-  float best = x[bi];
-  for (int dy = 0; dy < p; ++dy)
-    for (int dx = 0; dx < p; ++dx) {
-      const int j = (int)((((idx_t)img * h + oy * p + dy) * w + ox * p + dx) * c + ch);
-      if (x[j] > best) { best = x[j]; bi = j; }
+  int bi = -1;
+  float best = 0.0f;
+  for (int dy = 0; dy < win; ++dy)
+    for (int dx = 0; dx < win; ++dx) {
+      const int yy = oy * st - pad + dy, xx = ox * st - pad + dx;
+      if (yy < 0 || xx < 0 || yy >= h || xx >= w) continue;
+      const int j = (int)((((idx_t)img * h + yy) * w + xx) * c + ch);
+      if (bi < 0 || x[j] > best) { best = x[j]; bi = j; }
     }
   y[i] = best;
   arg[i] = bi;
 }
 KERNEL maxpool_bwd(GLOBAL const float* dy, GLOBAL const int* arg, GLOBAL float* dx, int n, int h,
-                   int w, int c, int p) {
-  const int oh = h / p, ow = w / p;
+                   int w, int c, int win, int st, int pad, int oh, int ow) {
   const idx_t i = GID;
   if (i >= (idx_t)n * h * w * c) return;
   const int ch = (int)(i % c);
   const idx_t pix = i / c;
   const int xx = (int)(pix % w), yy = (int)((pix / w) % h), img = (int)(pix / ((idx_t)w * h));
-  const int oy = yy / p, ox = xx / p;
+  // Every output whose window holds this input, in a fixed order.
   float g = 0.0f;
-  if (oy < oh && ox < ow) {
-    const idx_t o = (((idx_t)img * oh + oy) * ow + ox) * c + ch;
-    if (arg[o] == (int)i) g = dy[o];
-  }
+  const int y0 = (yy + pad - win + st) / st, x0 = (xx + pad - win + st) / st;
+  for (int oy = y0 > 0 ? y0 : 0; oy <= (yy + pad) / st && oy < oh; ++oy)
+    for (int ox = x0 > 0 ? x0 : 0; ox <= (xx + pad) / st && ox < ow; ++ox) {
+      const idx_t o = (((idx_t)img * oh + oy) * ow + ox) * c + ch;
+      if (arg[o] == (int)i) g += dy[o];
+    }
   dx[i] = g;
+}
+KERNEL gavgpool_fwd(GLOBAL const float* x, GLOBAL float* y, int n, int hw, int c) {
+  const idx_t i = GID;
+  if (i >= (idx_t)n * c) return;
+  const int ch = (int)(i % c), img = (int)(i / c);
+  float s = 0.0f;
+  for (int p = 0; p < hw; ++p) s += x[((idx_t)img * hw + p) * c + ch];
+  y[i] = s / (float)hw;
+}
+KERNEL gavgpool_bwd(GLOBAL const float* dy, GLOBAL float* dx, int n, int hw, int c) {
+  const idx_t i = GID;
+  if (i >= (idx_t)n * hw * c) return;
+  const int ch = (int)(i % c), img = (int)(i / ((idx_t)hw * c));
+  dx[i] = dy[(idx_t)img * c + ch] / (float)hw;
+}
+KERNEL add_act(GLOBAL const float* a, GLOBAL const float* b, GLOBAL float* y, int n, int relu) {
+  const idx_t i = GID;
+  if (i >= n) return;
+  const float v = a[i] + b[i];
+  y[i] = relu && v < 0.0f ? 0.0f : v;
 }
 KERNEL bn_partial(GLOBAL const float* x, GLOBAL float* part, int pixels, int c, int chunk) {
   const idx_t i = GID;
