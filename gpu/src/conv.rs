@@ -280,18 +280,6 @@ impl GpuConv2d {
         })
     }
 
-    fn check(&self, what: &str, b: &Buffer, elems: usize) -> Result<()> {
-        if b.holds(elems, 4) {
-            Ok(())
-        } else {
-            Err(invalid(
-                what,
-                format!("{} bytes", b.bytes()),
-                format!("needs {elems} f32"),
-            ))
-        }
-    }
-
     /// Arguments of pad_nhwc/crop_nhwc: `src` (rows, columns) images of
     /// `ch` channels on this layer's grid, `margin` pixels around, placed
     /// at `stride`.
@@ -337,10 +325,10 @@ impl GpuConv2d {
         let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
         let opx = self.shape.out_pixels();
         let ptot = self.shape.grid() + 2 * margin;
-        self.check("x", x, px * c)?;
-        self.check("w", w, taps * k * c)?;
-        self.check("b", b, k)?;
-        self.check("y", y, opx * k)?;
+        x.need("x", px * c)?;
+        w.need("w", taps * k * c)?;
+        b.need("b", k)?;
+        y.need("y", opx * k)?;
         let mut args = vec![Arg::Buf(x), Arg::Buf(&self.xpad)];
         args.extend(self.grid_args((h, iw), c, margin, 1)?);
         dev.launch_elementwise(EK::PadNhwc, ptot * c, &args)?;
@@ -395,9 +383,9 @@ impl GpuConv2d {
         let (px, taps, margin) = (self.shape.pixels(), self.shape.taps(), self.shape.margin());
         let opx = self.shape.out_pixels();
         let ptot = self.shape.grid() + 2 * margin;
-        self.check("dy", dy, opx * k)?;
-        self.check("y", y, opx * k)?;
-        self.check("w", w, taps * k * c)?;
+        dy.need("dy", opx * k)?;
+        y.need("y", opx * k)?;
+        w.need("w", taps * k * c)?;
         let ak = match self.act {
             Activation::Relu => Activation::Relu,
             Activation::Sigmoid => Activation::Sigmoid,
@@ -422,7 +410,7 @@ impl GpuConv2d {
             dev.convert(self.dtype, &self.dzp, d, ptot * k, 1, false)?;
         }
         let Some(dx) = dx else { return Ok(()) };
-        self.check("dx", dx, px * c)?;
+        dx.need("dx", px * c)?;
         dev.launch_elementwise(
             EK::TransposeTaps,
             taps * k * c,
@@ -467,8 +455,8 @@ impl GpuConv2d {
             self.shape.margin(),
         );
         let ptot = self.shape.grid() + 2 * margin;
-        self.check("dw", dw, taps * k * c)?;
-        self.check("db", db, k)?;
+        dw.need("dw", taps * k * c)?;
+        db.need("db", k)?;
         // X^T: the padded input with its pixels contiguous per channel.
         dev.convert(self.dtype, &self.xpad, &self.xt_d, ptot, c, true)?;
         let dzo = self.dzp_d.as_ref().unwrap_or(&self.dzp);

@@ -60,6 +60,20 @@ impl Buffer {
     pub(crate) fn holds(&self, n: usize, size: usize) -> bool {
         n.checked_mul(size).is_some_and(|b| b <= self.bytes)
     }
+    /// An error naming the buffer `what` unless it holds `elems` 4-byte
+    /// values (f32 or i32).
+    pub(crate) fn need(&self, what: &str, elems: usize) -> Result<()> {
+        if self.holds(elems, 4) {
+            Ok(())
+        } else {
+            Err(invalid(
+                what,
+                format!("{} bytes", self.bytes),
+                format!("needs {elems} f32"),
+            ))
+        }
+    }
+
     /// The CUDA allocation, or an error naming the buffer.
     pub(crate) fn cuda_slice(&self, what: &str) -> Result<&cudarc::driver::CudaSlice<u8>> {
         match &self.inner {

@@ -138,18 +138,6 @@ impl GpuFc {
         self.act
     }
 
-    fn check(&self, what: &str, b: &Buffer, elems: usize) -> Result<()> {
-        if b.holds(elems, 4) {
-            Ok(())
-        } else {
-            Err(invalid(
-                what,
-                format!("{} bytes", b.bytes()),
-                format!("needs {elems} f32"),
-            ))
-        }
-    }
-
     /// `x` itself when the GEMMs read f32; else `x` (`rows x cols`)
     /// converted into `scratch`.
     fn operand<'a>(
@@ -182,7 +170,7 @@ impl GpuFc {
         b: &Buffer,
         y: &mut Buffer,
     ) -> Result<()> {
-        self.check("w", w, self.k * self.c)?;
+        w.need("w", self.k * self.c)?;
         if let Some(wd) = &self.wd {
             dev.convert(self.dtype, w, wd, self.k, self.c, false)?;
         }
@@ -196,7 +184,7 @@ impl GpuFc {
     /// optimizer step).
     pub fn pack_weights(&mut self, dev: &Device, w: &Buffer) -> Result<()> {
         let (c, k) = (self.c, self.k);
-        self.check("w", w, k * c)?;
+        w.need("w", k * c)?;
         let y = self.wd.as_ref().unwrap_or(&self.wtd);
         dev.launch_elementwise(
             EK::Pack(self.dtype),
@@ -223,10 +211,10 @@ impl GpuFc {
         y: &mut Buffer,
     ) -> Result<()> {
         let (c, k, n) = (self.c, self.k, self.n);
-        self.check("x", x, c * n)?;
-        self.check("w", w, k * c)?;
-        self.check("b", b, k)?;
-        self.check("y", y, k * n)?;
+        x.need("x", c * n)?;
+        w.need("w", k * c)?;
+        b.need("b", k)?;
+        y.need("y", k * n)?;
         let xo = self.operand(dev, x, &self.xd, c, n)?;
         let wo = self.wd.as_ref().unwrap_or(w);
         let batch = c / self.fwd.descriptor().k;
@@ -245,7 +233,7 @@ impl GpuFc {
         w: &Buffer,
         dx: Option<&mut Buffer>,
     ) -> Result<()> {
-        self.check("w", w, self.k * self.c)?;
+        w.need("w", self.k * self.c)?;
         if dx.is_some() {
             dev.convert(self.dtype, w, &self.wtd, self.c, self.k, true)?;
         }
@@ -262,8 +250,8 @@ impl GpuFc {
         dx: Option<&mut Buffer>,
     ) -> Result<()> {
         let (c, k, n) = (self.c, self.k, self.n);
-        self.check("dy", dy, k * n)?;
-        self.check("y", y, k * n)?;
+        dy.need("dy", k * n)?;
+        y.need("y", k * n)?;
         let ak = match self.act {
             Activation::Relu => Activation::Relu,
             Activation::Sigmoid => Activation::Sigmoid,
@@ -282,7 +270,7 @@ impl GpuFc {
         )?;
         let dzo = self.operand(dev, &self.dz, &self.dzd, k, n)?;
         if let Some(dx) = dx {
-            self.check("dx", dx, c * n)?;
+            dx.need("dx", c * n)?;
             let batch = k / self.bwd.descriptor().k;
             self.bwd
                 .execute(dev, &self.wtd, dzo, dx, None, None, batch)?;
@@ -300,9 +288,9 @@ impl GpuFc {
         db: &mut Buffer,
     ) -> Result<()> {
         let (c, k, n) = (self.c, self.k, self.n);
-        self.check("x", x, c * n)?;
-        self.check("dw", dw, k * c)?;
-        self.check("db", db, k)?;
+        x.need("x", c * n)?;
+        dw.need("dw", k * c)?;
+        db.need("db", k)?;
         dev.convert(self.dtype, x, &self.xtd, n, c, true)?;
         let batch = n / self.upd.descriptor().k;
         // dZ in the GEMM dtype, as backward left it (no conversion for f32).

@@ -81,18 +81,6 @@ impl PoolShape {
     }
 }
 
-fn need(what: &str, b: &Buffer, elems: usize) -> Result<()> {
-    if b.holds(elems, 4) {
-        Ok(())
-    } else {
-        Err(invalid(
-            what,
-            format!("{} bytes", b.bytes()),
-            format!("needs {elems} values"),
-        ))
-    }
-}
-
 /// Max pooling forward: `y` the window maxima, `arg` (i32) where each was.
 pub fn maxpool_forward(
     dev: &Device,
@@ -104,9 +92,9 @@ pub fn maxpool_forward(
     sh.validate()?;
     let (oh, ow) = sh.out_hw();
     let out = sh.n * oh * ow * sh.c;
-    need("x", x, sh.n * sh.h * sh.w * sh.c)?;
-    need("y", y, out)?;
-    need("arg", arg, out)?;
+    x.need("x", sh.n * sh.h * sh.w * sh.c)?;
+    y.need("y", out)?;
+    arg.need("arg", out)?;
     let mut a = vec![Arg::Buf(x), Arg::Buf(y), Arg::Buf(arg)];
     a.extend(sh.args());
     dev.launch_elementwise(EK::MaxPoolFwd, out, &a)
@@ -123,9 +111,9 @@ pub fn maxpool_backward(
     sh.validate()?;
     let (oh, ow) = sh.out_hw();
     let (out, inp) = (sh.n * oh * ow * sh.c, sh.n * sh.h * sh.w * sh.c);
-    need("dy", dy, out)?;
-    need("arg", arg, out)?;
-    need("dx", dx, inp)?;
+    dy.need("dy", out)?;
+    arg.need("arg", out)?;
+    dx.need("dx", inp)?;
     let mut a = vec![Arg::Buf(dy), Arg::Buf(arg), Arg::Buf(dx)];
     a.extend(sh.args());
     dev.launch_elementwise(EK::MaxPoolBwd, inp, &a)
@@ -139,8 +127,8 @@ pub fn global_avgpool_forward(
     x: &Buffer,
     y: &Buffer,
 ) -> Result<()> {
-    need("x", x, n * hw * c)?;
-    need("y", y, n * c)?;
+    x.need("x", n * hw * c)?;
+    y.need("y", n * c)?;
     let ints = [n, hw, c].map(|v| Arg::I32(v as i32));
     let mut a = vec![Arg::Buf(x), Arg::Buf(y)];
     a.extend(ints);
@@ -154,8 +142,8 @@ pub fn global_avgpool_backward(
     dy: &Buffer,
     dx: &Buffer,
 ) -> Result<()> {
-    need("dy", dy, n * c)?;
-    need("dx", dx, n * hw * c)?;
+    dy.need("dy", n * c)?;
+    dx.need("dx", n * hw * c)?;
     let ints = [n, hw, c].map(|v| Arg::I32(v as i32));
     let mut a = vec![Arg::Buf(dy), Arg::Buf(dx)];
     a.extend(ints);
@@ -166,7 +154,7 @@ pub fn global_avgpool_backward(
 /// (its gradient: the ReLU's, to both inputs).
 pub fn add(dev: &Device, a: &Buffer, b: &Buffer, y: &Buffer, n: usize, relu: bool) -> Result<()> {
     for (what, x) in [("a", a), ("b", b), ("y", y)] {
-        need(what, x, n)?;
+        x.need(what, n)?;
     }
     dev.launch_elementwise(
         EK::AddAct,
