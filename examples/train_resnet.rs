@@ -8,7 +8,12 @@
 //! ```text
 //! cargo run --release --example train_resnet [-- --data DIR --epochs N --batch B --lr LR
 //!     --train-limit N --seed S --save FILE --load FILE --dtype f32|bf16]
+//! cargo run --release --features cuda --example train_resnet -- --device opencl|cuda [--dtype f32|bf16|f16]
 //! ```
+//!
+//! `--device` trains the same graph on a GPU (`brgemm_gpu::GpuGraph`: the
+//! convolutions as generated BRGEMMs, batch norm, ReLU, residual adds and
+//! pooling on the device) from the same weights, shuffles and schedule.
 //!
 //! `--save` writes the trained graph's values (`Graph::save`: versioned,
 //! PyTorch layouts); `--load` starts from them, and with `--epochs 0` only
@@ -30,7 +35,7 @@ mod cli;
 
 const USAGE: &str = "train_resnet: a small ResNet on Fashion-MNIST (layer graph)\n\
     usage: train_resnet [--data DIR --epochs N --batch B --lr LR --train-limit N --seed S\n\
-    --save FILE --load FILE --dtype f32|bf16]";
+    --save FILE --load FILE --dtype f32|bf16 --device cpu|opencl|cuda]";
 
 /// Ends the process with status 1 and the error.
 fn fail(e: impl std::fmt::Display) -> ! {
@@ -72,6 +77,7 @@ fn main() {
         USAGE,
         &[
             cli::value("train-limit", "N", "train on the first N images only"),
+            cli::value("device", "D", "cpu, or opencl|cuda with --features cuda"),
             cli::DTYPE,
         ],
     );
@@ -96,6 +102,12 @@ fn main() {
     if limit < tr.data.len() {
         let idx: Vec<usize> = (0..limit).collect();
         tr.data = tr.data.subset(&idx);
+    }
+    let device: String = args.get_or("device", "cpu".to_string());
+    if device != "cpu" {
+        args.no_model_files("GPU ResNet");
+        let dt: String = args.get_or("dtype", "f32".to_string());
+        return gpu_main(&device, &dt, &tr, &te, (epochs, bs, lr, seed));
     }
     // Per image: about 40 activation-sized buffers of up to 16x28x28 f32.
     cli::check_batch_memory(bs, 40 * 4 * 16 * 28 * 28);
@@ -151,4 +163,91 @@ fn main() {
         println!("saved {}", path.display());
     }
     println!("test_accuracy={last:.4}");
+}
+
+/// The training loop above on a GPU: the same graph, weights, shuffles,
+/// whole minibatches and cosine schedule; the losses read every 16 steps.
+#[cfg(feature = "gpu")]
+fn gpu_main(
+    device: &str,
+    dtype: &str,
+    tr: &ImageSet,
+    te: &ImageSet,
+    (epochs, bs, lr, seed): (usize, usize, f32, u64),
+) {
+    use brgemm_dl::gpu::{Device, GpuGraph, GpuMlp};
+    let (backend, dt) = cli::gpu_target(device, dtype);
+    let cpu = models::small_resnet(bs, tr.data.classes, seed).unwrap_or_else(|e| fail(e));
+    let dev = Device::open(backend).unwrap_or_else(|e| fail(e));
+    let mut g = GpuGraph::from_cpu(&dev, &cpu, dt).unwrap_or_else(|e| fail(e));
+    let train_d = g
+        .dataset(&dev, &tr.data.x, &tr.data.y)
+        .unwrap_or_else(|e| fail(e));
+    let test_d = g
+        .dataset(&dev, &te.data.x, &te.data.y)
+        .unwrap_or_else(|e| fail(e));
+    println!(
+        "fashion-mnist: {} train / {} test images; small ResNet on {}; batch {bs}, {dtype}",
+        tr.data.len(),
+        te.data.len(),
+        dev.name()
+    );
+    let accuracy = |g: &mut GpuGraph| -> f64 {
+        let all: Vec<usize> = (0..te.data.len()).collect();
+        let mut right = 0;
+        for idx in all.chunks(bs) {
+            let pred = g.predict_on(&dev, &test_d, idx).unwrap_or_else(|e| fail(e));
+            right += pred
+                .iter()
+                .zip(idx)
+                .filter(|(p, &i)| **p == te.data.y[i])
+                .count();
+        }
+        right as f64 / te.data.len() as f64
+    };
+    let mut rng = Rng::new(seed);
+    let mut order: Vec<usize> = (0..tr.data.len()).collect();
+    let mut last = if epochs == 0 { accuracy(&mut g) } else { 0.0 };
+    let t_all = Instant::now();
+    for epoch in 1..=epochs {
+        let phase = std::f32::consts::PI * (epoch - 1) as f32 / epochs as f32;
+        let opt = Optimizer::adam(lr * 0.5 * (1.0 + phase.cos()));
+        rng.shuffle(&mut order);
+        let t0 = Instant::now();
+        let (mut sum, mut steps) = (0.0f64, 0usize);
+        for idx in order.chunks_exact(bs) {
+            g.train_step_on(&dev, &train_d, idx, &opt)
+                .unwrap_or_else(|e| fail(e));
+            steps += 1;
+            if steps % GpuMlp::LOSS_WINDOW == 0 {
+                sum += g
+                    .losses(&dev)
+                    .unwrap_or_else(|e| fail(e))
+                    .iter()
+                    .map(|&l| f64::from(l))
+                    .sum::<f64>();
+            }
+        }
+        sum += g
+            .losses(&dev)
+            .unwrap_or_else(|e| fail(e))
+            .iter()
+            .map(|&l| f64::from(l))
+            .sum::<f64>();
+        let secs = t0.elapsed().as_secs_f64();
+        last = accuracy(&mut g);
+        println!(
+            "epoch {epoch}: loss {:.4}, test accuracy {last:.4}, {:.0} images/s",
+            sum / steps.max(1) as f64,
+            (steps * bs) as f64 / secs
+        );
+    }
+    println!("trained in {:.2} s", t_all.elapsed().as_secs_f64());
+    println!("device: {}", dev.name());
+    println!("test_accuracy={last:.4}");
+}
+
+#[cfg(not(feature = "gpu"))]
+fn gpu_main(device: &str, _: &str, _: &ImageSet, _: &ImageSet, _: (usize, usize, f32, u64)) {
+    cli::no_gpu_build("train_resnet", device)
 }

@@ -9,7 +9,7 @@
 
 use crate::data::{Dataset, ImageSet};
 use crate::train::{run_epochs, EpochPlan, EpochReport, TrainConfig};
-use brgemm_gpu::{Backend, Device, GpuCnn, GpuDataset, GpuDtype, GpuMlp, GpuSeqNet, Result};
+use brgemm_gpu::{Backend, Device, GpuDataset, GpuDtype, GpuGraph, GpuMlp, GpuSeqNet, Result};
 use brgemm_nn::models::LayerSpec;
 use brgemm_primitives::optim::Optimizer;
 
@@ -57,7 +57,7 @@ macro_rules! device_model {
     };
 }
 device_model!(GpuMlp);
-device_model!(GpuCnn);
+device_model!(GpuGraph);
 device_model!(GpuSeqNet);
 
 /// Rows `idx` of `data`, row-major, and their labels.
@@ -205,13 +205,13 @@ pub fn train_cnn(
     train: &ImageSet,
     test: &ImageSet,
     mut report: impl FnMut(&EpochReport),
-) -> Result<(GpuCnn, Device)> {
+) -> Result<(GpuGraph, Device)> {
     let dev = Device::open(backend)?;
     let spec = crate::train_cnn::spec(cfg, train);
     let cpu = spec
         .graph(cfg.batch, cfg.seed)
         .map_err(model_error(format!("{:?}", cfg.stages)))?;
-    let mut model = GpuCnn::from_cpu(&dev, &cpu, &spec, dtype)?;
+    let mut model = GpuGraph::from_cpu(&dev, &cpu, dtype)?;
     let train_d = model.dataset(&dev, &train.data.x, &train.data.y)?;
     let test_d = model.dataset(&dev, &test.data.x, &test.data.y)?;
     let plan = EpochPlan {

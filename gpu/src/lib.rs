@@ -40,7 +40,6 @@
 //! ```
 
 #![deny(missing_docs)]
-mod cnn;
 pub mod codegen;
 mod conv;
 mod cuda;
@@ -49,11 +48,13 @@ mod device;
 mod dtype;
 mod error;
 mod fc;
+mod graph;
 pub mod hopper;
 
 mod kernel;
 mod lstm;
 mod mlp;
+mod nhwc;
 mod norm;
 
 mod opencl;
@@ -61,7 +62,6 @@ pub mod pool;
 pub mod ptxas;
 mod tiling;
 
-pub use cnn::GpuCnn;
 pub use codegen::{ElementwiseKernel, Target};
 pub use conv::{ConvShape, GpuConv2d};
 pub use cuda::{
@@ -71,6 +71,7 @@ pub use desc::{GpuBatch, GpuDescriptor, GpuDtype};
 pub use device::{Backend, Buffer, Device};
 pub use error::{Error, Result};
 pub use fc::GpuFc;
+pub use graph::GpuGraph;
 pub use hopper::{GpuPath, HopperTiling};
 
 pub use kernel::{BatchTable, GpuBrgemm};

@@ -1,11 +1,12 @@
-//! The device CNN against the CPU graph it was built from, with and without
+//! The CNN of `train_cnn` as a device graph ([`GpuGraph`]) against the CPU
+//! graph it was built from, with and without
 //! batch norm: three SGD steps (the last a partial minibatch) give the same
 //! losses, convolution weights and batch-norm values (scale, shift, running
 //! statistics) in f32; bf16 follows within its rounding. On
 //! OpenCL (PoCL in CI) and, when there is one, a CUDA device.
 
 mod common;
-use brgemm_gpu::{Device, GpuCnn, GpuDtype};
+use brgemm_gpu::{Device, GpuDtype, GpuGraph};
 use brgemm_nn::models::{CnnSpec, StageSpec};
 use brgemm_nn::{BatchNorm2d, Conv2d, Layer, Tensor};
 use brgemm_primitives::optim::Optimizer;
@@ -32,7 +33,7 @@ fn steps(dev: &Device, dt: GpuDtype, batchnorm: bool) {
     let (batch, len) = (8, 40);
     let spec = spec(batchnorm);
     let mut cpu = spec.graph(batch, 7).unwrap();
-    let mut gpu = GpuCnn::from_cpu(dev, &cpu, &spec, dt).unwrap();
+    let mut gpu = GpuGraph::from_cpu(dev, &cpu, dt).unwrap();
     let feats = 2 * 8 * 6;
     let mut r = Lcg(3);
     let x: Vec<f32> = (0..len * feats).map(|_| round(dt, r.f32())).collect();
@@ -72,7 +73,7 @@ fn steps(dev: &Device, dt: GpuDtype, batchnorm: bool) {
     if dt == GpuDtype::F32 {
         // Scale, shift and running statistics of every batch norm.
         for (i, bn) in cpu.layers_of::<BatchNorm2d>().into_iter().enumerate() {
-            let g = gpu.batchnorm_values(dev, i).unwrap().expect("a batch norm");
+            let g = gpu.batchnorm_values(dev, i).unwrap();
             for (j, (name, want)) in bn.export().into_iter().enumerate() {
                 for (e, (a, b)) in g[j].iter().zip(&want).enumerate() {
                     assert!((a - b).abs() <= 1e-4, "bn {i} {name}[{e}] gpu {a} cpu {b}");
@@ -122,7 +123,7 @@ fn dropout_is_refused_by_name() {
     let mut s = spec(false);
     s.dropout = 0.5;
     let cpu = s.graph(4, 1).unwrap();
-    let e = GpuCnn::from_cpu(dev, &cpu, &s, GpuDtype::F32)
+    let e = GpuGraph::from_cpu(dev, &cpu, GpuDtype::F32)
         .err()
         .unwrap()
         .to_string();

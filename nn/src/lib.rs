@@ -46,10 +46,12 @@ mod tensor;
 
 pub use error::{Error, Result};
 pub use file::FILE_VERSION;
-pub use graph::{softmax_cross_entropy, Graph, GraphBuilder, NodeId, ParamState};
+pub use graph::{
+    softmax_cross_entropy, Graph, GraphBuilder, NodeId, NodeInfo, NodeKind, ParamState,
+};
 pub use layer::{Affine, Layer, Mode, Param};
 pub use layers::{
-    BatchNorm2d, Bidirectional, Conv2d, Dropout, Flatten, GlobalAvgPool, Linear, Pool2dLayer,
-    Recurrent, Relu,
+    BatchNorm2d, Bidirectional, Conv2d, ConvGeometry, Dropout, Flatten, GlobalAvgPool, Linear,
+    Pool2dLayer, Recurrent, Relu,
 };
 pub use tensor::{Shape, Tensor};

@@ -83,6 +83,8 @@ pub enum ElementwiseKernel {
     /// `add_act(a, b, y, n, relu)`: a residual join, y = a + b, then a
     /// ReLU when `relu`.
     AddAct,
+    /// `relu_fwd(x, y, n)`: y = max(x, 0).
+    ReluFwd,
     /// `bn_partial(x, part, pixels, c, chunk)`: per (chunk of pixels,
     /// channel) of NHWC x, the sums of d and d^2 for d = x - x[first pixel]
     /// (the shift keeps the one-pass variance free of cancellation).
@@ -148,6 +150,7 @@ impl ElementwiseKernel {
             ElementwiseKernel::GAvgPoolFwd => "gavgpool_fwd",
             ElementwiseKernel::GAvgPoolBwd => "gavgpool_bwd",
             ElementwiseKernel::AddAct => "add_act",
+            ElementwiseKernel::ReluFwd => "relu_fwd",
             ElementwiseKernel::BnPartial => "bn_partial",
             ElementwiseKernel::BnFinish => "bn_finish",
             ElementwiseKernel::BnInfer => "bn_infer",
@@ -403,6 +406,10 @@ KERNEL gavgpool_bwd(GLOBAL const float* dy, GLOBAL float* dx, int n, int hw, int
   if (i >= (idx_t)n * hw * c) return;
   const int ch = (int)(i % c), img = (int)(i / ((idx_t)hw * c));
   dx[i] = dy[(idx_t)img * c + ch] / (float)hw;
+}
+KERNEL relu_fwd(GLOBAL const float* x, GLOBAL float* y, int n) {
+  const idx_t i = GID;
+  if (i < n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 KERNEL add_act(GLOBAL const float* a, GLOBAL const float* b, GLOBAL float* y, int n, int relu) {
   const idx_t i = GID;

@@ -319,7 +319,52 @@ pub struct NodeTime {
     pub backward_s: f64,
 }
 
+/// What a node of a built graph is ([`Graph::topology`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// The graph's input.
+    Input,
+    /// A layer: [`Graph::layer`] reaches it by its type.
+    Layer,
+    /// The sum of its two inputs (a residual join).
+    Add,
+}
+
+/// One node of a built graph, as another executor (a GPU's) walks it: in
+/// order of evaluation, its inputs earlier nodes.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    /// The node, for [`Graph::layer`].
+    pub id: NodeId,
+    /// Input, layer or add.
+    pub kind: NodeKind,
+    /// The nodes it reads (indices into [`Graph::topology`]).
+    pub inputs: Vec<usize>,
+    /// Its output's shape.
+    pub shape: Shape,
+}
+
 impl Graph {
+    /// Every node in order of evaluation, with its inputs and output shape
+    /// (fusion and folding left aside: each layer computes what its own
+    /// definition says).
+    pub fn topology(&self) -> Vec<NodeInfo> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeInfo {
+                id: NodeId(i),
+                kind: match n.op {
+                    Op::Input => NodeKind::Input,
+                    Op::Layer(_) => NodeKind::Layer,
+                    Op::Add => NodeKind::Add,
+                },
+                inputs: n.inputs.clone(),
+                shape: n.shape,
+            })
+            .collect()
+    }
+
     /// The input shape it was built for.
     pub fn input_shape(&self) -> Shape {
         self.nodes[0].shape

@@ -11,6 +11,27 @@ use brgemm_primitives::conv::{AddResidual, ConvBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Conv, ConvParams, Filter, Pool, Tensor4};
 
+/// A convolution layer's definition ([`Conv2d::geometry`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConvGeometry {
+    /// Input channels.
+    pub in_c: usize,
+    /// Output channels.
+    pub out_c: usize,
+    /// Filter (rows, columns).
+    pub rs: (usize, usize),
+    /// Stride (rows, columns).
+    pub stride: (usize, usize),
+    /// Padding (rows, columns).
+    pub pad: (usize, usize),
+    /// Dilation (rows, columns).
+    pub dilation: (usize, usize),
+    /// Groups.
+    pub groups: usize,
+    /// Activation after the bias.
+    pub act: Activation,
+}
+
 /// A convolution `in_c -> out_c` with an `r x s` filter and a fused
 /// activation. Stride, padding and dilation are per axis (rows, columns):
 /// [`Conv2d::new`] sets one stride and padding for both, the builder
@@ -172,6 +193,21 @@ impl Conv2d {
     /// Weight values: `[out_c][in_c / groups][r][s]`.
     fn weight_len(&self) -> usize {
         self.out_c * (self.in_c / self.groups.max(1)) * self.rs.0 * self.rs.1
+    }
+
+    /// The layer's definition: channels in and out, filter size, stride,
+    /// padding, dilation (each (rows, columns)), groups and activation.
+    pub fn geometry(&self) -> ConvGeometry {
+        ConvGeometry {
+            in_c: self.in_c,
+            out_c: self.out_c,
+            rs: self.rs,
+            stride: self.stride,
+            pad: self.pad,
+            dilation: self.dil,
+            groups: self.groups,
+            act: self.act,
+        }
     }
 
     /// The weights, `[out_c][in_c / groups][r][s]` (PyTorch's order).

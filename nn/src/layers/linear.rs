@@ -168,6 +168,11 @@ impl Linear {
         self.state.built()?.bf.as_ref().map(|b| b.fc.isa())
     }
 
+    /// Inputs, outputs and the activation.
+    pub fn geometry(&self) -> (usize, usize, Activation) {
+        (self.inputs, self.outputs, self.act)
+    }
+
     /// The weights, `[outputs][inputs]` row-major (PyTorch's order).
     pub fn weights(&self) -> Vec<f32> {
         match &self.state {

@@ -8,7 +8,7 @@ mod recurrent;
 mod simple;
 
 pub use bidir::Bidirectional;
-pub use conv2d::Conv2d;
+pub use conv2d::{Conv2d, ConvGeometry};
 pub use linear::Linear;
 pub use norm_pool::{BatchNorm2d, Pool2dLayer};
 pub use recurrent::Recurrent;

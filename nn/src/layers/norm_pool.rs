@@ -263,6 +263,16 @@ impl Pool2dLayer {
             plan: None,
         }
     }
+    /// Whether it takes the maximum (else the mean), and its window,
+    /// stride and padding.
+    pub fn geometry(&self) -> (bool, usize, usize, usize) {
+        (
+            self.kind == PoolKind::Max,
+            self.window,
+            self.stride,
+            self.pad,
+        )
+    }
     /// Average pooling (over the real inputs of each window).
     pub fn avg(window: usize, stride: usize, pad: usize) -> Pool2dLayer {
         Pool2dLayer {
