@@ -86,3 +86,15 @@ fn small_resnet_matches_the_cpu_graph_on_cuda() {
     let Some(dev) = cuda() else { return };
     steps(dev);
 }
+
+/// ResNet-50 (at 32x32, one image) is a graph the device runs: every node
+/// (the 7x7 stride-2 stem, the 3x3 stride-2 padded max pool, bottlenecks
+/// with strided 3x3 and projection shortcuts) is planned without refusal.
+#[test]
+fn resnet50_is_planned_on_the_device() {
+    let Some(dev) = opencl() else { return };
+    let cpu = brgemm_nn::models::resnet50(1, 32, 10, 1).unwrap();
+    let gpu = GpuGraph::from_cpu(dev, &cpu, GpuDtype::F32).unwrap();
+    assert_eq!(gpu.batch(), 1);
+    assert!(gpu.conv_parameters(dev, 52).is_ok() && gpu.conv_parameters(dev, 53).is_err());
+}
