@@ -196,8 +196,8 @@ pub fn train(
 /// its seeded weights) on the device `backend` opens, GEMM inputs in
 /// `dtype`, walking the data as the CPU loop does (its shuffle seed, whole
 /// minibatches), evaluating on `test` after every epoch (batch norm with
-/// its running statistics). Dropout is not on the device yet (refused by
-/// name).
+/// its running statistics; dropout draws the CPU layer's masks over the
+/// device's NHWC layout).
 pub fn train_cnn(
     cfg: &crate::train_cnn::CnnConfig,
     backend: Backend,

@@ -1,6 +1,6 @@
 //! A layer graph on the device: the nodes of a built [`brgemm_nn::Graph`]
 //! (convolutions at any stride, batch norm, ReLU, residual adds, max and
-//! global average pooling) in order of evaluation, then its trailing linear
+//! global average pooling, dropout) in order of evaluation, then its trailing linear
 //! layers as a [`GpuMlp`] head with the loss ring; trained with the
 //! optimizer on every parameter, from the CPU graph's weights. The CNN of
 //! `train_cnn` (with or without batch norm) and the small ResNet of
@@ -22,8 +22,9 @@ use crate::pool::{self, PoolShape};
 use brgemm::Activation;
 use brgemm_nn::models::LayerSpec;
 use brgemm_nn::{
-    BatchNorm2d, Conv2d, GlobalAvgPool, Graph, Layer, Linear, NodeKind, Pool2dLayer, Relu,
+    BatchNorm2d, Conv2d, Dropout, GlobalAvgPool, Graph, Layer, Linear, NodeKind, Pool2dLayer, Relu,
 };
+use brgemm_primitives::init::Rng;
 use brgemm_primitives::optim::Optimizer;
 
 struct ConvNode {
@@ -47,7 +48,12 @@ enum Op {
     Relu,
     Add,
     MaxPool(PoolShape, Buffer),
-    GlobalAvg { hw: usize, c: usize },
+    /// Drop probability, the layer's key generator, the last mask.
+    Dropout(f32, Rng, Buffer),
+    GlobalAvg {
+        hw: usize,
+        c: usize,
+    },
 }
 
 struct Node {
@@ -76,7 +82,7 @@ fn unsupported(i: usize, what: &str) -> crate::Error {
         format!("node {i}"),
         what.to_string(),
         "the GPU graph runs convolutions (odd filters, padding r/2, one group), batch norm, \
-         ReLU, residual adds, max and global average pooling, then linear layers",
+         ReLU, residual adds, max and global average pooling, dropout, then linear layers",
     )
 }
 
@@ -215,6 +221,9 @@ impl GpuGraph {
                             return Err(unsupported(i, &name[i]));
                         }
                         Op::MaxPool(ps, f(elems)?)
+                    } else if let Some(l) = cpu.layer::<Dropout>(n.id) {
+                        let (p, seed) = l.rate();
+                        Op::Dropout(p, Rng::new(seed), f(elems)?)
                     } else if cpu.layer::<GlobalAvgPool>(n.id).is_some() {
                         Op::GlobalAvg {
                             hw: x.h * x.w,
@@ -288,6 +297,20 @@ impl GpuGraph {
                 )?,
                 Op::Add => pool::add(dev, x, &before[nd.inputs[1]].out, &nd.out, nd.elems, false)?,
                 Op::MaxPool(ps, arg) => pool::maxpool_forward(dev, ps, x, &nd.out, arg)?,
+                Op::Dropout(p, keys, mask) if train => {
+                    pool::dropout_forward(dev, x, &nd.out, mask, nd.elems, *p, keys.next_u64())?
+                }
+                Op::Dropout(..) => dev.launch_elementwise(
+                    EK::CopySlot,
+                    nd.elems,
+                    &[
+                        Arg::Buf(x),
+                        Arg::Buf(&nd.out),
+                        Arg::I32(nd.elems as i32),
+                        Arg::I32(0),
+                        Arg::I32(0),
+                    ],
+                )?,
                 Op::GlobalAvg { hw, c } => {
                     pool::global_avgpool_forward(dev, (self.batch, *hw, *c), x, &nd.out)?
                 }
@@ -413,6 +436,10 @@ impl GpuGraph {
                 Op::Add => false,
                 Op::MaxPool(ps, arg) => {
                     pool::maxpool_backward(dev, ps, &nd.grad, arg, &self.scratch)?;
+                    true
+                }
+                Op::Dropout(_, _, mask) => {
+                    pool::dropout_backward(dev, &nd.grad, mask, &self.scratch, nd.elems)?;
                     true
                 }
                 Op::GlobalAvg { hw, c } => {

@@ -2,8 +2,8 @@
 //! any window, stride and padding (forward keeps where each max was;
 //! backward gathers, per input, the gradients of the windows it won, in a
 //! fixed order), global average pooling, and `y = a + b` with an optional
-//! ReLU. The pieces a ResNet needs beside the convolutions, batch norm and
-//! the FC head.
+//! ReLU, and dropout with the CPU layer's masks. The pieces a ResNet or a
+//! CNN needs beside the convolutions, batch norm and the FC head.
 
 use crate::codegen::ElementwiseKernel as EK;
 use crate::device::{Arg, Buffer, Device};
@@ -165,6 +165,64 @@ pub fn add(dev: &Device, a: &Buffer, b: &Buffer, y: &Buffer, n: usize, relu: boo
             Arg::Buf(y),
             Arg::I32(n as i32),
             Arg::I32(relu as i32),
+        ],
+    )
+}
+
+/// Dropout forward over `n` values: the mask of the CPU dropout
+/// ([`brgemm_primitives::eltwise::Dropout`]) for the step's `key` (its
+/// 64-bit draw from the layer's seed) over the same flat indices, into
+/// `mask`; `y = x * mask`.
+#[allow(clippy::too_many_arguments)]
+pub fn dropout_forward(
+    dev: &Device,
+    x: &Buffer,
+    y: &Buffer,
+    mask: &Buffer,
+    n: usize,
+    p: f32,
+    key: u64,
+) -> Result<()> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(invalid("dropout p", p, "must be in [0, 1)"));
+    }
+    for (what, b) in [("x", x), ("y", y), ("mask", mask)] {
+        b.need(what, n)?;
+    }
+    dev.launch_elementwise(
+        EK::DropoutFwd,
+        n,
+        &[
+            Arg::Buf(x),
+            Arg::Buf(y),
+            Arg::Buf(mask),
+            Arg::I32(n as i32),
+            Arg::F32(p),
+            Arg::I32(key as u32 as i32),
+            Arg::I32((key >> 32) as u32 as i32),
+        ],
+    )
+}
+
+/// Dropout backward: `dx = dy * mask`.
+pub fn dropout_backward(
+    dev: &Device,
+    dy: &Buffer,
+    mask: &Buffer,
+    dx: &Buffer,
+    n: usize,
+) -> Result<()> {
+    for (what, b) in [("dy", dy), ("mask", mask), ("dx", dx)] {
+        b.need(what, n)?;
+    }
+    dev.launch_elementwise(
+        EK::DropoutBwd,
+        n,
+        &[
+            Arg::Buf(dy),
+            Arg::Buf(mask),
+            Arg::Buf(dx),
+            Arg::I32(n as i32),
         ],
     )
 }

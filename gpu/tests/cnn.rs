@@ -117,15 +117,45 @@ fn cnn_steps_match_the_cpu_graph_on_cuda() {
     all(dev);
 }
 
+/// With dropout before the head (the device draws the CPU layer's masks
+/// over its own layout), steps train: finite, falling losses.
 #[test]
-fn dropout_is_refused_by_name() {
+fn dropout_trains_on_the_device() {
     let Some(dev) = opencl() else { return };
     let mut s = spec(false);
     s.dropout = 0.5;
-    let cpu = s.graph(4, 1).unwrap();
+    let cpu = s.graph(8, 1).unwrap();
+    let mut gpu = GpuGraph::from_cpu(dev, &cpu, GpuDtype::F32).unwrap();
+    let mut r = Lcg(4);
+    let len = 16;
+    let x: Vec<f32> = (0..len * 96).map(|_| r.f32()).collect();
+    let y: Vec<usize> = (0..len).map(|_| r.below(5)).collect();
+    let data = gpu.dataset(dev, &x, &y).unwrap();
+    let idx: Vec<usize> = (0..8).collect();
+    for _ in 0..12 {
+        gpu.train_step_on(dev, &data, &idx, &Optimizer::adam(1e-2))
+            .unwrap();
+    }
+    let l = gpu.losses(dev).unwrap();
+    assert!(l.iter().all(|v| v.is_finite()) && l[11] < l[0], "{l:?}");
+}
+
+/// A layer the device does not run is refused by node and name.
+#[test]
+fn average_pooling_is_refused_by_name() {
+    use brgemm::Activation;
+    use brgemm_nn::{GraphBuilder, Linear, Pool2dLayer, Shape};
+    let Some(dev) = opencl() else { return };
+    let mut g = GraphBuilder::new(Shape::new(2, 1, 4, 4));
+    let x = g.input();
+    let p = g.layer(x, Pool2dLayer::avg(2, 2, 0)).unwrap();
+    let o = g
+        .layer(p, Linear::new(4, 3, Activation::Identity, 1))
+        .unwrap();
+    let cpu = g.build(o).unwrap();
     let e = GpuGraph::from_cpu(dev, &cpu, GpuDtype::F32)
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("dropout"), "{e}");
+    assert!(e.contains("node 1") && e.contains("avg"), "{e}");
 }

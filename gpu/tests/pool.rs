@@ -134,6 +134,54 @@ fn all(dev: &Device) {
     }
 }
 
+/// Dropout draws the CPU layer's masks: the same seed gives the same
+/// outputs element for element over two steps, and backward scales by the
+/// mask.
+fn dropout(dev: &Device) {
+    use brgemm_primitives::eltwise::Dropout;
+    use brgemm_primitives::init::Rng;
+    let n = 10_000;
+    let mut r = Lcg(3);
+    let x: Vec<f32> = (0..n).map(|_| r.f32()).collect();
+    let (p, seed) = (0.3, 77);
+    let mut cpu = Dropout::new(p, seed).unwrap();
+    let mut keys = Rng::new(seed);
+    let (xb, yb, mb, db) = (
+        dev.upload(&x).unwrap(),
+        dev.alloc(n * 4).unwrap(),
+        dev.alloc(n * 4).unwrap(),
+        dev.alloc(n * 4).unwrap(),
+    );
+    for _ in 0..2 {
+        let mut want = vec![0.0f32; n];
+        cpu.forward_train(brgemm_primitives::Pool::global(), &x, &mut want)
+            .unwrap();
+        pool::dropout_forward(dev, &xb, &yb, &mb, n, p, keys.next_u64()).unwrap();
+        assert_eq!(dev.download::<f32>(&yb, n).unwrap(), want);
+    }
+    pool::dropout_backward(dev, &xb, &mb, &db, n).unwrap();
+    let mut want = vec![0.0f32; n];
+    cpu.backward(brgemm_primitives::Pool::global(), &x, &mut want)
+        .unwrap();
+    assert_eq!(dev.download::<f32>(&db, n).unwrap(), want);
+    let e = pool::dropout_forward(dev, &xb, &yb, &mb, n, 1.0, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dropout p = 1"), "{e}");
+}
+
+#[test]
+fn dropout_matches_the_cpu_masks_on_opencl() {
+    let Some(dev) = opencl() else { return };
+    dropout(dev);
+}
+
+#[test]
+fn dropout_matches_the_cpu_masks_on_cuda() {
+    let Some(dev) = cuda() else { return };
+    dropout(dev);
+}
+
 #[test]
 fn pooling_and_add_match_loops_on_opencl() {
     let Some(dev) = opencl() else { return };

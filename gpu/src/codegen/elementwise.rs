@@ -85,6 +85,13 @@ pub enum ElementwiseKernel {
     AddAct,
     /// `relu_fwd(x, y, n)`: y = max(x, 0).
     ReluFwd,
+    /// `dropout_fwd(x, y, mask, n, p, key_lo, key_hi)`: the CPU dropout's
+    /// mask (SplitMix64 runs of 4096 elements keyed by the step's 64-bit
+    /// key, element by element, so each is computed on its own), scaled by
+    /// 1/(1-p); y = x * mask.
+    DropoutFwd,
+    /// `dropout_bwd(dy, mask, dx, n)`: dx = dy * mask.
+    DropoutBwd,
     /// `bn_partial(x, part, pixels, c, chunk)`: per (chunk of pixels,
     /// channel) of NHWC x, the sums of d and d^2 for d = x - x[first pixel]
     /// (the shift keeps the one-pass variance free of cancellation).
@@ -151,6 +158,8 @@ impl ElementwiseKernel {
             ElementwiseKernel::GAvgPoolBwd => "gavgpool_bwd",
             ElementwiseKernel::AddAct => "add_act",
             ElementwiseKernel::ReluFwd => "relu_fwd",
+            ElementwiseKernel::DropoutFwd => "dropout_fwd",
+            ElementwiseKernel::DropoutBwd => "dropout_bwd",
             ElementwiseKernel::BnPartial => "bn_partial",
             ElementwiseKernel::BnFinish => "bn_finish",
             ElementwiseKernel::BnInfer => "bn_infer",
@@ -406,6 +415,26 @@ KERNEL gavgpool_bwd(GLOBAL const float* dy, GLOBAL float* dx, int n, int hw, int
   if (i >= (idx_t)n * hw * c) return;
   const int ch = (int)(i % c), img = (int)(i / ((idx_t)hw * c));
   dx[i] = dy[(idx_t)img * c + ch] / (float)hw;
+}
+KERNEL dropout_fwd(GLOBAL const float* x, GLOBAL float* y, GLOBAL float* mask, int n, float p,
+                   int key_lo, int key_hi) {
+  const idx_t i = GID;
+  if (i >= n) return;
+  const u64 golden = 0x9E3779B97F4A7C15UL;
+  const u64 key = ((u64)(unsigned)key_hi << 32) | (u64)(unsigned)key_lo;
+  const u64 run = (u64)(i / 4096), o = (u64)(i % 4096);
+  u64 z = (key ^ (run * golden)) + (o + 1) * golden;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9UL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBUL;
+  z = z ^ (z >> 31);
+  const float u = (float)(z >> 40) / 16777216.0f;
+  const float m = u >= p ? 1.0f / (1.0f - p) : 0.0f;
+  mask[i] = m;
+  y[i] = x[i] * m;
+}
+KERNEL dropout_bwd(GLOBAL const float* dy, GLOBAL const float* mask, GLOBAL float* dx, int n) {
+  const idx_t i = GID;
+  if (i < n) dx[i] = dy[i] * mask[i];
 }
 KERNEL relu_fwd(GLOBAL const float* x, GLOBAL float* y, int n) {
   const idx_t i = GID;

@@ -234,6 +234,15 @@ impl Dropout {
     }
 }
 
+impl Dropout {
+    /// The drop probability and the seed of the masks (the layer draws one
+    /// 64-bit step key per training forward from `seed`, as
+    /// [`brgemm_primitives::eltwise::Dropout`] does).
+    pub fn rate(&self) -> (f32, u64) {
+        (self.p, self.seed)
+    }
+}
+
 impl Layer for Dropout {
     fn name(&self) -> String {
         format!("dropout {}", self.p)
