@@ -1,6 +1,6 @@
-//! A sequence classifier on the device: one LSTM layer (PyTorch's gates
-//! i, f, g, o) whose last hidden state feeds a [`GpuMlp`] head, trained with
-//! BPTT; built from the CPU graph of [`brgemm_nn::models::SeqSpec`] so both
+//! A sequence classifier on the device: one recurrent layer, LSTM
+//! (PyTorch's gates i, f, g, o) or the plain tanh cell, whose last hidden
+//! state feeds a [`GpuMlp`] head, trained with BPTT; built from the CPU graph of [`brgemm_nn::models::SeqSpec`] so both
 //! start from the same seeded weights.
 //!
 //! The products are generated BRGEMMs as on the CPU: the input projection
@@ -25,7 +25,7 @@ use brgemm_nn::{Graph, Linear, Recurrent};
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::CellKind;
 
-/// An LSTM sequence classifier on the device.
+/// A recurrent sequence classifier on the device.
 pub struct GpuSeqNet {
     /// Hidden units, minibatch, steps, features per step.
     h: usize,
@@ -33,6 +33,9 @@ pub struct GpuSeqNet {
     t: usize,
     f: usize,
     dtype: GpuDtype,
+    /// LSTM cells (4 gates), else the plain tanh cell (1).
+    lstm: bool,
+    gates: usize,
     head: GpuMlp,
     w: Buffer,
     r: Buffer,
@@ -88,7 +91,7 @@ fn quant(dtype: GpuDtype) -> i32 {
 impl GpuSeqNet {
     /// The classifier of `spec` with the weights of its CPU graph `cpu`
     /// ([`SeqSpec::graph`]); GEMM inputs in `dtype`. One unidirectional
-    /// LSTM layer for now: RNN cells, stacks and both directions are
+    /// layer of LSTM or RNN cells for now: stacks and both directions are
     /// refused by name.
     pub fn from_cpu(
         dev: &Device,
@@ -96,13 +99,6 @@ impl GpuSeqNet {
         spec: &SeqSpec,
         dtype: GpuDtype,
     ) -> Result<GpuSeqNet> {
-        if spec.kind != CellKind::Lstm {
-            return Err(invalid(
-                "cell",
-                format!("{:?}", spec.kind),
-                "the GPU sequence net has LSTM cells only",
-            ));
-        }
         if spec.layers != 1 || spec.bidirectional {
             return Err(invalid(
                 "recurrent layers",
@@ -122,12 +118,14 @@ impl GpuSeqNet {
             }
         };
         let (h, t, f, n) = (spec.hidden, spec.steps, spec.features, cpu.input_shape().n);
-        let g4 = 4 * h;
-        if wc.len() != g4 * f || rc.len() != g4 * h || bc.len() != g4 {
+        let lstm = spec.kind == CellKind::Lstm;
+        let gates = if lstm { 4 } else { 1 };
+        let gh = gates * h;
+        if wc.len() != gh * f || rc.len() != gh * h || bc.len() != gh {
             return Err(invalid(
                 "LSTM weights",
                 wc.len(),
-                format!("expected {g4} x {f}"),
+                format!("expected {gh} x {f}"),
             ));
         }
         let nt = n * t;
@@ -143,40 +141,40 @@ impl GpuSeqNet {
         };
         let zeros = |e: usize| dev.upload(&vec![0.0f32; e]);
         let one = |d: GpuDescriptor| GpuBrgemm::new(&d.dtype(dtype));
-        let proj = one(GpuDescriptor::new(g4, nt, f).lda(g4).ldb(f).ldc(g4))?;
-        let rec_d = GpuDescriptor::new(g4, n, h)
-            .lda(g4)
+        let proj = one(GpuDescriptor::new(gh, nt, f).lda(gh).ldb(f).ldc(gh))?;
+        let rec_d = GpuDescriptor::new(gh, n, h)
+            .lda(gh)
             .ldb(h)
-            .ldc(g4)
+            .ldc(gh)
             .dtype(dtype)
             .batch(GpuBatch::Offset)
             .table_align(1);
-        let back_d = GpuDescriptor::new(h, n, g4)
+        let back_d = GpuDescriptor::new(h, n, gh)
             .lda(h)
-            .ldb(g4)
+            .ldb(gh)
             .ldc(h)
             .dtype(dtype)
             .batch(GpuBatch::Offset)
             .table_align(1);
         let blk = reduce_block(nt);
-        let upd_w = one(GpuDescriptor::new(g4, f, blk)
-            .lda(g4)
+        let upd_w = one(GpuDescriptor::new(gh, f, blk)
+            .lda(gh)
             .ldb(nt)
-            .ldc(g4)
+            .ldc(gh)
             .batch(GpuBatch::Stride {
-                a: blk * g4,
+                a: blk * gh,
                 b: blk,
             }))?;
-        let upd_r = one(GpuDescriptor::new(g4, h, n)
-            .lda(g4)
+        let upd_r = one(GpuDescriptor::new(gh, h, n)
+            .lda(gh)
             .ldb(ns)
-            .ldc(g4)
-            .batch(GpuBatch::Stride { a: g4 * n, b: n }))?;
+            .ldc(gh)
+            .batch(GpuBatch::Stride { a: gh * n, b: n }))?;
         let rec_tabs = (0..t)
             .map(|s| BatchTable::offsets(dev, &rec_d, &[0], &[s * h * n]))
             .collect::<Result<_>>()?;
         let back_tabs = (0..t)
-            .map(|s| BatchTable::offsets(dev, &back_d, &[0], &[s * g4 * n]))
+            .map(|s| BatchTable::offsets(dev, &back_d, &[0], &[s * gh * n]))
             .collect::<Result<_>>()?;
         let linears: Vec<&Linear> = cpu.layers_of::<Linear>();
         let specs = LayerSpec::classifier(&spec.head, spec.classes);
@@ -188,23 +186,25 @@ impl GpuSeqNet {
             t,
             f,
             dtype,
+            lstm,
+            gates,
             head,
-            w: dev.upload(&transpose(&wc, f, g4))?,
-            r: dev.upload(&transpose(&rc, h, g4))?,
+            w: dev.upload(&transpose(&wc, f, gh))?,
+            r: dev.upload(&transpose(&rc, h, gh))?,
             b: dev.upload(&bc)?,
-            grads: [fl(g4 * f)?, fl(g4 * h)?, fl(g4)?],
-            moments: [pair(g4 * f)?, pair(g4 * h)?, pair(g4)?],
+            grads: [fl(gh * f)?, fl(gh * h)?, fl(gh)?],
+            moments: [pair(gh * f)?, pair(gh * h)?, pair(gh)?],
             steps_taken: 0,
             x: fl(nt * f)?,
             xtm: fl(nt * f)?,
             xtm_d: ty(nt * f)?,
             xt_d: dev.alloc(nt * f * es)?,
-            wd: ty(g4 * f)?,
-            rd: ty(g4 * h)?,
-            rt_d: dev.alloc(g4 * h * es)?,
-            xp: fl(g4 * nt)?,
-            rh: fl(g4 * n)?,
-            g: fl(g4 * nt)?,
+            wd: ty(gh * f)?,
+            rd: ty(gh * h)?,
+            rt_d: dev.alloc(gh * h * es)?,
+            xp: fl(gh * nt)?,
+            rh: fl(gh * n)?,
+            g: fl(gh * nt)?,
             cs: zeros(h * ns)?,
             hs: zeros(h * ns)?,
             hq: match dtype {
@@ -212,8 +212,8 @@ impl GpuSeqNet {
                 _ => Some(dev.upload(&vec![0u16; h * ns])?),
             },
             hst_d: dev.alloc(ns * h * es)?,
-            dz: fl(g4 * nt)?,
-            dzq: ty(g4 * nt)?,
+            dz: fl(gh * nt)?,
+            dzq: ty(gh * nt)?,
             dc: fl(h * n)?,
             dh_rec: fl(h * n)?,
             dh_head: fl(h * n)?,
@@ -271,10 +271,10 @@ impl GpuSeqNet {
             ],
         )?;
         let xo = self.typed(dev, &self.xtm, &self.xtm_d, nt * f)?;
-        let wo = self.typed(dev, &self.w, &self.wd, 4 * h * f)?;
+        let wo = self.typed(dev, &self.w, &self.wd, self.gates * h * f)?;
         self.proj
             .execute(dev, wo, xo, &mut self.xp, None, None, 1)?;
-        let ro = self.typed(dev, &self.r, &self.rd, 4 * h * h)?;
+        let ro = self.typed(dev, &self.r, &self.rd, self.gates * h * h)?;
         let ho = self.hq.as_ref().unwrap_or(&self.hs);
         for s in 0..t {
             if s > 0 {
@@ -282,7 +282,7 @@ impl GpuSeqNet {
                     .execute(dev, ro, ho, &mut self.rh, None, Some(&self.rec_tabs[s]), 1)?;
             }
             dev.launch_elementwise(
-                EK::LstmFwd,
+                if self.lstm { EK::LstmFwd } else { EK::RnnFwd },
                 h * n,
                 &[
                     Arg::Buf(&self.xp),
@@ -324,7 +324,7 @@ impl GpuSeqNet {
         opt: &Optimizer,
     ) -> Result<()> {
         let (h, n, t, f) = (self.h, self.n, self.t, self.f);
-        let (g4, nt, ns) = (4 * h, n * t, n * (t + 1));
+        let (gh, nt, ns) = (self.gates * h, n * t, n * (t + 1));
         {
             let (_, labels) = self.head.input_buffers();
             gather_rows(dev, data, idx, n, t * f, &self.x, labels, &mut self.idx)?;
@@ -332,15 +332,21 @@ impl GpuSeqNet {
         self.forward(dev)?;
         self.head
             .backprop_rows(dev, idx.len(), Some(&mut self.dh_head))?;
-        dev.convert(self.dtype, &self.r, &self.rt_d, h, g4, true)?;
+        dev.convert(self.dtype, &self.r, &self.rt_d, h, gh, true)?;
         let dzo = self.dzq.as_ref().unwrap_or(&self.dz);
         for s in (0..t).rev() {
             let last = s + 1 == t;
+            // The RNN cell reads its h where the LSTM reads its gates.
+            let (kernel, acts) = if self.lstm {
+                (EK::LstmBwd, &self.g)
+            } else {
+                (EK::RnnBwd, &self.hs)
+            };
             dev.launch_elementwise(
-                EK::LstmBwd,
+                kernel,
                 h * n,
                 &[
-                    Arg::Buf(&self.g),
+                    Arg::Buf(acts),
                     Arg::Buf(&self.cs),
                     Arg::Buf(&self.dh_head),
                     Arg::Buf(&self.dh_rec),
@@ -378,11 +384,11 @@ impl GpuSeqNet {
         let db: &Buffer = db;
         dev.launch_elementwise(
             EK::BiasGrad,
-            g4,
+            gh,
             &[
                 Arg::Buf(&self.dz),
                 Arg::Buf(db),
-                Arg::I32(g4 as i32),
+                Arg::I32(gh as i32),
                 Arg::I32(nt as i32),
             ],
         )?;
@@ -429,11 +435,11 @@ impl GpuSeqNet {
     /// W, R and the bias in the CPU layer's (PyTorch's) order.
     pub fn lstm_parameters(&self, dev: &Device) -> Result<[Vec<f32>; 3]> {
         let (h, f) = (self.h, self.f);
-        let g4 = 4 * h;
+        let gh = self.gates * h;
         Ok([
-            transpose(&dev.download(&self.w, g4 * f)?, g4, f),
-            transpose(&dev.download(&self.r, g4 * h)?, g4, h),
-            dev.download(&self.b, g4)?,
+            transpose(&dev.download(&self.w, gh * f)?, gh, f),
+            transpose(&dev.download(&self.r, gh * h)?, gh, h),
+            dev.download(&self.b, gh)?,
         ])
     }
 }

@@ -62,6 +62,14 @@ pub enum ElementwiseKernel {
     /// the zero initial state), h also in the GEMM type to hq (q: 0 none,
     /// 1 bf16, 2 f16).
     LstmFwd,
+    /// `rnn_fwd(xp, rh, b, g, cs, hs, hq, h, n, step, has_rh, q)`: one step
+    /// of the plain cell, h = tanh(xp + rh + b), to block `step + 1` of hs
+    /// (and hq); the LSTM kernel's arguments, g and cs unused.
+    RnnFwd,
+    /// `rnn_bwd(hs, cs, dha, dhb, dc, dz, dzq, h, n, step, has_a, has_b,
+    /// first, q)`: dz = (dha + dhb) (1 - h^2) for the step's h (block
+    /// `step + 1` of hs); the LSTM kernel's arguments, cs and dc unused.
+    RnnBwd,
     /// `lstm_bwd(g, cs, dha, dhb, dc, dz, dzq, h, n, step, has_a, has_b,
     /// first, q)`: one step of BPTT: dh = dha + dhb (each when present),
     /// dc carried in place (zero at the first step taken), the gate
@@ -152,6 +160,8 @@ impl ElementwiseKernel {
             ElementwiseKernel::SeqTimeMajor => "seq_time_major",
             ElementwiseKernel::LstmFwd => "lstm_fwd",
             ElementwiseKernel::LstmBwd => "lstm_bwd",
+            ElementwiseKernel::RnnFwd => "rnn_fwd",
+            ElementwiseKernel::RnnBwd => "rnn_bwd",
             ElementwiseKernel::MaxPoolFwd => "maxpool_fwd",
             ElementwiseKernel::MaxPoolBwd => "maxpool_bwd",
             ElementwiseKernel::GAvgPoolFwd => "gavgpool_fwd",
@@ -339,6 +349,35 @@ KERNEL lstm_fwd(GLOBAL const float* xp, GLOBAL const float* rh, GLOBAL const flo
   cs[next] = c;
   hs[next] = hv;
   store_q(hq, next, hv, q);
+}
+KERNEL rnn_fwd(GLOBAL const float* xp, GLOBAL const float* rh, GLOBAL const float* b,
+               GLOBAL float* g, GLOBAL float* cs, GLOBAL float* hs, GLOBAL u16* hq,
+               int h, int n, int step, int has_rh, int q) {
+  const idx_t i = GID;
+  if (i >= (idx_t)h * n) return;
+  const int r = (int)(i % h), s = (int)(i / h);
+  const idx_t col = (idx_t)step * n + s;
+  float z = xp[col * h + r] + b[r];
+  if (has_rh) z += rh[(idx_t)s * h + r];
+  const float hv = TANHF(z);
+  const idx_t next = ((idx_t)(step + 1) * n + s) * h + r;
+  hs[next] = hv;
+  store_q(hq, next, hv, q);
+}
+KERNEL rnn_bwd(GLOBAL const float* hs, GLOBAL const float* cs, GLOBAL const float* dha,
+               GLOBAL const float* dhb, GLOBAL float* dc, GLOBAL float* dz, GLOBAL u16* dzq,
+               int h, int n, int step, int has_a, int has_b, int first, int q) {
+  const idx_t i = GID;
+  if (i >= (idx_t)h * n) return;
+  const int r = (int)(i % h), s = (int)(i / h);
+  const idx_t col = (idx_t)step * n + s;
+  float dh = 0.0f;
+  if (has_a) dh += dha[i];
+  if (has_b) dh += dhb[i];
+  const float hv = hs[((idx_t)(step + 1) * n + s) * h + r];
+  const float d = dh * (1.0f - hv * hv);
+  dz[col * h + r] = d;
+  store_q(dzq, col * h + r, d, q);
 }
 KERNEL lstm_bwd(GLOBAL const float* g, GLOBAL const float* cs, GLOBAL const float* dha,
                 GLOBAL const float* dhb, GLOBAL float* dc, GLOBAL float* dz, GLOBAL u16* dzq,
