@@ -12,7 +12,7 @@ case "${1:-}" in
 build)
     set -e
     mkdir -p .devbin
-    for t in cuda layers nvrtc conv cnn seq; do
+    for t in cuda layers nvrtc conv cnn seq graph pool; do
         exe=$(cargo test --release -p brgemm-gpu --test "$t" --no-run --message-format=json 2>/dev/null |
             sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
         strip -o ".devbin/$t" "$exe"
@@ -85,6 +85,10 @@ run)
         step sweep 90 .devbin/cuda --nocapture sweep
         step bench 90 .devbin/bench gpu --device cuda
         step layers 60 .devbin/layers --nocapture cuda
+        step conv 90 .devbin/conv --nocapture cuda
+        step pool 60 .devbin/pool --nocapture cuda
+        step graph 120 .devbin/graph --nocapture cuda
+        step seq 90 .devbin/seq --nocapture cuda
         step train_mlp 30 .devbin/train_mlp --device cuda --epochs 3
         step train_bf16 30 .devbin/train_mlp --device cuda --epochs 3 --dtype bf16
         # An older build's train_mlp beside this one (copied in as
