@@ -332,20 +332,8 @@ impl GpuConv2d {
         let mut args = vec![Arg::Buf(x), Arg::Buf(&self.xpad)];
         args.extend(self.grid_args((h, iw), c, margin, 1)?);
         dev.launch_elementwise(EK::PadNhwc, ptot * c, &args)?;
-        let xo = match &self.xpad_d {
-            Some(d) => {
-                dev.convert(self.dtype, &self.xpad, d, ptot * c, 1, false)?;
-                d
-            }
-            None => &self.xpad,
-        };
-        let wo = match &self.wd {
-            Some(d) => {
-                dev.convert(self.dtype, w, d, taps * k * c, 1, false)?;
-                d
-            }
-            None => w,
-        };
+        let xo = dev.typed(self.dtype, &self.xpad, &self.xpad_d, ptot * c)?;
+        let wo = dev.typed(self.dtype, w, &self.wd, taps * k * c)?;
         self.fwd.execute(
             dev,
             wo,
@@ -386,22 +374,7 @@ impl GpuConv2d {
         dy.need("dy", opx * k)?;
         y.need("y", opx * k)?;
         w.need("w", taps * k * c)?;
-        let ak = match self.act {
-            Activation::Relu => Activation::Relu,
-            Activation::Sigmoid => Activation::Sigmoid,
-            Activation::Tanh => Activation::Tanh,
-            _ => Activation::Identity,
-        };
-        dev.launch_elementwise(
-            EK::ActBackward(ak),
-            opx * k,
-            &[
-                Arg::Buf(y),
-                Arg::Buf(dy),
-                Arg::Buf(&self.dz),
-                Arg::I32(i32_of("pixels*k", opx * k)?),
-            ],
-        )?;
+        dev.act_backward(self.act, y, dy, &self.dz, opx * k)?;
         // dZ at the stride's pixels of the grid, zeros between.
         let mut args = vec![Arg::Buf(&self.dz), Arg::Buf(&self.dzp)];
         args.extend(self.grid_args(self.shape.out_hw(), k, margin, stride)?);
@@ -422,13 +395,7 @@ impl GpuConv2d {
                 Arg::I32(taps as i32),
             ],
         )?;
-        let wto = match &self.wt_d {
-            Some(d) => {
-                dev.convert(self.dtype, &self.wt, d, taps * k * c, 1, false)?;
-                d
-            }
-            None => &self.wt,
-        };
+        let wto = dev.typed(self.dtype, &self.wt, &self.wt_d, taps * k * c)?;
         let dzo = self.dzp_d.as_ref().unwrap_or(&self.dzp);
         self.bwd.execute(
             dev,

@@ -407,6 +407,47 @@ impl Device {
         )
     }
 
+    /// `src` in `dtype` where `dst` is a buffer for it (converted, as it
+    /// is, `elems` values), else `src` itself (f32 layers): a GEMM operand.
+    pub(crate) fn typed<'a>(
+        &self,
+        dtype: crate::GpuDtype,
+        src: &'a Buffer,
+        dst: &'a Option<Buffer>,
+        elems: usize,
+    ) -> Result<&'a Buffer> {
+        match dst {
+            Some(d) => {
+                self.convert(dtype, src, d, elems, 1, false)?;
+                Ok(d)
+            }
+            None => Ok(src),
+        }
+    }
+
+    /// dz = dy * act'(z) over `n` values, from the output `y` (activations
+    /// without a register derivative count as identity).
+    pub(crate) fn act_backward(
+        &self,
+        act: brgemm::Activation,
+        y: &Buffer,
+        dy: &Buffer,
+        dz: &Buffer,
+        n: usize,
+    ) -> Result<()> {
+        use brgemm::Activation as A;
+        let a = match act {
+            A::Relu | A::Sigmoid | A::Tanh => act,
+            _ => A::Identity,
+        };
+        let n32 = i32::try_from(n).map_err(|_| invalid("elements", n, "exceeds i32"))?;
+        self.launch_elementwise(
+            crate::codegen::ElementwiseKernel::ActBackward(a),
+            n,
+            &[Arg::Buf(y), Arg::Buf(dy), Arg::Buf(dz), Arg::I32(n32)],
+        )
+    }
+
     pub(crate) fn launch_elementwise(
         &self,
         k: crate::ElementwiseKernel,

@@ -138,25 +138,6 @@ impl GpuFc {
         self.act
     }
 
-    /// `x` itself when the GEMMs read f32; else `x` (`rows x cols`)
-    /// converted into `scratch`.
-    fn operand<'a>(
-        &self,
-        dev: &Device,
-        x: &'a Buffer,
-        scratch: &'a Option<Buffer>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<&'a Buffer> {
-        match scratch {
-            None => Ok(x),
-            Some(s) => {
-                dev.convert(self.dtype, x, s, rows, cols, false)?;
-                Ok(s)
-            }
-        }
-    }
-
     /// Converts `x` (f32, `rows x cols`, or `cols x rows` transposed when
     /// `trans`) into `y` in the layer's dtype.
     /// `y = act(W x + b)`: x is `C x N`, w `K x C`, b length K, y `K x N`.
@@ -215,7 +196,7 @@ impl GpuFc {
         w.need("w", k * c)?;
         b.need("b", k)?;
         y.need("y", k * n)?;
-        let xo = self.operand(dev, x, &self.xd, c, n)?;
+        let xo = dev.typed(self.dtype, x, &self.xd, c * n)?;
         let wo = self.wd.as_ref().unwrap_or(w);
         let batch = c / self.fwd.descriptor().k;
         self.fwd.execute(dev, wo, xo, y, Some(b), None, batch)
@@ -252,23 +233,8 @@ impl GpuFc {
         let (c, k, n) = (self.c, self.k, self.n);
         dy.need("dy", k * n)?;
         y.need("y", k * n)?;
-        let ak = match self.act {
-            Activation::Relu => Activation::Relu,
-            Activation::Sigmoid => Activation::Sigmoid,
-            Activation::Tanh => Activation::Tanh,
-            _ => Activation::Identity,
-        };
-        dev.launch_elementwise(
-            EK::ActBackward(ak),
-            k * n,
-            &[
-                Arg::Buf(y),
-                Arg::Buf(dy),
-                Arg::Buf(&self.dz),
-                Arg::I32(i32_of("k*n", k * n)?),
-            ],
-        )?;
-        let dzo = self.operand(dev, &self.dz, &self.dzd, k, n)?;
+        dev.act_backward(self.act, y, dy, &self.dz, k * n)?;
+        let dzo = dev.typed(self.dtype, &self.dz, &self.dzd, k * n)?;
         if let Some(dx) = dx {
             dx.need("dx", c * n)?;
             let batch = k / self.bwd.descriptor().k;

@@ -398,8 +398,11 @@ impl GpuGraph {
             if !self.grad_set[i] {
                 continue;
             }
-            let inputs = self.nodes[i].inputs.clone();
-            let x = inputs[0];
+            // An add has two inputs, every other node one.
+            let (x, x2) = (
+                self.nodes[i].inputs[0],
+                self.nodes[i].inputs.get(1).copied(),
+            );
             let first_is_input = matches!(self.nodes[x].op, Op::Input);
             let (lo, hi) = self.nodes.split_at_mut(i);
             let nd = &mut hi[0];
@@ -421,16 +424,7 @@ impl GpuGraph {
                     true
                 }
                 Op::Relu => {
-                    dev.launch_elementwise(
-                        EK::ActBackward(Activation::Relu),
-                        nd.elems,
-                        &[
-                            Arg::Buf(&nd.out),
-                            Arg::Buf(&nd.grad),
-                            Arg::Buf(&self.scratch),
-                            Arg::I32(nd.elems as i32),
-                        ],
-                    )?;
+                    dev.act_backward(Activation::Relu, &nd.out, &nd.grad, &self.scratch, nd.elems)?;
                     true
                 }
                 Op::Add => false,
@@ -452,10 +446,9 @@ impl GpuGraph {
                     true
                 }
             };
-            if matches!(self.nodes[i].op, Op::Add) {
-                for &j in &inputs {
-                    self.accumulate(dev, j, Src::GradOf(i))?;
-                }
+            if let (Op::Add, Some(x2)) = (&self.nodes[i].op, x2) {
+                self.accumulate(dev, x, Src::GradOf(i))?;
+                self.accumulate(dev, x2, Src::GradOf(i))?;
             } else if to_scratch {
                 self.accumulate(dev, x, Src::Scratch)?;
             }

@@ -239,23 +239,23 @@ impl GpuSeqNet {
         GpuDataset::upload(dev, x, labels, self.t * self.f)
     }
 
-    fn typed<'a>(
-        &self,
-        dev: &Device,
-        src: &'a Buffer,
-        dst: &'a Option<Buffer>,
-        elems: usize,
-    ) -> Result<&'a Buffer> {
-        match dst {
-            Some(d) => {
-                dev.convert(self.dtype, src, d, elems, 1, false)?;
-                Ok(d)
-            }
-            None => Ok(src),
-        }
+    /// The sequences `idx` of `data` into `x`, their labels to the head.
+    fn gather(&mut self, dev: &Device, data: &GpuDataset, idx: &[usize]) -> Result<()> {
+        let (_, labels) = self.head.input_buffers();
+        let x = &self.x;
+        gather_rows(
+            dev,
+            data,
+            idx,
+            self.n,
+            self.t * self.f,
+            x,
+            labels,
+            &mut self.idx,
+        )
     }
 
-    /// The LSTM over the minibatch in `x`, then the head's input.
+    /// The recurrent layer over the minibatch in `x`, then the head's input.
     fn forward(&mut self, dev: &Device) -> Result<()> {
         let (h, n, t, f) = (self.h, self.n, self.t, self.f);
         let nt = n * t;
@@ -270,11 +270,11 @@ impl GpuSeqNet {
                 Arg::I32(f as i32),
             ],
         )?;
-        let xo = self.typed(dev, &self.xtm, &self.xtm_d, nt * f)?;
-        let wo = self.typed(dev, &self.w, &self.wd, self.gates * h * f)?;
+        let xo = dev.typed(self.dtype, &self.xtm, &self.xtm_d, nt * f)?;
+        let wo = dev.typed(self.dtype, &self.w, &self.wd, self.gates * h * f)?;
         self.proj
             .execute(dev, wo, xo, &mut self.xp, None, None, 1)?;
-        let ro = self.typed(dev, &self.r, &self.rd, self.gates * h * h)?;
+        let ro = dev.typed(self.dtype, &self.r, &self.rd, self.gates * h * h)?;
         let ho = self.hq.as_ref().unwrap_or(&self.hs);
         for s in 0..t {
             if s > 0 {
@@ -325,10 +325,7 @@ impl GpuSeqNet {
     ) -> Result<()> {
         let (h, n, t, f) = (self.h, self.n, self.t, self.f);
         let (gh, nt, ns) = (self.gates * h, n * t, n * (t + 1));
-        {
-            let (_, labels) = self.head.input_buffers();
-            gather_rows(dev, data, idx, n, t * f, &self.x, labels, &mut self.idx)?;
-        }
+        self.gather(dev, data, idx)?;
         self.forward(dev)?;
         self.head
             .backprop_rows(dev, idx.len(), Some(&mut self.dh_head))?;
@@ -415,19 +412,7 @@ impl GpuSeqNet {
         data: &GpuDataset,
         idx: &[usize],
     ) -> Result<Vec<usize>> {
-        {
-            let (_, labels) = self.head.input_buffers();
-            gather_rows(
-                dev,
-                data,
-                idx,
-                self.n,
-                self.t * self.f,
-                &self.x,
-                labels,
-                &mut self.idx,
-            )?;
-        }
+        self.gather(dev, data, idx)?;
         self.forward(dev)?;
         self.head.predict_rows(dev, idx.len())
     }
