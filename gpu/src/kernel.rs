@@ -151,6 +151,9 @@ pub struct GpuBrgemm {
     /// The sm_90a kernel's tiling, and its name (made once here).
     hopper: HopperTiling,
     hopper_name: String,
+    /// Whether TMA can read the descriptor's operands
+    /// ([`crate::hopper::hopper_eligible`]), decided once.
+    hopper_ok: bool,
 }
 
 impl GpuBrgemm {
@@ -173,6 +176,7 @@ impl GpuBrgemm {
             name,
             reduce_name,
             hopper_name: crate::codegen::wgmma_name(&desc, &hopper),
+            hopper_ok: crate::hopper::hopper_eligible(&desc),
             hopper,
             desc,
             split: None,
@@ -208,18 +212,18 @@ impl GpuBrgemm {
         let Some(cuda) = dev.cuda() else {
             return Ok(GpuPath::Mma);
         };
-        let why = if cuda.arch() != "sm_90" {
-            Some(format!(
-                "the device is {} (the kernel needs sm_90)",
-                cuda.arch()
-            ))
-        } else {
-            hopper_ineligible(&self.desc)
-        };
-        match (self.path, why) {
-            (GpuPath::Mma, _) | (GpuPath::Auto, Some(_)) => Ok(GpuPath::Mma),
-            (_, None) => Ok(GpuPath::Wgmma),
-            (GpuPath::Wgmma, Some(w)) => Err(invalid("path", "Wgmma", w)),
+        // Checked on every launch: no string is built unless a forced
+        // Wgmma cannot run.
+        let runs = cuda.arch() == "sm_90" && self.hopper_ok;
+        match (self.path, runs) {
+            (GpuPath::Mma, _) | (GpuPath::Auto, false) => Ok(GpuPath::Mma),
+            (_, true) => Ok(GpuPath::Wgmma),
+            (GpuPath::Wgmma, false) => {
+                let why = hopper_ineligible(&self.desc).unwrap_or_else(|| {
+                    format!("the device is {} (the kernel needs sm_90)", cuda.arch())
+                });
+                Err(invalid("path", "Wgmma", why))
+            }
         }
     }
 
@@ -250,10 +254,7 @@ impl GpuBrgemm {
     ) -> Result<()> {
         let d = &self.desc;
         let es = d.dtype.size();
-        let target = match dev.backend() {
-            crate::Backend::Cuda => Target::Cuda,
-            crate::Backend::OpenCl => Target::OpenCl,
-        };
+        let target = target_of(dev);
         let path = self.path_on(dev)?;
         if batch > i32::MAX as usize / d.k.div_ceil(d.tiling.expect("validated").bk) {
             return Err(invalid("batch", batch, "too many pairs for one launch"));
@@ -343,15 +344,7 @@ impl GpuBrgemm {
             return self.execute_wgmma(dev, a, b, c, bias, batch);
         }
         let (ta, tb) = table.map(|t| (&t.a, &t.b)).unwrap_or((a, b));
-        // The deeper CUDA ring differs only in stages: same grid, same split.
-        let t = d.tiling.expect("validated");
-        let (gx, gy) = (d.n.div_ceil(t.bn), d.m.div_ceil(t.bm));
-        let tiles = batch * d.k.div_ceil(t.bk);
-        let splits = match self.split {
-            Some(s) => s.clamp(1, tiles.max(1)),
-            None => Tiling::split(gx * gy, tiles, dev.compute_units()?),
-        };
-        let (d, name, reduce_name) = self.mma_plan(target, tiles, splits);
+        let (d, name, reduce_name, [gx, gy, splits]) = self.mma_launch(dev, target, batch)?;
         fits_shared(
             d,
             emulates_mma(target, d.dtype),
@@ -394,40 +387,45 @@ impl GpuBrgemm {
         reduce_splits(dev, &desc, reduce_name, c, bias, p, splits)
     }
 
-    /// The `mma.sync` kernel's plan (descriptor, kernel and reduction
-    /// names) for a launch of `tiles` k tiles per C tile in `splits` slices.
-    fn mma_plan(
+    /// Slices of the batch-reduce loop for `blocks` C tiles of `tiles`
+    /// k tiles each: the forced split, else [`Tiling::split`] for `dev`.
+    fn splits(&self, dev: &Device, blocks: usize, tiles: usize) -> Result<usize> {
+        Ok(match self.split {
+            Some(s) => s.clamp(1, tiles.max(1)),
+            None => Tiling::split(blocks, tiles, dev.compute_units()?),
+        })
+    }
+
+    /// The `mma.sync` kernel's launch of `batch` pairs on `dev`: its plan
+    /// (descriptor, kernel and reduction names: the CUDA default's deeper
+    /// ring where the blocks' k loops are long) and grid (x, y, slices).
+    /// The deeper ring differs only in stages: same grid, same split.
+    #[allow(clippy::type_complexity)]
+    fn mma_launch(
         &self,
+        dev: &Device,
         target: Target,
-        tiles: usize,
-        splits: usize,
-    ) -> (&GpuDescriptor, &str, &str) {
-        match (&self.cuda, target) {
-            (Some((cd, n, r)), Target::Cuda) if deep_ring_pays(cd, tiles, splits) => (cd, n, r),
-            _ => (&self.desc, &self.name, &self.reduce_name),
-        }
+        batch: usize,
+    ) -> Result<(&GpuDescriptor, &str, &str, [usize; 3])> {
+        let d = &self.desc;
+        let t = d.tiling.expect("validated");
+        let (gx, gy) = (d.n.div_ceil(t.bn), d.m.div_ceil(t.bm));
+        let tiles = batch * d.k.div_ceil(t.bk);
+        let splits = self.splits(dev, gx * gy, tiles)?;
+        let (d, name, reduce) = match (&self.cuda, target) {
+            (Some((cd, n, r)), Target::Cuda) if deep_ring_pays(cd, tiles, splits) => {
+                (cd, n.as_str(), r.as_str())
+            }
+            _ => (&self.desc, self.name.as_str(), self.reduce_name.as_str()),
+        };
+        Ok((d, name, reduce, [gx, gy, splits]))
     }
 
     /// The tiling the `mma.sync` kernel runs `batch` pairs with on `dev`
     /// (the CUDA default's deeper ring where the blocks' k loops are long).
     pub fn mma_tiling(&self, dev: &Device, batch: usize) -> Result<Tiling> {
-        let d = &self.desc;
-        let t = d.tiling.expect("validated");
-        let tiles = batch * d.k.div_ceil(t.bk);
-        let blocks = d.n.div_ceil(t.bn) * d.m.div_ceil(t.bm);
-        let splits = match self.split {
-            Some(s) => s.clamp(1, tiles.max(1)),
-            None => Tiling::split(blocks, tiles, dev.compute_units()?),
-        };
-        let target = match dev.backend() {
-            crate::Backend::Cuda => Target::Cuda,
-            crate::Backend::OpenCl => Target::OpenCl,
-        };
-        Ok(self
-            .mma_plan(target, tiles, splits)
-            .0
-            .tiling
-            .expect("validated"))
+        let (d, ..) = self.mma_launch(dev, target_of(dev), batch)?;
+        Ok(d.tiling.expect("validated"))
     }
 
     /// The sm_90a launch, after `execute`'s checks: tensor maps over A and
@@ -480,10 +478,7 @@ impl GpuBrgemm {
         )?;
         let (gx, gy) = (d.n.div_ceil(h.bn), d.m.div_ceil(HopperTiling::BM));
         let tiles = batch * d.k.div_ceil(HopperTiling::BK);
-        let splits = match self.split {
-            Some(s) => s.clamp(1, tiles.max(1)),
-            None => Tiling::split(gx * gy, tiles, dev.compute_units()?),
-        };
+        let splits = self.splits(dev, gx * gy, tiles)?;
         if gx == 0 || gy == 0 {
             return Ok(());
         }
@@ -525,6 +520,14 @@ impl GpuBrgemm {
     pub fn with_split(mut self, splits: Option<usize>) -> GpuBrgemm {
         self.split = splits;
         self
+    }
+}
+
+/// The source language of `dev`'s kernels.
+fn target_of(dev: &Device) -> Target {
+    match dev.backend() {
+        crate::Backend::Cuda => Target::Cuda,
+        crate::Backend::OpenCl => Target::OpenCl,
     }
 }
 
