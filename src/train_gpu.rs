@@ -60,16 +60,6 @@ device_model!(GpuMlp);
 device_model!(GpuGraph);
 device_model!(GpuSeqNet);
 
-/// Rows `idx` of `data`, row-major, and their labels.
-fn gather(data: &Dataset, idx: &[usize]) -> (Vec<f32>, Vec<usize>) {
-    let f = data.features;
-    let mut x = Vec::with_capacity(idx.len() * f);
-    for &i in idx {
-        x.extend_from_slice(&data.x[i * f..(i + 1) * f]);
-    }
-    (x, idx.iter().map(|&i| data.y[i]).collect())
-}
-
 /// Accuracy of `model` on the device data set `on_dev`, whose labels are
 /// `labels`.
 fn accuracy_on(
@@ -82,15 +72,6 @@ fn accuracy_on(
     accuracy_in_batches(model, labels.len(), batch, |m, chunk| {
         let want = chunk.iter().map(|&i| labels[i]).collect();
         Ok((m.predict(dev, on_dev, chunk)?, want))
-    })
-}
-
-/// Accuracy of `model` on `data`, uploaded minibatch by minibatch.
-pub fn accuracy(model: &mut GpuMlp, dev: &Device, data: &Dataset) -> Result<f64> {
-    let batch = model.batch();
-    accuracy_in_batches(model, data.len(), batch, |m, chunk| {
-        let (x, labels) = gather(data, chunk);
-        Ok((m.predict(dev, &x, chunk.len())?, labels))
     })
 }
 
@@ -236,7 +217,7 @@ pub fn train_cnn(
 }
 
 /// Trains the sequence classifier of `cfg` ([`crate::train_lstm::build`]'s
-/// network, from its seeded weights; one unidirectional LSTM layer) on the
+/// network, from its seeded weights; one unidirectional LSTM or RNN layer) on the
 /// device `backend` opens, reading images row by row, GEMM inputs in
 /// `dtype`, walking the data as the CPU loop does, evaluating on `test`
 /// after every epoch.
