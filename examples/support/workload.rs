@@ -340,12 +340,30 @@ pub fn measure(
 
 /// Times `f`, work spread over `pool`: one warm-up call (first touch of
 /// buffers, kernel caches), then `samples` single calls, each preceded by
-/// the references on all of the pool's threads at once.
+/// the references on all of the pool's threads at once and then by one
+/// untimed call, so that the timed one finds its operands where the call
+/// before it left them, as a pass in a training loop does.
+///
+/// Without that call a short pass pays for the reference slices: after an
+/// FMA or a tile slice of a few milliseconds (no memory traffic of their
+/// own) the weights of FC (16, 1024, 1024), 4 MiB, no longer come from the
+/// shared L3 of this VM. fwd/bwd/upd on 2 threads (Zen 4, three runs each,
+/// alternating in one session): 44-71% of peak timed right after the
+/// references, 72-94% with the untimed call between; waking the pool's
+/// workers instead of that call: 49-60%; the call and then a slice again:
+/// 50-75%. Passes of a few milliseconds and more moved within noise.
+/// Calls of 20 ms and more (the ResNet-50 step) skip the untimed call: it
+/// would double their bench time for nothing measurable.
 pub fn measure_pool(mut f: impl FnMut(), pool: &Pool, probe: &Probes, samples: usize) -> Measured {
+    let t = Instant::now();
     f();
+    let short = t.elapsed() < Duration::from_millis(20);
     let mut out = Samples::new(samples.max(1));
     for _ in 0..samples.max(1) {
         let refs = probe.sample_pool(pool);
+        if short {
+            f();
+        }
         let t = Instant::now();
         f();
         out.push(t.elapsed().as_secs_f64(), refs);
