@@ -70,6 +70,9 @@ pub struct Policy {
     /// The bf16 FC passes prefetch the next pair once a call's operands
     /// exceed this many bytes (`None`: never).
     pub bf16_prefetch_from: Option<usize>,
+    /// Convolution backward-weights at a stride above 1 (X rows read at the
+    /// stride) prefetches the next pair.
+    pub conv_upd_prefetch_strided: bool,
     /// The register tile of a convolution gather call that is a single pair
     /// producing 64-channel output columns, on AVX-512 (`None`: the
     /// blocking model's choice).
@@ -106,6 +109,7 @@ impl Policy {
         fc_upd_prefetch_from: Some(2 << 20),
         rnn_prefetch_from: 2 << 20,
         bf16_prefetch_from: Some(256 << 10),
+        conv_upd_prefetch_strided: false,
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
@@ -117,10 +121,12 @@ impl Policy {
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch;
-    /// AVX512-BF16 beats f32 (docs/tuning-notes.md).
+    /// strided convolution updates prefetch; AVX512-BF16 beats f32
+    /// (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
         bf16_prefetch_from: None,
+        conv_upd_prefetch_strided: true,
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
@@ -136,6 +142,7 @@ impl Policy {
         fc_upd_prefetch_from: None,
         rnn_prefetch_from: 8 << 20,
         bf16_prefetch_from: None,
+        conv_upd_prefetch_strided: false,
         single_pair_tile: None,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,

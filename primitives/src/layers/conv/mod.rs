@@ -41,8 +41,9 @@
 //!   transpose of the activations, which for 1x1 layers cost as much as the
 //!   arithmetic (measured, 256->64 1x1 layer, same process: 24% -> 43% of
 //!   peak). Software prefetch of the next pair was measured to lose 1-15%
-//!   (Sapphire Rapids); the gather passes use it where it pays
-//!   (`gather_prefetch`).
+//!   at stride 1 (Sapphire Rapids) and to win at stride 2 on Zen 4 (the
+//!   policy's `conv_upd_prefetch_strided`); the gather passes use it where
+//!   it pays (`gather_prefetch`).
 //!   Every `dW[kb][cb][r][s]` block belongs to one thread: no races, no
 //!   partial sums (except with fewer than 8 blocks per thread, where the
 //!   threads split the rows into partial sums instead; see
@@ -299,7 +300,10 @@ impl Conv {
                 Descriptor::new(t.bk, t.bc, q)
                     .b_row_major()
                     .ldb(pr.stride_w * t.bc)
-                    .batch_form(BatchForm::Offset),
+                    .batch_form(BatchForm::Offset)
+                    .prefetch(brgemm::Policy::prefetch_if(
+                        pr.stride_w > 1 && crate::policy().conv_upd_prefetch_strided,
+                    )),
                 Epilogue::default(),
             )?,
             chunk,
