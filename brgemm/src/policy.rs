@@ -77,6 +77,9 @@ pub struct Policy {
     /// producing 64-channel output columns, on AVX-512 (`None`: the
     /// blocking model's choice).
     pub single_pair_tile: Option<RegisterTile>,
+    /// [`Policy::single_pair_tile`] also for gather calls of several pairs
+    /// (taps, channel blocks) producing 64-channel output columns.
+    pub pair_tile_any_batch: bool,
     /// The bf16 kernels in order of preference where supported (AMX also
     /// needs every dimension a multiple of 32).
     pub bf16_order: [Bf16Isa; 3],
@@ -111,6 +114,7 @@ impl Policy {
         bf16_prefetch_from: Some(256 << 10),
         conv_upd_prefetch_strided: false,
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
+        pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
@@ -120,13 +124,14 @@ impl Policy {
         stream_row_blocks: 32,
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
-    /// tile entries, which measured as well here, but no bf16 prefetch;
-    /// strided convolution updates prefetch; AVX512-BF16 beats f32
-    /// (docs/tuning-notes.md).
+    /// tile entries, which measured as well here, but no bf16 prefetch; the
+    /// 4x4 gather tile for calls of any batch; strided convolution updates
+    /// prefetch; AVX512-BF16 beats f32 (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
         bf16_prefetch_from: None,
         conv_upd_prefetch_strided: true,
+        pair_tile_any_batch: true,
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
@@ -144,6 +149,7 @@ impl Policy {
         bf16_prefetch_from: None,
         conv_upd_prefetch_strided: false,
         single_pair_tile: None,
+        pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,

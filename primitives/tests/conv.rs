@@ -153,6 +153,16 @@ fn resnet_like_shapes() {
             Activation::Relu,
         ),
         (ConvParams::new(2, 16, 8, 7, 7, 1, 1), Activation::Identity),
+        // 64-channel blocks, rows of 8 and 4 pixels: the policy's gather
+        // tile where it names one, for calls of 9 and 4 pairs.
+        (
+            ConvParams::new(1, 64, 64, 8, 8, 3, 3).pad(1),
+            Activation::Relu,
+        ),
+        (
+            ConvParams::new(1, 128, 64, 8, 8, 3, 3).stride(2).pad(1),
+            Activation::Identity,
+        ),
         (
             ConvParams::new(1, 3, 8, 15, 15, 7, 7).stride(2).pad(3),
             Activation::Relu,

@@ -302,7 +302,7 @@ impl Conv {
                     .ldb(pr.stride_w * t.bc)
                     .batch_form(BatchForm::Offset)
                     .prefetch(brgemm::Policy::prefetch_if(
-                        pr.stride_w > 1 && crate::policy().conv_upd_prefetch_strided,
+                        pr.stride_w > 1 && t.bc >= 16 && crate::policy().conv_upd_prefetch_strided,
                     )),
                 Epilogue::default(),
             )?,
