@@ -73,6 +73,9 @@ pub struct Policy {
     /// Convolution backward-weights at a stride above 1 (X rows read at the
     /// stride) prefetches the next pair.
     pub conv_upd_prefetch_strided: bool,
+    /// Convolution backward-weights where every call reads new dY rows (one
+    /// C block, a 1x1 filter) prefetches the next call's rows.
+    pub conv_upd_prefetch_rows: bool,
     /// The register tile of a convolution gather call that is a single pair
     /// producing 64-channel output columns, on AVX-512 (`None`: the
     /// blocking model's choice).
@@ -113,6 +116,7 @@ impl Policy {
         rnn_prefetch_from: 2 << 20,
         bf16_prefetch_from: Some(256 << 10),
         conv_upd_prefetch_strided: false,
+        conv_upd_prefetch_rows: false,
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
@@ -125,12 +129,14 @@ impl Policy {
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
-    /// 4x4 gather tile for calls of any batch; strided convolution updates
-    /// prefetch; AVX512-BF16 beats f32 (docs/tuning-notes.md).
+    /// 4x4 gather tile for calls of any batch; strided and 1x1 single-block
+    /// convolution updates prefetch; AVX512-BF16 beats f32
+    /// (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
         bf16_prefetch_from: None,
         conv_upd_prefetch_strided: true,
+        conv_upd_prefetch_rows: true,
         pair_tile_any_batch: true,
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
@@ -148,6 +154,7 @@ impl Policy {
         rnn_prefetch_from: 8 << 20,
         bf16_prefetch_from: None,
         conv_upd_prefetch_strided: false,
+        conv_upd_prefetch_rows: false,
         single_pair_tile: None,
         pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],

@@ -118,6 +118,8 @@ struct Upd {
     nest: LoopNest,
     kernels: Chunked,
     chunk: usize,
+    /// Each call prefetches the next call's dY rows.
+    rows_ahead: bool,
     a_off: Vec<usize>,
     b_off: Vec<usize>,
     xpad: Mutex<AlignedVec<f32>>,
@@ -292,6 +294,12 @@ impl Conv {
             LoopDef::new("filter columns", pr.s, 1),
         ];
         let unest = nest("upd", uloops, &t.upd)?;
+        let pol = crate::policy();
+        // Where every call reads new dY rows (one C block, one tap), each
+        // call prefetches the next call's; at a stride the X rows it reads
+        // every other pixel of (docs/tuning-notes.md).
+        let rows_ahead = pol.conv_upd_prefetch_rows && cb * pr.r * pr.s == 1;
+        let strided = pol.conv_upd_prefetch_strided && pr.stride_w > 1 && t.bc >= 16;
         let upd = Upd {
             nest: unest,
             // B_i = a row of X read in place, pixels (k) strided by
@@ -301,12 +309,11 @@ impl Conv {
                     .b_row_major()
                     .ldb(pr.stride_w * t.bc)
                     .batch_form(BatchForm::Offset)
-                    .prefetch(brgemm::Policy::prefetch_if(
-                        pr.stride_w > 1 && t.bc >= 16 && crate::policy().conv_upd_prefetch_strided,
-                    )),
+                    .prefetch(brgemm::Policy::prefetch_if(rows_ahead || strided)),
                 Epilogue::default(),
             )?,
             chunk,
+            rows_ahead,
             a_off,
             b_off,
             xpad: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
@@ -613,13 +620,27 @@ impl Conv {
                 count: cnt,
             };
             let c = ViewMut::from_ptr(dw_out, dw_strides).at([ki, ci, r, s]);
+            // The next call's dY rows (one run within an image; a chunk
+            // that crosses images prefetches past its first image's end).
+            let (ahead, len) = match u.rows_ahead.then(|| u.nest.successor(i)).flatten() {
+                Some(n) => (
+                    dzv.at([n[1]]).wrapping_add(u.a_off[n[0]]),
+                    u.chunk.min(rows - n[0]) * q * bk,
+                ),
+                None => (std::ptr::null(), 0),
+            };
             // SAFETY: sizes checked at the entry; the block
             // dW[ki][ci][r][s] of `dw_out` belongs to one thread (loop a,
-            // the reduction, is never parallel; split rows write partials).
+            // the reduction, is never parallel; split rows write partials);
+            // `ahead` is only prefetched.
             unsafe {
-                u.kernels
-                    .pick(first, last)
-                    .execute_raw(batch, c, std::ptr::null())
+                u.kernels.pick(first, last).execute_raw_ahead(
+                    batch,
+                    c,
+                    std::ptr::null(),
+                    ahead,
+                    len,
+                )
             };
         };
         let threads = pool.threads();
