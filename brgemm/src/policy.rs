@@ -73,8 +73,8 @@ pub struct Policy {
     /// Convolution backward-weights at a stride above 1 (X rows read at the
     /// stride) prefetches the next pair.
     pub conv_upd_prefetch_strided: bool,
-    /// Convolution backward-weights where every call reads new dY rows (one
-    /// C block, a 1x1 filter) prefetches the next call's rows.
+    /// 1x1 convolution backward-weights, where every call reads rows no
+    /// earlier call read, prefetches the next call's (dY, else X).
     pub conv_upd_prefetch_rows: bool,
     /// The register tile of a convolution gather call that is a single pair
     /// producing 64-channel output columns, on AVX-512 (`None`: the
@@ -129,8 +129,8 @@ impl Policy {
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
-    /// 4x4 gather tile for calls of any batch; strided and 1x1 single-block
-    /// convolution updates prefetch; AVX512-BF16 beats f32
+    /// 4x4 gather tile for calls of any batch; strided and 1x1 convolution
+    /// updates prefetch; AVX512-BF16 beats f32
     /// (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",

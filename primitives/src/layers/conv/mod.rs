@@ -118,7 +118,7 @@ struct Upd {
     nest: LoopNest,
     kernels: Chunked,
     chunk: usize,
-    /// Each call prefetches the next call's dY rows.
+    /// Each call prefetches the next call's new rows (dY, else X).
     rows_ahead: bool,
     a_off: Vec<usize>,
     b_off: Vec<usize>,
@@ -295,10 +295,11 @@ impl Conv {
         ];
         let unest = nest("upd", uloops, &t.upd)?;
         let pol = crate::policy();
-        // Where every call reads new dY rows (one C block, one tap), each
-        // call prefetches the next call's; at a stride the X rows it reads
-        // every other pixel of (docs/tuning-notes.md).
-        let rows_ahead = pol.conv_upd_prefetch_rows && cb * pr.r * pr.s == 1;
+        // 1x1 filters: every call reads rows no earlier call read, dY rows
+        // (the next K block's or chunk's) or else X rows (the next C
+        // block's), and prefetches the next call's; at a stride the X rows
+        // it reads every other pixel of (docs/tuning-notes.md).
+        let rows_ahead = pol.conv_upd_prefetch_rows && pr.r * pr.s == 1;
         let strided = pol.conv_upd_prefetch_strided && pr.stride_w > 1 && t.bc >= 16;
         let upd = Upd {
             nest: unest,
@@ -620,12 +621,17 @@ impl Conv {
                 count: cnt,
             };
             let c = ViewMut::from_ptr(dw_out, dw_strides).at([ki, ci, r, s]);
-            // The next call's dY rows (one run within an image; a chunk
-            // that crosses images prefetches past its first image's end).
+            // The next call's new rows: dY where its K block or chunk
+            // differs, else X (one run within an image; a chunk that crosses
+            // images prefetches past its first image's end).
             let (ahead, len) = match u.rows_ahead.then(|| u.nest.successor(i)).flatten() {
-                Some(n) => (
+                Some(n) if n[1] != ki || n[0] != r0 => (
                     dzv.at([n[1]]).wrapping_add(u.a_off[n[0]]),
                     u.chunk.min(rows - n[0]) * q * bk,
+                ),
+                Some(n) => (
+                    xv.at([n[2], 0, 0]).wrapping_add(u.b_off[n[0]]),
+                    u.chunk.min(rows - n[0]) * pr.stride_h * wp * t.bc,
                 ),
                 None => (std::ptr::null(), 0),
             };
