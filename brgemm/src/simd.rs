@@ -61,6 +61,13 @@ pub(crate) trait SimdF32: Copy {
     /// Never faults; `p` need not be valid.
     #[inline(always)]
     unsafe fn prefetch(_p: *const f32) {}
+    /// Prefetch the cache line at `p` into L2 only; a no-op where
+    /// unsupported.
+    ///
+    /// # Safety
+    /// Never faults; `p` need not be valid.
+    #[inline(always)]
+    unsafe fn prefetch_l2(_p: *const f32) {}
 }
 
 /// ACC independent FMA chains, `iters` steps each: the peak probe's loop.

@@ -40,7 +40,8 @@
 //! a separate broadcast per FMA costs more uops than it saves (0.8x).
 //!
 //! Software prefetch of A_{i+1}/B_{i+1} during the k loop of A_i (one line
-//! of A per vector and one B line per k step, prefetcht0; see `tile.rs`) is a
+//! of A per vector and one B line per k step, prefetcht0, and the same B
+//! line of B_{i+4} with prefetcht1; see `tile.rs`) is a
 //! second set of instances, chosen by `Descriptor::prefetch`. Measured
 //! alternating with the plain kernel in one process: +5-35% when the batch
 //! streams from L3 (16 MiB workloads; FC weights larger than L2), -5-19% when
@@ -117,6 +118,10 @@ impl SimdF32 for Avx512 {
     #[inline(always)]
     unsafe fn prefetch(p: *const f32) {
         _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+    }
+    #[inline(always)]
+    unsafe fn prefetch_l2(p: *const f32) {
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8)
     }
     #[inline(always)]
     unsafe fn sum(a: __m512) -> f32 {
