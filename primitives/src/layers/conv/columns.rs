@@ -15,10 +15,10 @@
 
 use super::params::ConvParams;
 use crate::error::Result;
-use crate::pass::Chunked;
 use crate::threads::Pool;
 use crate::view::{View, ViewMut};
-use brgemm::{AlignedVec, BatchForm, Descriptor, Epilogue, RawBatch};
+use brgemm::{AlignedVec, BatchForm, Descriptor, Kernel, RawBatch};
+use std::sync::Arc;
 use std::sync::Mutex;
 
 /// A planned backward-data pass through tap columns, for layers of one
@@ -31,8 +31,10 @@ pub(super) struct Columns {
     bk: usize,
     /// Output pixels per call.
     bq: usize,
-    main: Chunked,
-    tail: Option<Chunked>,
+    /// The whole reduction in one call (beta = 0, no epilogue): a run of
+    /// `bq` pixels, and the row's shorter last run.
+    main: Arc<Kernel>,
+    tail: Option<Arc<Kernel>>,
     a_off: Vec<usize>,
     b_off: Vec<usize>,
     /// The filter as `[K][R][S][bc]` (the kernel's column-major A, m = R*S*bc)
@@ -56,9 +58,9 @@ impl Columns {
                 .ldb(bk)
                 .batch_form(BatchForm::Offset)
         };
-        let main = Chunked::new(desc(bq), Epilogue::default())?;
+        let main = brgemm::dispatch(&desc(bq))?;
         let tail = (!p.q().is_multiple_of(bq))
-            .then(|| Chunked::new(desc(p.q() % bq), Epilogue::default()))
+            .then(|| brgemm::dispatch(&desc(p.q() % bq)))
             .transpose()?;
         Ok(Some(Columns {
             p: *p,
@@ -135,13 +137,7 @@ impl Columns {
                         };
                         // SAFETY: the offsets stay inside A and this
                         // image's dY; `col` holds nq * m floats.
-                        unsafe {
-                            ks.pick(true, true).execute_raw(
-                                batch,
-                                col.as_mut_ptr(),
-                                std::ptr::null(),
-                            )
-                        };
+                        unsafe { ks.execute_raw(batch, col.as_mut_ptr(), std::ptr::null()) };
                         let at = (pi * p.stride_h * wp + q0 * p.stride_w) * bc;
                         add_columns(&mut pad[at..], &col[..nq * m], &geo);
                     }
