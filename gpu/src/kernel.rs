@@ -144,9 +144,9 @@ pub struct GpuBrgemm {
     /// Which CUDA kernel ([`GpuBrgemm::with_path`]).
     path: GpuPath,
     /// The `mma.sync` kernel's CUDA plan where it differs from the
-    /// portable one: the default tiling with the deeper ring that opting
-    /// into more shared memory allows ([`Tiling::heuristic_cuda`]), and its
-    /// kernel names.
+    /// portable one: the tiling that opting into more shared memory allows
+    /// ([`Tiling::heuristic_cuda`]: the same C tile, wider warp tiles or a
+    /// deeper ring), and its kernel names.
     cuda: Option<(GpuDescriptor, String, String)>,
     /// The sm_90a kernel's tiling, and its name (made once here).
     hopper: HopperTiling,
@@ -163,6 +163,10 @@ impl GpuBrgemm {
         let (name, reduce_name) = kernel_names(&desc);
         let hopper = HopperTiling::heuristic(desc.n);
         let deep = Tiling::heuristic_cuda(desc.m, desc.n, desc.dtype);
+        // The launch grid comes from the portable tiling: same C tile.
+        debug_assert!(desc
+            .tiling
+            .is_none_or(|t| (t.bm, t.bn) == (deep.bm, deep.bn)));
         let cuda = (d.tiling.is_none() && desc.tiling != Some(deep)).then(|| {
             let c = GpuDescriptor {
                 tiling: Some(deep),
@@ -397,9 +401,9 @@ impl GpuBrgemm {
     }
 
     /// The `mma.sync` kernel's launch of `batch` pairs on `dev`: its plan
-    /// (descriptor, kernel and reduction names: the CUDA default's deeper
-    /// ring where the blocks' k loops are long) and grid (x, y, slices).
-    /// The deeper ring differs only in stages: same grid, same split.
+    /// (descriptor, kernel and reduction names: the CUDA default's plan
+    /// where the blocks' k loops are long) and grid (x, y, slices).
+    /// The CUDA plan has the portable C tile: same grid, same split.
     #[allow(clippy::type_complexity)]
     fn mma_launch(
         &self,
@@ -413,7 +417,9 @@ impl GpuBrgemm {
         let tiles = batch * d.k.div_ceil(t.bk);
         let splits = self.splits(dev, gx * gy, tiles)?;
         let (d, name, reduce) = match (&self.cuda, target) {
-            (Some((cd, n, r)), Target::Cuda) if deep_ring_pays(cd, tiles, splits) => {
+            (Some((cd, n, r)), Target::Cuda)
+                if cuda_plan_pays(cd, tiles * t.bk / splits.max(1)) =>
+            {
                 (cd, n.as_str(), r.as_str())
             }
             _ => (&self.desc, self.name.as_str(), self.reduce_name.as_str()),
@@ -422,7 +428,7 @@ impl GpuBrgemm {
     }
 
     /// The tiling the `mma.sync` kernel runs `batch` pairs with on `dev`
-    /// (the CUDA default's deeper ring where the blocks' k loops are long).
+    /// (the CUDA default's plan where the blocks' k loops are long).
     pub fn mma_tiling(&self, dev: &Device, batch: usize) -> Result<Tiling> {
         let (d, ..) = self.mma_launch(dev, target_of(dev), batch)?;
         Ok(d.tiling.expect("validated"))
@@ -531,14 +537,16 @@ fn target_of(dev: &Device) -> Target {
     }
 }
 
-/// Whether the deeper CUDA ring of `deep` pays for a launch whose blocks
-/// each run `tiles / splits` k tiles: from 4 tiles per stage on. Measured
-/// on an H100 (one run, bf16 / f16): 4096x4096 x (64x64), 128 tiles per
-/// block, 4 stages 207.3 / 210.6 TFLOP/s against 2 stages' 195.2 / 197.2;
-/// 128x128 x (64x64) split to one tile per block, 4 stages 10.4 / 12.1
-/// against 11.9 / 12.2 (more shared memory per block, a longer prologue).
-fn deep_ring_pays(deep: &GpuDescriptor, tiles: usize, splits: usize) -> bool {
-    tiles / splits.max(1) >= 4 * deep.tiling.expect("validated").stages
+/// Whether the CUDA plan `cuda` pays for a launch whose blocks each run
+/// `k_per_block` of the batch-reduce depth: from 4 rounds of its whole
+/// ring on. Measured on an H100 (one run, bf16 / f16) for the deeper ring:
+/// 4096x4096 x (64x64), 128 tiles of 32 per block, 4 stages 207.3 / 210.6
+/// TFLOP/s against 2 stages' 195.2 / 197.2; 128x128 x (64x64) split to one
+/// tile per block, 4 stages 10.4 / 12.1 against 11.9 / 12.2 (more shared
+/// memory per block, a longer prologue).
+fn cuda_plan_pays(cuda: &GpuDescriptor, k_per_block: usize) -> bool {
+    let t = cuda.tiling.expect("validated");
+    k_per_block >= 4 * t.stages * t.bk
 }
 
 /// Finishes a split launch: the slices' partial sums in `p` added in
@@ -569,7 +577,7 @@ fn reduce_splits(
     )
 }
 
-/// The tiling was validated against [`crate::SHARED_OPTIN_LIMIT`]; a device
+/// The tiling was validated against [`crate::SHARED_MAX`]; a device
 /// may have less (`have` bytes, read when it opened: an OpenCL device's
 /// local memory per work-group, a CUDA device's opt-in maximum): a tiling
 /// that needs more (with the `emulated` tensor core's fragment scratch) is
@@ -597,16 +605,21 @@ mod tests {
     use super::*;
     use crate::desc::GpuDtype;
 
-    /// The deeper CUDA ring is taken for long k loops per block only, and
-    /// only where the caller left the tiling to the planner.
+    /// The CUDA plan is taken for long k loops per block only, and only
+    /// where the caller left the tiling to the planner.
     #[test]
-    fn the_deep_ring_is_for_long_k_loops() {
+    fn the_cuda_plan_is_for_long_k_loops() {
         let k = GpuBrgemm::new(&GpuDescriptor::new(4096, 4096, 64)).unwrap();
-        let (cd, _, _) = k.cuda.as_ref().expect("a deeper CUDA default");
-        assert_eq!(cd.tiling.unwrap().stages, 4);
-        assert!(deep_ring_pays(cd, 128, 1));
-        assert!(!deep_ring_pays(cd, 128, 128));
-        assert!(!deep_ring_pays(cd, 15, 1));
+        let (cd, _, _) = k.cuda.as_ref().expect("a CUDA default");
+        assert_eq!(cd.tiling.unwrap().bk * cd.tiling.unwrap().stages, 128);
+        assert!(cuda_plan_pays(cd, 128 * 32));
+        assert!(!cuda_plan_pays(cd, 32));
+        assert!(!cuda_plan_pays(cd, 15 * 32));
+        let f32 = GpuBrgemm::new(&GpuDescriptor::new(4096, 4096, 64).dtype(GpuDtype::F32)).unwrap();
+        let (deep, _, _) = f32.cuda.as_ref().expect("a deeper f32 plan");
+        let t = deep.tiling.unwrap();
+        let ring = t.stages * t.bk;
+        assert!(cuda_plan_pays(deep, 4 * ring) && !cuda_plan_pays(deep, 4 * ring - 1));
         let forced = GpuDescriptor::new(4096, 4096, 64).tiling(Tiling::heuristic(
             4096,
             4096,

@@ -80,4 +80,7 @@ pub use mlp::{GpuDataset, GpuMlp};
 pub use norm::GpuBatchNorm;
 
 pub use opencl::OpenClBackend;
-pub use tiling::{Tiling, REGISTER_OVERHEAD, SHARED_LIMIT, SHARED_OPTIN_LIMIT};
+pub use tiling::{
+    Tiling, MIN_OVERHEAD, MMA_CANDIDATES, REGISTER_OVERHEAD, SHARED_LIMIT, SHARED_MAX,
+    SHARED_OPTIN_LIMIT,
+};

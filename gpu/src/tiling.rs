@@ -17,21 +17,63 @@ use crate::error::{invalid, Result};
 /// budget keeps a margin of 9 over the largest.
 pub const REGISTER_OVERHEAD: usize = 144;
 
+/// Registers a tensor-core kernel needs beside its accumulators at the
+/// least (the A and B fragments of one k step, addresses, indices): fewer
+/// and ptxas spills ([`Tiling::min_blocks`] keeps fewer blocks resident
+/// rather than go under it).
+pub const MIN_OVERHEAD: usize = 64;
+
 /// Shared memory the portable default tilings stay under: what every
 /// sm_80+ device gives a block without the opt-in attribute, and what
 /// OpenCL GPUs commonly have.
 pub const SHARED_LIMIT: usize = 48 * 1024;
 
-/// Shared memory any tiling may use: the smallest opt-in maximum of an
-/// sm_80+ device (99 KiB on sm_86/sm_89; sm_80 allows 163, sm_90 227). The
-/// CUDA kernel takes its tiles in dynamic shared memory with the opt-in
-/// attribute set; on OpenCL the device's local memory is checked at launch.
+/// Shared memory the CUDA default tilings stay under: the smallest opt-in
+/// maximum of an sm_80+ device (99 KiB on sm_86/sm_89; sm_80 allows 163,
+/// sm_90 227). The CUDA kernel takes its tiles in dynamic shared memory
+/// with the opt-in attribute set.
 pub const SHARED_OPTIN_LIMIT: usize = 99 * 1024;
+
+/// Shared memory any tiling may ask for: the largest opt-in maximum of a
+/// device (sm_90's 227 KiB). What the device at hand gives (its opt-in
+/// maximum, an OpenCL device's local memory) is checked at launch, and a
+/// tiling that needs more is refused there, naming both sizes.
+pub const SHARED_MAX: usize = 227 * 1024;
 
 /// Padding (elements) of each shared-memory row: keeps `ldmatrix` row
 /// addresses 16-byte aligned and spreads the 8 rows of one 8x8 matrix over
 /// distinct bank groups.
 pub const SMEM_PAD: usize = 8;
+
+/// The tensor-core tilings `bench gpu` measures against the CUDA default on
+/// large shapes: 64x32 and 64x64 warp tiles, k 32 and 64 per stage, rings
+/// within 99 KiB and past it (sm_80 and sm_90 devices only), four warps
+/// and eight. The NVRTC test assembles each for sm_80 and sm_90 without
+/// spills; `docs/gpu-notes.md` has their figures.
+pub const MMA_CANDIDATES: [Tiling; 10] = {
+    const fn t(bm: usize, bn: usize, bk: usize, wm: usize, wn: usize, stages: usize) -> Tiling {
+        Tiling {
+            bm,
+            bn,
+            bk,
+            warps_m: wm,
+            warps_n: wn,
+            stages,
+        }
+    }
+    [
+        t(128, 128, 32, 2, 4, 4),
+        t(128, 128, 32, 2, 2, 4),
+        t(128, 256, 32, 2, 4, 3),
+        t(256, 128, 32, 4, 2, 3),
+        t(128, 128, 64, 2, 2, 2),
+        t(128, 128, 64, 2, 4, 2),
+        t(128, 128, 64, 2, 2, 3),
+        t(128, 128, 64, 2, 2, 4),
+        t(128, 256, 64, 2, 4, 3),
+        t(256, 128, 64, 4, 2, 3),
+    ]
+};
 
 /// A block tiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,15 +128,19 @@ impl Tiling {
     }
     /// Blocks per SM the tiling is meant to keep resident (the
     /// `__launch_bounds__` minimum), which fixes the register budget.
-    /// Scalar f32 tiles need the whole register file of one block.
+    /// Scalar f32 tiles need the whole register file of one block. Tensor
+    /// core tiles aim at 2 blocks of 256 threads (4 of fewer), and at fewer
+    /// where that would leave a thread under [`MIN_OVERHEAD`] registers
+    /// beside its accumulators (64x64 warp tiles hold 128).
     pub fn min_blocks(&self, dtype: GpuDtype) -> usize {
         if dtype == GpuDtype::F32 {
-            1
-        } else if self.threads() >= 256 {
-            2
-        } else {
-            4
+            return 1;
         }
+        let mut blocks = if self.threads() >= 256 { 2 } else { 4 };
+        while blocks > 1 && 65536 / (self.threads() * blocks) < self.accumulators() + MIN_OVERHEAD {
+            blocks -= 1;
+        }
+        blocks
     }
     /// Registers per thread the launch bound leaves: what `min_blocks`
     /// blocks of `threads` leave of an SM's 64K registers, capped at the
@@ -135,12 +181,37 @@ impl Tiling {
         Self::heuristic_within(m, n, dtype, SHARED_LIMIT)
     }
 
-    /// The CUDA default: [`Tiling::heuristic`]'s tile with as many stages
-    /// (up to 4) as fit in [`SHARED_OPTIN_LIMIT`], which every sm_80+
-    /// device gives a block that opts in: the deeper ring hides more of the
-    /// load latency.
+    /// The CUDA default, within [`SHARED_OPTIN_LIMIT`] (what every sm_80+
+    /// device gives a block that opts in). Tensor-core tiles of 128x128 C
+    /// take four warps of 64x64 and k 64 per stage: twice the mma per
+    /// `ldmatrix` and half the barriers per k of the portable 64x32 warps
+    /// (measured on an H200, bf16, 4096x4096 x (64x64) batch 64, one run:
+    /// 337 TFLOP/s against 280 for the portable tile with 4 stages; the
+    /// instruction's own ceiling there is 641). Others: the portable tile
+    /// with as many stages (up to 4) as fit.
     pub fn heuristic_cuda(m: usize, n: usize, dtype: GpuDtype) -> Tiling {
-        Self::heuristic_within(m, n, dtype, SHARED_OPTIN_LIMIT)
+        let t = Self::heuristic_within(m, n, dtype, SHARED_OPTIN_LIMIT);
+        if dtype == GpuDtype::F32 || (t.bm, t.bn) != (128, 128) {
+            return t;
+        }
+        let mut wide = Tiling {
+            bk: 64,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 2,
+            ..t
+        };
+        while wide.stages < 4 {
+            let more = Tiling {
+                stages: wide.stages + 1,
+                ..wide
+            };
+            if more.shared_bytes(dtype) > SHARED_OPTIN_LIMIT {
+                break;
+            }
+            wide = more;
+        }
+        wide
     }
 
     fn heuristic_within(m: usize, n: usize, dtype: GpuDtype, limit: usize) -> Tiling {
@@ -174,7 +245,7 @@ impl Tiling {
     }
 
     /// Checks that the fragments tile the block and the stages fit in
-    /// [`SHARED_OPTIN_LIMIT`].
+    /// [`SHARED_MAX`].
     pub fn validate(&self, dtype: GpuDtype) -> Result<()> {
         let name = format!("{self:?}");
         if self.warps_m == 0 || self.warps_n == 0 || self.threads() > 1024 {
@@ -209,11 +280,11 @@ impl Tiling {
             ));
         }
         let bytes = self.shared_bytes(dtype);
-        if bytes > SHARED_OPTIN_LIMIT {
+        if bytes > SHARED_MAX {
             return Err(invalid(
                 "tiling",
                 name,
-                format!("needs {bytes} bytes of shared memory, more than {SHARED_OPTIN_LIMIT}"),
+                format!("needs {bytes} bytes of shared memory, more than {SHARED_MAX}"),
             ));
         }
         Ok(())
@@ -240,6 +311,36 @@ mod tests {
         let t = Tiling::heuristic(32, 32, GpuDtype::F32);
         assert_eq!(t.register_cap(GpuDtype::F32), 255);
         assert!(t.register_budget(GpuDtype::F32) < 255, "{t:?}");
+    }
+
+    /// 64x64 warp tiles (128 accumulators) keep fewer blocks resident
+    /// instead of a launch bound that would make ptxas spill; the 64x32
+    /// defaults keep theirs.
+    #[test]
+    fn large_warp_tiles_lower_the_resident_blocks() {
+        let t = |bm, bn, warps_m, warps_n| Tiling {
+            bm,
+            bn,
+            bk: 32,
+            warps_m,
+            warps_n,
+            stages: 3,
+        };
+        let bf = GpuDtype::Bf16;
+        assert_eq!(Tiling::heuristic(128, 128, bf).min_blocks(bf), 2);
+        let wide = Tiling::heuristic_cuda(4096, 4096, bf);
+        assert_eq!((wide.bm, wide.bn, wide.bk), (128, 128, 64));
+        assert_eq!((wide.warps_m, wide.warps_n, wide.stages), (2, 2, 2));
+        assert_eq!(wide.min_blocks(bf), 2);
+        // f32 (no tensor cores) and smaller tiles keep the portable warps.
+        assert_eq!(Tiling::heuristic_cuda(4096, 4096, GpuDtype::F32).warps_n, 4);
+        assert_eq!(Tiling::heuristic_cuda(64, 64, bf).warps_n, 2);
+        assert_eq!(t(64, 32, 2, 2).min_blocks(bf), 4);
+        for (tile, blocks) in [(t(128, 128, 2, 2), 2), (t(128, 256, 2, 4), 1)] {
+            assert_eq!(tile.accumulators(), 128);
+            assert_eq!(tile.min_blocks(bf), blocks, "{tile:?}");
+            assert!(tile.register_cap(bf) >= tile.accumulators() + MIN_OVERHEAD);
+        }
     }
 
     #[test]

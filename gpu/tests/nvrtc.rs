@@ -62,6 +62,15 @@ fn every_variant_compiles_without_spills() {
             cases.push((d, 1));
         }
     }
+    // The tilings `bench gpu` measures on the large shape.
+    for t in brgemm_gpu::MMA_CANDIDATES {
+        for dt in [GpuDtype::Bf16, GpuDtype::F16] {
+            let d = brgemm_gpu::GpuDescriptor::new(4096, 4096, 64)
+                .dtype(dt)
+                .tiling(t);
+            cases.push((d, 1));
+        }
+    }
     let mut n = 0;
     for (d, _) in cases {
         let d = d.validate().unwrap();

@@ -32,6 +32,18 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     };
     let (va, vb) = (d.vec_a(), d.vec_b());
     let v = crate::dtype::vec16(d.dtype);
+    // Whole tiles on CUDA: each thread's 16-byte chunks sit at fixed
+    // offsets from the tile's corner, so their addresses are worked out
+    // once, not per chunk and tile (the divisions and edge tests cost more
+    // issue slots than the mma they feed).
+    let threads = t.threads();
+    let whole = |per_row: usize, rows: usize| {
+        per_row > 0 && threads.is_multiple_of(per_row) && (rows * per_row).is_multiple_of(threads)
+    };
+    let fast = (
+        cuda && va && whole(t.bm / v, t.bk),
+        cuda && vb && whole(t.bk / v, t.bn),
+    );
     let mut s = String::new();
     s.push_str(prelude(target));
     let defs: [(&str, usize); 18] = [
@@ -148,6 +160,20 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
          #pragma unroll\n  for (int i = 0; i < FM; ++i)\n    #pragma unroll\n    for (int j = 0; j < FN; ++j)\n      #pragma unroll\n      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;"
     )
     .unwrap();
+    if fast.0 {
+        s.push_str(
+            "  const int a_kk = tid / (BM / VEC), a_mm = (tid % (BM / VEC)) * VEC;\n  \
+             const bool a_full = m0 + BM <= M && K % BK == 0;\n  \
+             const idx_t a_off = m0 + a_mm + (idx_t)a_kk * LDA;\n",
+        );
+    }
+    if fast.1 {
+        s.push_str(
+            "  const int b_nn = tid / (BK / VEC), b_kk = (tid % (BK / VEC)) * VEC;\n  \
+             const bool b_full = n0 + BN <= N && K % BK == 0;\n  \
+             const idx_t b_off = b_kk + (idx_t)(n0 + b_nn) * LDB;\n",
+        );
+    }
     if emulated {
         // Each warp's A and B fragments, lane by lane and slot by slot, as
         // the tensor core holds them in registers.
@@ -156,7 +182,7 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
              SHARED float FRB[THREADS / 32][FN][32][4];\n",
         );
     }
-    let load = |tt: &str, st: &str| load_tile(d, target, tt, st, va, vb, et);
+    let load = |tt: &str, st: &str| load_tile(d, target, tt, st, (va, vb), fast, et);
     writeln!(
         s,
         "  for (int s0 = 0; s0 < STAGES - 1; ++s0) {{\n    if (s0 < total) {}\n    {}\n  }}",
@@ -174,16 +200,28 @@ pub fn brgemm_source(d: &GpuDescriptor, target: Target) -> (String, String) {
     )
     .unwrap();
     if tensor_cores {
+        // B fragments two n8 columns per ldmatrix.x4 where the warp has an
+        // even number of them (lanes 16-31 address the second).
+        let b_frags = if t.frag_n().is_multiple_of(2) {
+            "      #pragma unroll\n      for (int fn = 0; fn < FN; fn += 2) {\n        \
+             const int j = lane >> 3, r = lane & 7;\n        unsigned q[4];\n        \
+             ldsm_x4(q, &Bs[st][wn * WN + (fn + (j >> 1)) * 8 + r][ks * 16 + (j & 1) * 8]);\n        \
+             bfg[fn][0] = q[0]; bfg[fn][1] = q[1]; bfg[fn + 1][0] = q[2]; bfg[fn + 1][1] = q[3];\n      }\n"
+        } else {
+            "      #pragma unroll\n      for (int fn = 0; fn < FN; ++fn) {\n        \
+             const int j = (lane >> 3) & 1, r = lane & 7;\n        \
+             ldsm_x2(bfg[fn], &Bs[st][wn * WN + fn * 8 + r][ks * 16 + j * 8]);\n      }\n"
+        };
         s.push_str(
             "    #pragma unroll\n    for (int ks = 0; ks < BK / 16; ++ks) {\n      \
              unsigned af[FM][4], bfg[FN][2];\n      \
              #pragma unroll\n      for (int fm = 0; fm < FM; ++fm) {\n        \
              const int j = lane >> 3, r = lane & 7;\n        \
-             ldsm_x4_trans(af[fm], &As[st][ks * 16 + (j >> 1) * 8 + r][wm * WM + fm * 16 + (j & 1) * 8]);\n      }\n      \
-             #pragma unroll\n      for (int fn = 0; fn < FN; ++fn) {\n        \
-             const int j = (lane >> 3) & 1, r = lane & 7;\n        \
-             ldsm_x2(bfg[fn], &Bs[st][wn * WN + fn * 8 + r][ks * 16 + j * 8]);\n      }\n      \
-             #pragma unroll\n      for (int fm = 0; fm < FM; ++fm)\n        \
+             ldsm_x4_trans(af[fm], &As[st][ks * 16 + (j >> 1) * 8 + r][wm * WM + fm * 16 + (j & 1) * 8]);\n      }\n",
+        );
+        s.push_str(b_frags);
+        s.push_str(
+            "      #pragma unroll\n      for (int fm = 0; fm < FM; ++fm)\n        \
              #pragma unroll\n        for (int fn = 0; fn < FN; ++fn) mma16816(acc[fm][fn], af[fm], bfg[fn]);\n    }\n",
         );
     } else if emulated {
@@ -279,13 +317,16 @@ pub fn split_reduce_source(d: &GpuDescriptor, target: Target) -> (String, String
 
 /// Copies tile `tt` (batch entry `tt / KT`, k-block `tt % KT`) of A and B
 /// into stage `st`, zero-filling what lies outside the matrices.
+///
+/// `vec`: A and B copied as 16-byte vectors; `fast`: whole tiles of them
+/// through each thread's precomputed offsets (`a_off`/`b_off`).
 fn load_tile(
     d: &GpuDescriptor,
     target: Target,
     tt: &str,
     st: &str,
-    va: bool,
-    vb: bool,
+    (va, vb): (bool, bool),
+    fast: (bool, bool),
     et: &str,
 ) -> String {
     let cuda = target == Target::Cuda;
@@ -305,6 +346,16 @@ fn load_tile(
         base("B", "tb", "SB")
     );
     // A tile [BK][BM]: m is contiguous in global and in shared memory.
+    if fast.0 {
+        s.push_str(
+            "      if (a_full) {\n        \
+             GLOBAL const void* src = Ai + (idx_t)k0 * LDA + a_off;\n        \
+             #pragma unroll\n        for (int i = 0; i < BK * (BM / VEC) / THREADS; ++i)\n          \
+             cp_async16(&As[sx][a_kk + i * (THREADS / (BM / VEC))][a_mm], \
+             (const char*)src + (idx_t)i * (THREADS / (BM / VEC)) * LDA * ESZ, 16);\n      \
+             } else\n",
+        );
+    }
     if va {
         s.push_str(
             "      for (int c = tid; c < BK * (BM / VEC); c += THREADS) {\n        \
@@ -333,6 +384,16 @@ fn load_tile(
         .unwrap();
     }
     // B tile [BN][BK]: k is contiguous in global and in shared memory.
+    if fast.1 {
+        s.push_str(
+            "      if (b_full) {\n        \
+             GLOBAL const void* src = Bi + k0 + b_off;\n        \
+             #pragma unroll\n        for (int i = 0; i < BN * (BK / VEC) / THREADS; ++i)\n          \
+             cp_async16(&Bs[sx][b_nn + i * (THREADS / (BK / VEC))][b_kk], \
+             (const char*)src + (idx_t)i * (THREADS / (BK / VEC)) * LDB * ESZ, 16);\n      \
+             } else\n",
+        );
+    }
     if vb {
         s.push_str(
             "      for (int c = tid; c < BN * (BK / VEC); c += THREADS) {\n        \
@@ -378,6 +439,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 #define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;\n" :: "n"(n))
 __device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
 }
 __device__ __forceinline__ void ldsm_x2(unsigned* r, const void* p) {

@@ -345,6 +345,15 @@ pub fn sweep() -> Vec<(GpuDescriptor, usize)> {
             warps_n: 2,
             stages: 3,
         }),
+        // 64x64 warp tiles: 128 accumulators, fewer resident blocks.
+        Some(Tiling {
+            bm: 128,
+            bn: 128,
+            bk: 16,
+            warps_m: 2,
+            warps_n: 2,
+            stages: 2,
+        }),
     ];
     let mut out = Vec::new();
     let mut i = 0usize;
