@@ -163,11 +163,11 @@ impl GpuBrgemm {
         let (name, reduce_name) = kernel_names(&desc);
         let hopper = HopperTiling::heuristic(desc.n);
         let deep = Tiling::heuristic_cuda(desc.m, desc.n, desc.dtype);
-        // The launch grid comes from the portable tiling: same C tile.
-        debug_assert!(desc
-            .tiling
-            .is_none_or(|t| (t.bm, t.bn) == (deep.bm, deep.bn)));
         let cuda = (d.tiling.is_none() && desc.tiling != Some(deep)).then(|| {
+            // The launch grid comes from the portable tiling: same C tile.
+            debug_assert!(desc
+                .tiling
+                .is_none_or(|t| (t.bm, t.bn) == (deep.bm, deep.bn)));
             let c = GpuDescriptor {
                 tiling: Some(deep),
                 ..desc
