@@ -124,6 +124,22 @@ fn fit_on_device(
     )
 }
 
+/// [`fit_on_device`] over the uploaded (train, test) `data`, `labels`
+/// being the test set's, with the optimizer and the finite-loss check of
+/// `guard`: the tail every model's `train_*` shares.
+fn fit_model(
+    model: &mut impl DeviceModel,
+    dev: &Device,
+    data: (GpuDataset, GpuDataset),
+    labels: &[usize],
+    plan: EpochPlan,
+    (opt, check_finite): (&Optimizer, bool),
+    report: &mut dyn FnMut(&EpochReport),
+) -> Result<()> {
+    let test = (&data.1, labels);
+    fit_on_device(model, dev, &data.0, test, plan, opt, check_finite, report)
+}
+
 fn model_error(value: String) -> impl FnOnce(brgemm_nn::Error) -> brgemm_gpu::Error {
     move |e| brgemm_gpu::Error::Invalid {
         what: "model".into(),
@@ -157,19 +173,12 @@ pub fn train(
         whole_batches: false,
         seed: cfg.seed ^ 0x5eed,
     };
-    let train_d = GpuDataset::upload(&dev, &train.x, &train.y, train.features)?;
-    let test_d = GpuDataset::upload(&dev, &test.x, &test.y, test.features)?;
-    let test_set = (&test_d, &test.y[..]);
-    fit_on_device(
-        &mut model,
-        &dev,
-        &train_d,
-        test_set,
-        plan,
-        &cfg.optimizer,
-        cfg.check_finite,
-        &mut report,
-    )?;
+    let data = (
+        GpuDataset::upload(&dev, &train.x, &train.y, train.features)?,
+        GpuDataset::upload(&dev, &test.x, &test.y, test.features)?,
+    );
+    let guard = (&cfg.optimizer, cfg.check_finite);
+    fit_model(&mut model, &dev, data, &test.y, plan, guard, &mut report)?;
     Ok((model, dev))
 }
 
@@ -193,8 +202,10 @@ pub fn train_cnn(
         .graph(cfg.batch, cfg.seed)
         .map_err(model_error(format!("{:?}", cfg.stages)))?;
     let mut model = GpuGraph::from_cpu(&dev, &cpu, dtype)?;
-    let train_d = model.dataset(&dev, &train.data.x, &train.data.y)?;
-    let test_d = model.dataset(&dev, &test.data.x, &test.data.y)?;
+    let data = (
+        model.dataset(&dev, &train.data.x, &train.data.y)?,
+        model.dataset(&dev, &test.data.x, &test.data.y)?,
+    );
     let plan = EpochPlan {
         epochs: cfg.epochs,
         len: train.data.len(),
@@ -202,15 +213,14 @@ pub fn train_cnn(
         whole_batches: true,
         seed: cfg.seed ^ 0xc22,
     };
-    let test_set = (&test_d, &test.data.y[..]);
-    fit_on_device(
+    let guard = (&cfg.optimizer, cfg.check_finite);
+    fit_model(
         &mut model,
         &dev,
-        &train_d,
-        test_set,
+        data,
+        &test.data.y,
         plan,
-        &cfg.optimizer,
-        cfg.check_finite,
+        guard,
         &mut report,
     )?;
     Ok((model, dev))
@@ -234,8 +244,10 @@ pub fn train_lstm(
     let spec = crate::train_lstm::spec(cfg, train).map_err(model_error(what.clone()))?;
     let cpu = spec.graph(cfg.batch, cfg.seed).map_err(model_error(what))?;
     let mut model = GpuSeqNet::from_cpu(&dev, &cpu, &spec, dtype)?;
-    let train_d = model.dataset(&dev, &train.x, &train.y)?;
-    let test_d = model.dataset(&dev, &test.x, &test.y)?;
+    let data = (
+        model.dataset(&dev, &train.x, &train.y)?,
+        model.dataset(&dev, &test.x, &test.y)?,
+    );
     let plan = EpochPlan {
         epochs: cfg.epochs,
         len: train.len(),
@@ -243,17 +255,8 @@ pub fn train_lstm(
         whole_batches: false,
         seed: cfg.seed ^ 0x157,
     };
-    let test_set = (&test_d, &test.y[..]);
-    fit_on_device(
-        &mut model,
-        &dev,
-        &train_d,
-        test_set,
-        plan,
-        &cfg.optimizer,
-        cfg.check_finite,
-        &mut report,
-    )?;
+    let guard = (&cfg.optimizer, cfg.check_finite);
+    fit_model(&mut model, &dev, data, &test.y, plan, guard, &mut report)?;
     Ok((model, dev))
 }
 
