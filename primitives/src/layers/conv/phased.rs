@@ -76,7 +76,8 @@ impl Axis {
 
 /// Backward-data of a convolution: one gather per phase of dX that some
 /// tap reaches, over one zero-padded copy of dY, and a zero fill of the
-/// phases no tap reaches.
+/// phases no tap reaches (by the gather's blocks as they complete where
+/// one phase from pixel (0, 0) is all: [`Gather::zero_between`]).
 pub(super) struct Phased<T = f32> {
     pub(super) phases: Vec<Gather<T>>,
     plan: Shape,
@@ -208,9 +209,21 @@ impl PhasePlan {
         cfg: &PassConfig,
         ep: Epilogue,
     ) -> Result<Phased<T>> {
-        let phases = (self.phases.iter())
+        let mut phases: Vec<Gather<T>> = (self.phases.iter())
             .map(|(g, taps)| Gather::new("bwd", *g, taps, cfg, ep))
             .collect::<Result<_>>()?;
+        // One phase from pixel (0, 0) of an unpadded dX (a 1x1 filter at a
+        // stride): its blocks zero the holes as they complete.
+        let s = &self.shape;
+        if let [only] = &mut phases[..] {
+            let o = only.g.out;
+            only.zero_between = s.dx_pad == (0, 0)
+                && o.first == (0, 0)
+                && o.step == s.dx_stride
+                && o.step != (1, 1)
+                && only.g.p * o.step.0 >= o.rows
+                && only.g.q * o.step.1 >= o.cols;
+        }
         Ok(Phased {
             phases,
             plan: self.shape.clone(),
@@ -258,7 +271,9 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
         for g in &self.phases {
             g.run_padded(pool, dy, wt, None, None, dx);
         }
-        self.zero_holes(pool, dx);
+        if !self.phases.iter().any(|g| g.zero_between) {
+            self.zero_holes(pool, dx);
+        }
     }
 
     /// Zeros the dX pixels of the phases no tap reaches.
