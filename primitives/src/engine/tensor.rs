@@ -191,7 +191,7 @@ impl Filter {
             s,
             bk,
             bc,
-            data: aligned_vec(len, 0.0),
+            data: brgemm::buffer::aligned_vec_huge(len, 0.0),
         })
     }
 

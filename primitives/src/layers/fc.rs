@@ -276,12 +276,12 @@ impl Fc {
     }
     /// Zero weights W (`[K/bk][C/bc][bc][bk]`).
     pub fn w_layout(&self) -> Blocked {
-        Blocked::zeros_of(self.w_shape())
+        Blocked::weights_of(self.w_shape())
     }
     /// Zero transposed weights, as [`Fc::backward_data_wt`] reads them
     /// (`[C/bc][K/bk][bk][bc]`).
     pub fn wt_layout(&self) -> Blocked {
-        Blocked::zeros_of(self.wt_shape())
+        Blocked::weights_of(self.wt_shape())
     }
     /// The workspace of [`Fc::backward_data`]: dZ with each block
     /// transposed (`[N/bn][K/bk][bk][bn]`).
