@@ -100,14 +100,14 @@ pub fn bench_gpu(args: &[String], quick: bool) {
                 vec![(GpuPath::Mma, None, None)];
             let base = GpuBrgemm::new(&d).expect("descriptor");
             let portable = Tiling::heuristic(m, n, dt);
-            if cuda && base.mma_tiling(&dev, batch).ok() != Some(portable) {
+            let default = base.mma_tiling(&dev, batch).ok();
+            if cuda && default != Some(portable) {
                 // The CUDA default against the portable (48 KiB) tiling.
                 variants.push((GpuPath::Mma, None, Some(portable)));
             }
             if cuda && m * n >= 1 << 20 {
                 // Other warp tiles (64x64 of C: twice the mma per ldmatrix
                 // of 64x32), k depths and rings.
-                let default = base.mma_tiling(&dev, batch).ok();
                 for t in brgemm_dl::gpu::MMA_CANDIDATES {
                     if Some(t) != default && t != portable {
                         variants.push((GpuPath::Mma, None, Some(t)));

@@ -212,17 +212,20 @@ impl PhasePlan {
         let mut phases: Vec<Gather<T>> = (self.phases.iter())
             .map(|(g, taps)| Gather::new("bwd", *g, taps, cfg, ep))
             .collect::<Result<_>>()?;
-        // One phase from pixel (0, 0) of an unpadded dX (a 1x1 filter at a
-        // stride): its blocks zero the holes as they complete.
+        // One live phase of an unpadded dX with holes (a 1x1 filter at a
+        // stride): its blocks zero the holes as they complete. Tap 0 always
+        // reaches phase 0, so that phase starts at pixel (0, 0), and its
+        // pixels at the stride cover dX to the end.
         let s = &self.shape;
         if let [only] = &mut phases[..] {
             let o = only.g.out;
-            only.zero_between = s.dx_pad == (0, 0)
-                && o.first == (0, 0)
-                && o.step == s.dx_stride
-                && o.step != (1, 1)
-                && only.g.p * o.step.0 >= o.rows
-                && only.g.q * o.step.1 >= o.cols;
+            only.zero_between = s.dx_pad == (0, 0) && s.holes.iter().flatten().any(|h| *h);
+            debug_assert!(
+                !only.zero_between
+                    || (o.first == (0, 0)
+                        && only.g.p * o.step.0 >= o.rows
+                        && only.g.q * o.step.1 >= o.cols)
+            );
         }
         Ok(Phased {
             phases,
