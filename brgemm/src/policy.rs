@@ -141,7 +141,7 @@ impl Policy {
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
-            min_flops_per_rounded: 64,
+            min_flops_per_rounded: 100,
         },
         avx512bf16_fc_min_rows: 64,
         ..Policy::ZEN5
@@ -267,11 +267,14 @@ mod tests {
             return; // a kernel named by BRGEMM_BF16_ISA always runs
         }
         let (z, isa) = (Policy::ZEN4, Bf16Isa::Avx512Bf16);
-        // FC at 16 rows; a 1x1 256->64 convolution (57 flops per rounded
-        // element); a 3x3 one; AMX at 16 rows.
+        // FC at 16 rows; 1x1 256->64 and 64->256 convolutions (57 and 85
+        // flops per rounded element); a 1x1 512->128 one (114); a 3x3 one;
+        // AMX at 16 rows.
         assert!(!z.bf16_upd_pays(isa, 16, 2730.0));
         assert!(z.bf16_upd_pays(isa, 32, 2730.0));
         assert!(!z.bf16_upd_pays(isa, 50176, 56.9));
+        assert!(!z.bf16_upd_pays(isa, 50176, 85.3));
+        assert!(z.bf16_upd_pays(isa, 12544, 113.8));
         assert!(z.bf16_upd_pays(isa, 50176, 384.0));
         assert!(z.bf16_upd_pays(Bf16Isa::Amx, 16, 1.0));
         // Linear layers pack their weights every step: 64 rows up.
