@@ -552,6 +552,63 @@ fn bench_fc(o: &Opts) {
                     samples,
                 );
                 bline("upd", &mb, mb.secs, f32_upd);
+                // The bf16 layer's whole training step (Adam): as it ran
+                // before (weights packed by the forward, a separate step),
+                // fused (the step packs the next step's weights from each
+                // block it updates), and the f32 layer's fused step.
+                let opt = Optimizer::adam(1e-5);
+                let mut s = [
+                    OptState::default(),
+                    OptState::default(),
+                    OptState::default(),
+                ];
+                let [s0, s1, s2] = &mut s;
+                // Each variant its own buffers (the closures live together).
+                let bufs = || (w.clone(), y.clone(), dx.clone(), db.clone());
+                let ((mut w0, mut y0, mut dx0, mut db0), mut dw0) = (bufs(), dw.clone());
+                let ((mut w1, mut y1, mut dx1, mut db1), mut dzt2) = (bufs(), dzt.clone());
+                let (mut w2, mut y2, mut dx2, mut db2) = bufs();
+                let (mut wv1, mut wtv1, mut xb1, mut dzb1) =
+                    (wv.clone(), wtv.clone(), xb.clone(), dzb.clone());
+                let mut unfused = || {
+                    fb.pack_weights(&pool, &w0, &mut wv, &mut wtv).unwrap();
+                    to_bf16(&pool, x.data(), &mut xb);
+                    fb.forward(&pool, &xb, &wv, &bias, &mut y0).unwrap();
+                    to_bf16(&pool, dz.data(), &mut dzb);
+                    fb.backward_data(&pool, &dzb, &wtv, &mut dx0).unwrap();
+                    fb.backward_weights(&pool, &fc, &dz, &x, &mut dw0, &mut db0)
+                        .unwrap();
+                    s0.step_on(&pool, &opt, w0.data_mut(), dw0.data());
+                };
+                let mut fused = || {
+                    to_bf16(&pool, x.data(), &mut xb1);
+                    fb.forward(&pool, &xb1, &wv1, &bias, &mut y1).unwrap();
+                    to_bf16(&pool, dz.data(), &mut dzb1);
+                    fb.backward_data(&pool, &dzb1, &wtv1, &mut dx1).unwrap();
+                    let packed = (&mut wv1, &mut wtv1);
+                    fb.backward_weights_step(
+                        &pool, &fc, &dz, &x, &mut w1, &mut db1, &opt, s1, packed,
+                    )
+                    .unwrap();
+                };
+                let (a, b, r) = alternate(samples, &mut unfused, &mut fused);
+                let mut f32_step = || {
+                    fc.forward(&pool, &x, &w2, &bias, &mut y2, None).unwrap();
+                    fc.backward_data(&pool, &dz, &w2, &mut dzt2, &mut dx2)
+                        .unwrap();
+                    fc.backward_weights_step(&pool, &dz, &x, &mut w2, &mut db2, &opt, s2)
+                        .unwrap();
+                };
+                let (f, b2, rf) = alternate(samples, &mut f32_step, &mut fused);
+                println!(
+                    r#"{{"bench":"fc","pass":"step","dtype":"bf16","opt":"adam","n":{n},"c":{c},"k":{k},"isa":"{}","threads":{threads},"ms":{:.3},"unfused_ms":{:.3},"vs_unfused":{r:.2},"f32_ms":{:.3},"ms_again":{:.3},"vs_f32":{rf:.2},"layer_runs_bf16":{}}}"#,
+                    fb.isa().name(),
+                    b * 1e3,
+                    a * 1e3,
+                    f * 1e3,
+                    b2 * 1e3,
+                    brgemm::policy().is_ok_and(|p| p.bf16_fc_pays(fb.isa(), n)),
+                );
             }
         }
         drop(x);

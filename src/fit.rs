@@ -123,7 +123,7 @@ pub struct FitConfig {
     /// `false` lets an experiment watch a divergence.
     pub check_finite: bool,
     /// Step the layers that can inside backward ([`Graph::set_fused_update`]:
-    /// the f32 linear layers' weights, block by block from L1, their
+    /// the linear layers' weights (f32 or bf16), block by block from L1, their
     /// gradients never stored whole). Off by default; it needs
     /// `check_finite` off, since that check reads every gradient before the
     /// optimizer runs.

@@ -73,6 +73,14 @@ pub trait Layer: std::any::Any + Send {
         self.backward(pool, dy).map(drop)
     }
 
+    /// How many parameters [`Layer::params`] hands out, without handing
+    /// them out (a layer that keeps derived copies of its weights, such as
+    /// bf16 packings, makes them again after a `params` call, since the
+    /// caller may have written them).
+    fn param_count(&mut self) -> usize {
+        self.params().len()
+    }
+
     /// Whether [`Layer::backward_step`] fuses the optimizer step into this
     /// layer's backward as it is planned now. False by default.
     fn fuses_update(&self) -> bool {

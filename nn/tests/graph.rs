@@ -11,7 +11,7 @@ use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::Pool;
 
 mod support;
-use support::{check_gradients, check_gradients_eps, Lcg};
+use support::{check_gradients, check_gradients_eps, fused_steps_match, Lcg};
 
 #[test]
 fn conv_and_linear_chain_gradients_match_finite_differences() {
@@ -991,33 +991,11 @@ fn fused_update_steps_exactly_as_the_separate_step() {
             },
             Optimizer::adam(1e-2),
         ] {
-            let (mut a, mut b) = (net(), net());
-            b.set_fused_update(true);
+            let a = net();
             let x = Lcg(8).tensor(a.input_shape());
             let labels: Vec<usize> = (0..a.input_shape().n).map(|i| i % 3).collect();
-            for step in 0..3 {
-                let la = a.train_step(&pool, &x, &labels, &opt).unwrap();
-                let lb = b.train_step(&pool, &x, &labels, &opt).unwrap();
-                assert_eq!(la, lb, "{name} {opt:?} step {step}: loss");
-            }
-            let (sa, sb) = (a.optimizer_state().unwrap(), b.optimizer_state().unwrap());
-            assert_eq!(sa, sb, "{name} {opt:?}: moments");
-            if name == "mlp" {
-                // Fused: no weight gradient was ever stored whole.
-                let stored = |g: &mut Graph| {
-                    g.params()
-                        .iter()
-                        .filter(|p| p.name == "weight")
-                        .any(|p| p.grad.iter().any(|&v| v != 0.0))
-                };
-                assert!(
-                    stored(&mut a) && !stored(&mut b),
-                    "{opt:?}: fused path taken"
-                );
-            }
-            for (p, q) in a.params().iter().zip(b.params().iter()) {
-                assert_eq!(p.value, q.value, "{name} {opt:?}: {}", p.name);
-            }
+            let data = (&x, &labels[..]);
+            fused_steps_match((a, net()), &pool, data, &opt, name == "mlp", name);
         }
     }
 }

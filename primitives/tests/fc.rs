@@ -6,6 +6,8 @@ use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Blocked, Fc, FcTuning, Inner, Pool};
 use proptest::prelude::*;
 
+mod common;
+
 fn rand_vec(r: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| 2.0 * r.uniform() - 1.0).collect()
 }
@@ -400,14 +402,8 @@ fn bad_specs_shapes_and_buffers_name_the_value() {
 /// reduction (the path that forms dW whole first).
 #[test]
 fn fused_update_equals_backward_weights_then_step() {
-    use brgemm_primitives::optim::{OptState, Optimizer};
-    let opts = [
-        Optimizer::Sgd {
-            lr: 0.05,
-            momentum: 0.9,
-        },
-        Optimizer::adam(1e-2),
-    ];
+    use brgemm_primitives::optim::OptState;
+    let opts = common::step_rules();
     for (n, c, k, chunk) in [
         (16, 64, 64, 0),
         (33, 70, 19, 0),

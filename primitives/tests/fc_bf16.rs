@@ -205,3 +205,103 @@ fn branch_free_rounding_matches_half() {
         }
     }
 }
+
+/// The fused bf16 update (`FcBf16::backward_weights_step`) leaves W, the
+/// optimizer's moments, db and both packed weight copies bit for bit as
+/// `backward_weights`, a separate step and `pack_weights` do, over two
+/// steps (moments carried), for SGD with momentum and Adam, one and two
+/// threads, on AMX-sized blocks, tails, small blocks, and a minibatch
+/// short enough that the CPU policy may send backward-weights to the f32
+/// pass (then the f32 fused step and the packing run).
+#[test]
+fn fused_step_and_packing_equal_the_separate_passes() {
+    use brgemm_primitives::optim::{OptState, Optimizer};
+    let opts = common::step_rules();
+    for (n, c, k, b) in [
+        (64, 128, 64, 64),
+        (40, 70, 30, 16),
+        (8, 6, 10, 0),
+        (16, 64, 64, 0),
+        (48, 256, 192, 64),
+    ] {
+        let mut t = FcTuning::heuristic(n, c, k);
+        if b > 0 {
+            (t.bn, t.bc, t.bk) = (b, b, b);
+        }
+        let fc = Fc::with_tuning(n, c, k, Activation::Relu, t.clone()).unwrap();
+        let fb = FcBf16::new(&fc).unwrap();
+        let mut x = fc.x_layout();
+        x.set_plain(&data(n * c, 1)).unwrap();
+        let mut dz = fc.y_layout();
+        dz.set_plain(&data(n * k, 4)).unwrap();
+        for threads in [1, 2] {
+            let pool = Pool::new(threads).unwrap().always_parallel();
+            for opt in opts {
+                let mut w_sep = fc.w_layout();
+                w_sep.set_plain(&data(k * c, 2)).unwrap();
+                let (mut w_fused, w0) = (w_sep.clone(), w_sep.clone());
+                let (mut s_sep, mut s_fused) = (OptState::default(), OptState::default());
+                let mut dw = fc.w_layout();
+                let (mut db_sep, mut db_fused) =
+                    (vec![0.0; fc.padded_k()], vec![f32::NAN; fc.padded_k()]);
+                let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
+                let (mut wv, mut wtv, mut wv2, mut wtv2) = (new(), new(), new(), new());
+                for step in 0..2 {
+                    fb.backward_weights(&pool, &fc, &dz, &x, &mut dw, &mut db_sep)
+                        .unwrap();
+                    s_sep.step(&opt, w_sep.data_mut(), dw.data());
+                    fb.pack_weights(&pool, &w_sep, &mut wv, &mut wtv).unwrap();
+                    fb.backward_weights_step(
+                        &pool,
+                        &fc,
+                        &dz,
+                        &x,
+                        &mut w_fused,
+                        &mut db_fused,
+                        &opt,
+                        &mut s_fused,
+                        (&mut wv2, &mut wtv2),
+                    )
+                    .unwrap();
+                    let what = format!(
+                        "{n}x{c}x{k} blocks {b}, upd {:?}, {threads}t, {opt:?}, step {step}",
+                        fb.upd_isa()
+                    );
+                    assert_eq!(w_fused.data(), w_sep.data(), "W: {what}");
+                    assert_eq!(s_fused, s_sep, "moments: {what}");
+                    assert_eq!(db_fused, db_sep, "db: {what}");
+                    assert!(wv2[..] == wv[..], "forward packing: {what}");
+                    assert!(wtv2[..] == wtv[..], "transposed packing: {what}");
+                }
+                assert_ne!(w_fused.data(), w0.data(), "W moved");
+            }
+        }
+    }
+    // Another layer's plan, and a W of another layout, are refused.
+    let fc = Fc::new(8, 32, 32, Activation::Relu).unwrap();
+    let other = Fc::new(8, 32, 48, Activation::Relu).unwrap();
+    let fb = FcBf16::new(&fc).unwrap();
+    let pool = Pool::new(1).unwrap();
+    let (x, dz, mut db) = (fc.x_layout(), fc.y_layout(), vec![0.0; fc.padded_k()]);
+    let mut state = OptState::default();
+    let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
+    let (mut wv, mut wtv) = (new(), new());
+    let opt = Optimizer::adam(1e-3);
+    for (layer, mut w) in [(&other, fc.w_layout()), (&fc, other.w_layout())] {
+        let e = fb
+            .backward_weights_step(
+                &pool,
+                layer,
+                &dz,
+                &x,
+                &mut w,
+                &mut db,
+                &opt,
+                &mut state,
+                (&mut wv, &mut wtv),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("48"), "{e}");
+    }
+}

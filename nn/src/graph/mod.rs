@@ -606,7 +606,7 @@ impl Graph {
         if fuse.is_some() {
             let counts: Vec<usize> = (self.nodes.iter_mut())
                 .map(|n| match &mut n.op {
-                    Op::Layer(l) => l.params().len(),
+                    Op::Layer(l) => l.param_count(),
                     _ => 0,
                 })
                 .collect();
@@ -662,7 +662,7 @@ impl Graph {
                 _ if node.fused => vec![(node.inputs[0], g)],
                 Op::Layer(l) if fuse.is_some() && l.fuses_update() => {
                     let want = node.inputs[0] != 0 || input;
-                    let n = l.params().len();
+                    let n = l.param_count();
                     let opt = fuse.expect("checked");
                     let dx =
                         l.backward_step(pool, &g, want, opt, &mut states[first[i]..first[i] + n])?;

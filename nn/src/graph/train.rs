@@ -149,27 +149,44 @@ impl Graph {
     /// [`Graph::params`] order; missing marks are false), on `pool` when
     /// given.
     fn step_except(&mut self, pool: Option<&Pool>, opt: &Optimizer, done: &[bool]) {
+        // The caller may change them: inference folds them again.
+        self.stale = true;
         let mut states = std::mem::take(&mut self.opt);
-        let params = self.params();
-        states.resize_with(params.len(), OptState::default);
-        for (j, (p, s)) in params.into_iter().zip(&mut states).enumerate() {
-            if done.get(j).copied().unwrap_or(false) {
+        let mut at = 0;
+        // Layers in params order; a layer whose parameters were all stepped
+        // is not asked for them (that would make it pack its bf16 weights
+        // again, which its fused step already did).
+        for n in self.nodes.iter_mut().rev() {
+            let Op::Layer(l) = &mut n.op else { continue };
+            let count = l.param_count();
+            let skip = |j: usize| done.get(j).copied().unwrap_or(false);
+            if (at..at + count).all(skip) {
+                at += count;
                 continue;
             }
-            match pool {
-                Some(pool) => s.step_on(pool, opt, p.value, p.grad),
-                None => s.step(opt, p.value, p.grad),
+            states.resize_with(states.len().max(at + count), OptState::default);
+            for (j, p) in (at..).zip(l.params()) {
+                if skip(j) {
+                    continue;
+                }
+                match pool {
+                    Some(pool) => states[j].step_on(pool, opt, p.value, p.grad),
+                    None => states[j].step(opt, p.value, p.grad),
+                }
             }
+            at += count;
         }
+        states.resize_with(states.len().max(at), OptState::default);
         self.opt = states;
     }
 
     /// Fused optimizer steps on or off (off by default). On,
     /// [`Graph::train_step`] steps the parameters of the layers that can
-    /// ([`Layer::fuses_update`]: the f32 `Linear`) inside backward, each
-    /// weight block from L1 as its gradient completes
-    /// (`Fc::backward_weights_step`), and the rest after; the weights end
-    /// as the unfused step leaves them. Those layers' gradients are then
+    /// ([`Layer::fuses_update`]: `Linear`) inside backward, each weight
+    /// block from L1 as its gradient completes (`Fc::backward_weights_step`;
+    /// in bf16, `FcBf16::backward_weights_step`, which also packs the next
+    /// step's bf16 weights from the block), and the rest after; the weights
+    /// end as the unfused step leaves them. Those layers' gradients are then
     /// not kept ([`Graph::params`] shows the previous ones), so this is for
     /// single-process training without a gradient check:
     /// [`Graph::compute_gradients_with`] (data-parallel, the finite guard)

@@ -347,7 +347,7 @@ impl Layer for Linear {
     }
 
     fn fuses_update(&self) -> bool {
-        self.state.built().is_some_and(|p| p.bf.is_none())
+        self.state.built().is_some()
     }
 
     fn backward_step(
@@ -359,9 +359,9 @@ impl Layer for Linear {
         states: &mut [OptState],
     ) -> Result<Option<Tensor>> {
         let p = self.state.plan("backward")?;
-        if p.bf.is_some() || states.len() != 2 {
+        if states.len() != 2 {
             return Err(Error::Graph(
-                "linear: a fused step needs the f32 layer and a state per parameter".into(),
+                "linear: a fused step needs a state per parameter".into(),
             ));
         }
         need_training(p.trained, "linear")?;
@@ -371,7 +371,21 @@ impl Layer for Linear {
         // dX from the weights as forward saw them, then the step.
         let dx = input.then(|| p.input_grad(pool)).transpose()?;
         let (ws, bs) = states.split_at_mut(1);
-        p.fc.backward_weights_step(pool, &p.dz, p.x.get(), &mut p.w, &mut p.db, opt, &mut ws[0])?;
+        let (dz, x) = (&p.dz, p.x.get());
+        match &mut p.bf {
+            // The next step's bf16 weights packed in the same pass.
+            Some(b) => {
+                let o = &mut b.ops;
+                let packed = (&mut o.wv, &mut o.wtv);
+                b.fc.backward_weights_step(
+                    pool, &p.fc, dz, x, &mut p.w, &mut p.db, opt, &mut ws[0], packed,
+                )?;
+                o.packed = true;
+            }
+            None => {
+                p.fc.backward_weights_step(pool, dz, x, &mut p.w, &mut p.db, opt, &mut ws[0])?
+            }
+        }
         bs[0].step(opt, &mut p.bias, &p.db);
         p.x.release();
         p.dy.release();
@@ -418,6 +432,13 @@ impl Layer for Linear {
             return Ok(self.bf16_isa().is_some());
         }
         Ok(on)
+    }
+
+    fn param_count(&mut self) -> usize {
+        match self.state {
+            State::Built(_) => 2,
+            State::Plain(..) => 0,
+        }
     }
 
     fn params(&mut self) -> Vec<Param<'_>> {

@@ -94,3 +94,41 @@ pub fn check_gradients_eps(mut g: Graph, seed: u64, samples: usize, eps: f32) {
         }
     }
 }
+
+/// Three training steps of `a` (unfused) and `b` (`set_fused_update`) on
+/// the same minibatch end bit for bit alike: losses, optimizer moments,
+/// every parameter. With `all_weights_fused`, no weight gradient of `b`
+/// was stored whole (every weighted layer stepped inside backward) while
+/// `a` stored its own.
+pub fn fused_steps_match(
+    (mut a, mut b): (Graph, Graph),
+    pool: &Pool,
+    (x, labels): (&Tensor, &[usize]),
+    opt: &brgemm_primitives::Optimizer,
+    all_weights_fused: bool,
+    what: &str,
+) {
+    b.set_fused_update(true);
+    for step in 0..3 {
+        let la = a.train_step(pool, x, labels, opt).unwrap();
+        let lb = b.train_step(pool, x, labels, opt).unwrap();
+        assert_eq!(la, lb, "{what} {opt:?} step {step}: loss");
+    }
+    let (sa, sb) = (a.optimizer_state().unwrap(), b.optimizer_state().unwrap());
+    assert_eq!(sa, sb, "{what} {opt:?}: moments");
+    if all_weights_fused {
+        let stored = |g: &mut Graph| {
+            g.params()
+                .iter()
+                .filter(|p| p.name == "weight")
+                .any(|p| p.grad.iter().any(|&v| v != 0.0))
+        };
+        assert!(
+            stored(&mut a) && !stored(&mut b),
+            "{what} {opt:?}: fused path taken"
+        );
+    }
+    for (p, q) in a.params().iter().zip(b.params().iter()) {
+        assert_eq!(p.value, q.value, "{what} {opt:?}: {}", p.name);
+    }
+}

@@ -138,50 +138,69 @@ pub(crate) fn pack_vnni(
     fwd.resize(len, bf16::ZERO);
     bwd.resize(len, bf16::ZERO);
     let (pv, pt) = (SyncPtr(fwd.as_mut_ptr()), SyncPtr(bwd.as_mut_ptr()));
-    thread_local! {
-        static ROUNDED: std::cell::RefCell<AlignedVec<bf16>> =
-            std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
-    }
     pool.for_each(g.outer * g.inner, |b| {
         let (o, i) = (b / g.inner, b % g.inner);
         for t in 0..g.taps {
             let from = (b * g.taps + t) * blk;
             let to_t = ((i * g.outer + o) * g.taps + t) * blk;
             // SAFETY: block (o, i, t) of `fwd` and (i, o, t) of `bwd` are
-            // written by this thread only; both hold `len` elements.
-            let (dv, dt) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(pv.get().add(from), blk),
-                    std::slice::from_raw_parts_mut(pt.get().add(to_t), blk),
-                )
-            };
-            ROUNDED.with_borrow_mut(|r| {
-                r.resize(blk, bf16::ZERO);
-                round_slice(r, &src[from..][..blk]);
-                // Forward A (m = bo, k = bi): rows i, i+1 interleaved.
-                for (ip, out) in dv.chunks_exact_mut(2 * bo).enumerate() {
-                    let (r0, r1) = (&r[2 * ip * bo..][..bo], &r[(2 * ip + 1) * bo..][..bo]);
-                    for ((o, a), b) in out.chunks_exact_mut(2).zip(r0).zip(r1) {
-                        o[0] = *a;
-                        o[1] = *b;
-                    }
-                }
-                // Transposed A (m = bi, k = bo): the pair (j, j+1) of row i
-                // goes to k-pair row j/2 at column i, so read as 32-bit
-                // words r is a bi x bo/2 matrix and the block its
-                // transpose. Moved as f32 bit patterns, never computed on.
-                // SAFETY: r is 64-byte aligned and dt starts a multiple of
-                // blk (even) elements into a 64-byte aligned buffer, so
-                // both are 4-byte aligned; each holds blk bf16 = blk/2 words.
-                let (words, dst) = unsafe {
-                    (
-                        std::slice::from_raw_parts(r.as_ptr() as *const f32, blk / 2),
-                        std::slice::from_raw_parts_mut(dt.as_mut_ptr() as *mut f32, blk / 2),
-                    )
-                };
-                crate::layout::transpose_block(words, dst, bi, bo / 2);
-            });
+            // written by this thread only; both hold `len` elements, and
+            // `bwd`'s block starts a multiple of blk (even) elements into
+            // a 64-byte aligned buffer.
+            unsafe {
+                let dv = std::slice::from_raw_parts_mut(pv.get().add(from), blk);
+                let dt = std::slice::from_raw_parts_mut(pt.get().add(to_t), blk);
+                pack_block(&src[from..][..blk], bi, bo, dv, dt);
+            }
         }
+    });
+}
+
+/// One f32 weight block (`bi` rows of `bo`) of [`pack_vnni`], rounded into
+/// its forward VNNI block `dv` and its transposed pass's block `dt` (both
+/// `bi * bo`, `bi` and `bo` even), through an L1 copy of the rounded block.
+/// Also what a fused optimizer step calls on each block it has just updated.
+///
+/// # Safety
+/// `dt` is 4-byte aligned (it is read and written as 32-bit words).
+pub(crate) unsafe fn pack_block(
+    src: &[f32],
+    bi: usize,
+    bo: usize,
+    dv: &mut [bf16],
+    dt: &mut [bf16],
+) {
+    thread_local! {
+        static ROUNDED: std::cell::RefCell<AlignedVec<bf16>> =
+            std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+    }
+    let blk = bi * bo;
+    debug_assert!(src.len() == blk && dv.len() == blk && dt.len() == blk);
+    debug_assert_eq!(dt.as_ptr() as usize % 4, 0);
+    ROUNDED.with_borrow_mut(|r| {
+        r.resize(blk, bf16::ZERO);
+        round_slice(r, src);
+        // Forward A (m = bo, k = bi): rows i, i+1 interleaved.
+        for (ip, out) in dv.chunks_exact_mut(2 * bo).enumerate() {
+            let (r0, r1) = (&r[2 * ip * bo..][..bo], &r[(2 * ip + 1) * bo..][..bo]);
+            for ((o, a), b) in out.chunks_exact_mut(2).zip(r0).zip(r1) {
+                o[0] = *a;
+                o[1] = *b;
+            }
+        }
+        // Transposed A (m = bi, k = bo): the pair (j, j+1) of row i goes
+        // to k-pair row j/2 at column i, so read as 32-bit words r is a
+        // bi x bo/2 matrix and the block its transpose. Moved as f32 bit
+        // patterns, never computed on.
+        // SAFETY: r is 64-byte aligned, dt 4-byte aligned (the caller's
+        // contract); each holds blk bf16 = blk/2 words.
+        let (words, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(r.as_ptr() as *const f32, blk / 2),
+                std::slice::from_raw_parts_mut(dt.as_mut_ptr() as *mut f32, blk / 2),
+            )
+        };
+        crate::layout::transpose_block(words, dst, bi, bo / 2);
     });
 }
 

@@ -6,13 +6,15 @@
 //! step packs them once into the VNNI layout the bf16 kernel reads for A
 //! (pairs along k: `[K/bk][C/bc][bc/2][bk][2]` for forward, and the
 //! transposed `[C/bc][K/bk][bk/2][bc][2]` for backward-data), rounding to
-//! nearest even. Activations and output gradients are rounded to bf16 in
+//! nearest even: in a pass of its own ([`FcBf16::pack_weights`]), or block
+//! by block inside the fused optimizer step
+//! ([`FcBf16::backward_weights_step`]). Activations and output gradients are rounded to bf16 in
 //! their blocked layouts (B operands keep the f32 kernel's layout). The
 //! weight gradient stays an f32 BRGEMM on the f32 activations: its sums run
 //! over the whole minibatch, where bf16 inputs would cost accuracy for
 //! little time (it is one of three passes).
 
-use crate::engine::bf16::{interleave_round, pack_vnni, transpose_round, WeightGrid};
+use crate::engine::bf16::{interleave_round, pack_block, pack_vnni, transpose_round, WeightGrid};
 use crate::error::{shape, Result};
 use crate::fc::Fc;
 use crate::layout::{check_shape, Blocked, Inner, SyncPtr};
@@ -339,10 +341,110 @@ impl FcBf16 {
             return fc.backward_weights(pool, dz, x, dw, db);
         }
         let pool = pool.for_work(self.work());
+        check_shape(
+            "dW",
+            dw,
+            (self.k, self.c, self.bk, self.bc, Inner::ColMajor),
+        )?;
+        let (dzv, xt) = self.round_upd_operands(pool, dz, x, db)?;
+        let wp = SyncPtr(dw.data.as_mut_ptr());
+        pool.for_each(self.kb * self.cb, |item| {
+            // SAFETY: dW block `item` belongs to this item.
+            unsafe { self.upd_block(&dzv, &xt, item, wp.get().add(item * self.bc * self.bk)) };
+        });
+        Ok(())
+    }
+
+    /// [`FcBf16::backward_weights`] with the optimizer step and the packing
+    /// of the next step's bf16 weights fused in: each dW block goes from the
+    /// kernel to a per-thread L1 block, `opt` updates W's block (and its
+    /// moments in `state`) from it, and the updated block is rounded into
+    /// its places in `wv` and `wtv` ([`FcBf16::pack_weights`]'s layouts)
+    /// while it is in L1. So dW never goes to memory, and W is read once
+    /// per step instead of twice (step, then packing). db is written as by
+    /// `backward_weights`. Where backward-weights runs the f32 pass
+    /// ([`FcBf16::upd_isa`] None), [`Fc::backward_weights_step`] runs, then
+    /// the packing.
+    ///
+    /// Not for data-parallel training, where gradients must be all-reduced
+    /// before any step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_weights_step(
+        &self,
+        pool: &Pool,
+        fc: &Fc,
+        dz: &Blocked,
+        x: &Blocked,
+        w: &mut Blocked,
+        db: &mut [f32],
+        opt: &crate::optim::Optimizer,
+        state: &mut crate::optim::OptState,
+        packed: (&mut AlignedVec<bf16>, &mut AlignedVec<bf16>),
+    ) -> Result<()> {
+        self.check_fc(fc)?;
+        opt.validate()?;
+        let (wv, wtv) = packed;
+        if !self.upd_bf16 {
+            fc.backward_weights_step(pool, dz, x, w, db, opt, state)?;
+            return self.pack_weights(pool, w, wv, wtv);
+        }
+        let pool = pool.for_work(self.work());
+        check_shape("W", w, (self.k, self.c, self.bk, self.bc, Inner::ColMajor))?;
+        let (dzv, xt) = self.round_upd_operands(pool, dz, x, db)?;
+        let (bc, bk, cb, kb) = (self.bc, self.bk, self.cb, self.kb);
+        let blk = bc * bk;
+        wv.resize(w.data.len(), bf16::ZERO);
+        wtv.resize(w.data.len(), bf16::ZERO);
+        let rule = state.begin(opt, w.data.len());
+        let (wp, pv, pt) = (
+            SyncPtr(w.data.as_mut_ptr()),
+            SyncPtr(wv.as_mut_ptr()),
+            SyncPtr(wtv.as_mut_ptr()),
+        );
+        thread_local! {
+            static DW: std::cell::RefCell<AlignedVec<f32>> =
+                std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+        }
+        pool.for_each(kb * cb, |item| {
+            let (ki, ci) = (item / cb, item % cb);
+            DW.with_borrow_mut(|g| {
+                g.resize(blk, 0.0);
+                // SAFETY: W block `item` (and its moments), its forward
+                // VNNI block and its transposed block (ci, ki) belong to
+                // this item; the thread's gradient block is its own; wtv's
+                // block starts a multiple of blk (even) elements into a
+                // 64-byte aligned buffer.
+                unsafe {
+                    self.upd_block(&dzv, &xt, item, g.as_mut_ptr());
+                    let wb = std::slice::from_raw_parts_mut(wp.get().add(item * blk), blk);
+                    rule.apply(item * blk, wb, g);
+                    let dv = std::slice::from_raw_parts_mut(pv.get().add(item * blk), blk);
+                    let dt =
+                        std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
+                    pack_block(wb, bc, bk, dv, dt);
+                }
+            });
+        });
+        Ok(())
+    }
+
+    /// Backward-weights' operands: dZ rounded into VNNI pairs of rows per
+    /// K block (db, the column sums of dZ, taken in the same read) and X
+    /// rounded into channel-major rows per C block.
+    #[allow(clippy::type_complexity)]
+    fn round_upd_operands(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        x: &Blocked,
+        db: &mut [f32],
+    ) -> Result<(
+        std::sync::MutexGuard<'_, AlignedVec<bf16>>,
+        std::sync::MutexGuard<'_, AlignedVec<bf16>>,
+    )> {
         let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
         check_shape("dZ", dz, (self.n, self.k, bn, bk, Inner::RowMajor))?;
         check_shape("X", x, (self.n, self.c, bn, bc, Inner::RowMajor))?;
-        check_shape("dW", dw, (self.k, self.c, bk, bc, Inner::ColMajor))?;
         crate::error::check_buf("db", db.len(), kb * bk)?;
         let (rows, kp) = (nb * bn, self.upd.descriptor().k);
         let mut dzv = self.dzv.lock().unwrap_or_else(|e| e.into_inner());
@@ -382,24 +484,26 @@ impl FcBf16 {
                 ch[rows..].fill(bf16::ZERO);
             }
         });
-        let (ap, bp) = (dzv.as_ptr() as usize, xt.as_ptr() as usize);
-        let wp = SyncPtr(dw.data.as_mut_ptr());
-        pool.for_each(kb * cb, |item| {
-            let (ki, ci) = (item / cb, item % cb);
-            // SAFETY: dW block (ki, ci) belongs to this item; A and B are
-            // the packed K block ki and C block ci, kp rows each.
-            unsafe {
-                self.upd.execute_raw(
-                    RawBatch::Stride {
-                        a: (ap as *const bf16).add(ki * kp * bk),
-                        b: (bp as *const bf16).add(ci * bc * kp),
-                        count: 1,
-                    },
-                    wp.get().add((ki * cb + ci) * bc * bk),
-                    std::ptr::null(),
-                )
-            };
-        });
-        Ok(())
+        Ok((dzv, xt))
+    }
+
+    /// The dW block of `item` (K block `item / cb`, C block `item % cb`)
+    /// into `c` (`bk x bc`, column-major), from the rounded operands.
+    ///
+    /// # Safety
+    /// `c` is valid for `bk * bc` floats written by this thread alone;
+    /// `dzv` and `xt` were made by [`FcBf16::round_upd_operands`].
+    unsafe fn upd_block(&self, dzv: &[bf16], xt: &[bf16], item: usize, c: *mut f32) {
+        let (ki, ci) = (item / self.cb, item % self.cb);
+        let kp = self.upd.descriptor().k;
+        self.upd.execute_raw(
+            RawBatch::Stride {
+                a: dzv.as_ptr().add(ki * kp * self.bk),
+                b: xt.as_ptr().add(ci * self.bc * kp),
+                count: 1,
+            },
+            c,
+            std::ptr::null(),
+        )
     }
 }

@@ -48,3 +48,14 @@ pub fn fd_check(
         );
     }
 }
+
+/// The optimizers the fused-step tests run: SGD with momentum and Adam.
+pub fn step_rules() -> [brgemm_primitives::Optimizer; 2] {
+    [
+        brgemm_primitives::Optimizer::Sgd {
+            lr: 0.05,
+            momentum: 0.9,
+        },
+        brgemm_primitives::Optimizer::adam(1e-2),
+    ]
+}
