@@ -1,7 +1,7 @@
 //! # brgemm-distributed: data-parallel training over MPI
 //!
 //! Each rank holds a full replica of a model (a [`Replica`]: any layer
-//! [`Graph`], or a model of the user's that implements the trait); every global minibatch is
+//! [`Graph`](brgemm_nn::Graph), or a model of the user's that implements the trait); every global minibatch is
 //! split across the ranks ([`DataParallel::shard`], uneven splits allowed).
 //! [`DataParallel::train_step`] runs forward and backward on the local shard
 //! and, as soon as a layer's weight gradient is complete (the model's
@@ -26,10 +26,20 @@
 
 #![deny(missing_docs)]
 
+mod overlap;
+mod replica;
+mod wire;
+
+use overlap::Gate;
+pub use overlap::Progress;
+use replica::gradient_norm;
+pub use replica::Replica;
+pub use wire::GradDtype;
+use wire::{by_bucket, to_bf16, widen, Bf16Wire};
+
 /// The rsmpi crate this one is built on (initialise with `mpi::initialize()`).
 pub use mpi;
 
-use brgemm_nn::{Graph, Tensor as NnTensor};
 use brgemm_primitives::optim::Optimizer;
 use brgemm_primitives::progress;
 use brgemm_primitives::{Error, Pool, Result};
@@ -40,7 +50,7 @@ use mpi::traits::*;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::mpsc::RecvTimeoutError;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The environment variable that picks OpenMPI's `MPI_Iallreduce`
 /// algorithm (libnbc), which [`initialize`] sets when the user has not.
@@ -121,70 +131,6 @@ impl CommStats {
     }
 }
 
-/// A model [`DataParallel`] can train: parameter groups whose gradients
-/// become ready one group at a time during backward, highest group first.
-pub trait Replica {
-    /// What one minibatch looks like.
-    type Input;
-    /// Number of parameter groups.
-    fn groups(&self) -> usize;
-    /// Parameter buffers of group `g`.
-    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]>;
-    /// Gradient buffers of group `g` (same lengths as its parameters).
-    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]>;
-    /// Forward, loss and backward on the first `labels.len()` rows, calling
-    /// `ready(g, grads)` as each group's gradients complete.
-    fn compute_gradients_with(
-        &mut self,
-        pool: &Pool,
-        x: &Self::Input,
-        labels: &[usize],
-        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
-    ) -> Result<f32>;
-    /// The optimizer step on the stored gradients.
-    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()>;
-}
-
-/// A layer graph's error as the primitives' (the trainer's error type):
-/// the primitive's own error when it is one, else a setting named by it.
-fn from_nn(e: brgemm_nn::Error) -> Error {
-    match e {
-        brgemm_nn::Error::Primitive(p) => p,
-        other => Error::Setting {
-            what: "layer graph".into(),
-            value: other.to_string(),
-            reason: "refused the step".into(),
-        },
-    }
-}
-
-/// Any layer graph, its layers with parameters as the groups (in order of
-/// evaluation; backward completes the highest first).
-impl Replica for Graph {
-    type Input = NnTensor;
-    fn groups(&self) -> usize {
-        self.param_groups()
-    }
-    fn parameters_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
-        self.group_params_mut(g)
-    }
-    fn gradients_mut(&mut self, g: usize) -> Vec<&mut [f32]> {
-        self.group_grads_mut(g)
-    }
-    fn compute_gradients_with(
-        &mut self,
-        pool: &Pool,
-        x: &NnTensor,
-        labels: &[usize],
-        ready: &mut dyn FnMut(usize, &mut [&mut [f32]]),
-    ) -> Result<f32> {
-        Graph::compute_gradients_with(self, pool, x, labels, ready).map_err(from_nn)
-    }
-    fn apply_gradients(&mut self, opt: &Optimizer) -> Result<()> {
-        self.step(opt).map_err(from_nn)
-    }
-}
-
 /// Where one group's gradients sit in the flat communication buffer.
 #[derive(Debug, Clone)]
 struct Slot {
@@ -228,17 +174,6 @@ impl Slot {
     }
 }
 
-/// The L2 norm of all of `model`'s gradients (the non-finite guard's).
-fn gradient_norm<R: Replica>(model: &mut R) -> f64 {
-    (0..model.groups())
-        .map(|g| {
-            let n = brgemm_primitives::guard::norm(model.gradients_mut(g).iter().map(|s| &**s));
-            n * n
-        })
-        .sum::<f64>()
-        .sqrt()
-}
-
 /// One step's times on this rank with the trainer's own bucket copies but
 /// no communication ([`DataParallel::local_step_times`]): what the scaling
 /// model (`brgemm_dl::scaling::Timeline`) predicts a step from.
@@ -253,158 +188,6 @@ pub struct StepTimes {
     /// Seconds of the step's tail: gradients copied back from the buckets,
     /// the non-finite guard, the optimizer.
     pub finish: f64,
-}
-
-/// How gradients travel between ranks ([`DataParallel::set_grad_dtype`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum GradDtype {
-    /// As computed: f32.
-    #[default]
-    F32,
-    /// Rounded to bf16 (nearest even), summed in bf16 steps (each partial
-    /// sum widened, added in f32, rounded again), widened at the end: half
-    /// the bytes on the wire, 8 bits of mantissa in the sum.
-    Bf16,
-}
-
-/// The MPI reduction of [`GradDtype::Bf16`]: `inout[i] = bf16(in[i] + inout[i])`
-/// on bf16 bit patterns carried as 16-bit integers.
-///
-/// # Safety
-/// MPI calls it with `invec` and `inoutvec` pointing at `*len` elements of
-/// the datatype of the reduction, which [`DataParallel`] makes `u16`
-/// (`MPI_UNSIGNED_SHORT`) for every reduction it uses this operation in;
-/// the two buffers do not overlap (MPI's contract for user operations).
-unsafe extern "C" fn bf16_sum(
-    invec: *mut std::ffi::c_void,
-    inoutvec: *mut std::ffi::c_void,
-    len: *mut std::ffi::c_int,
-    _datatype: *mut mpi::ffi::MPI_Datatype,
-) {
-    let n = usize::try_from(*len).unwrap_or(0);
-    let a = std::slice::from_raw_parts(invec as *const u16, n);
-    let b = std::slice::from_raw_parts_mut(inoutvec as *mut u16, n);
-    for (x, y) in a.iter().zip(b) {
-        *y = to_bf16(widen(*x) + widen(*y));
-    }
-}
-
-/// bf16 bits, rounded to nearest even (NaN kept).
-fn to_bf16(v: f32) -> u16 {
-    brgemm_primitives::fc_bf16::round_bf16(v).to_bits()
-}
-
-/// bf16 bits widened to f32 (exact).
-fn widen(b: u16) -> f32 {
-    f32::from_bits(u32::from(b) << 16)
-}
-
-/// The bf16 wire: the gradients' bf16 copies, sent and received, and the
-/// reduction that sums them.
-struct Bf16Wire {
-    send: Vec<u16>,
-    recv: Vec<u16>,
-    op: mpi::collective::UnsafeUserOperation,
-}
-
-impl Bf16Wire {
-    fn new(n: usize) -> Bf16Wire {
-        Bf16Wire {
-            send: vec![0; n],
-            recv: vec![0; n],
-            // SAFETY: `bf16_sum` reads and writes `*len` u16 values, and this
-            // operation reduces only the u16 buffers `send`/`recv`.
-            op: unsafe { mpi::collective::UnsafeUserOperation::commutative(bf16_sum) },
-        }
-    }
-}
-
-/// `buf` cut into the buckets' slices (none when `buf` is empty: an unused
-/// wire).
-fn by_bucket<'a, T>(mut buf: &'a mut [T], buckets: &[Range<usize>]) -> Vec<Option<&'a mut [T]>> {
-    if buf.is_empty() {
-        return Vec::new();
-    }
-    buckets
-        .iter()
-        .map(|b| {
-            let (s, rest) = std::mem::take(&mut buf).split_at_mut(b.len());
-            buf = rest;
-            Some(s)
-        })
-        .collect()
-}
-
-/// How the gradient all-reduce makes progress while backward computes
-/// ([`DataParallel::set_progress`]).
-///
-/// Over TCP, OpenMPI moves a non-blocking all-reduce only inside MPI calls
-/// (see [`brgemm_primitives::progress`]); what differs is who makes them.
-/// Measured on the emulated cluster (`bench mpi --cluster`, 2 nodes), the
-/// loop-nest hook led or tied: at 1 Gb/s the CNN's step took 17.9 ms with
-/// it, 17.6 with the thread and 20.6 testing between layers only; the
-/// ResNet's 27.2, 27.9 and 27.2; at 10 Gb/s all three were within 2-7%
-/// (the link's cost there is the cores' TCP work, not waiting).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    /// `MPI_Test` only between layers, when a group's gradients come in.
-    Layers,
-    /// Also from inside the passes: the loop nests' progress hook tests the
-    /// buckets in flight between kernel calls, at most every `interval_us`
-    /// microseconds. No thread, no context switch; MPI is called from the
-    /// thread that computes.
-    LoopNest {
-        /// Least time between two tests.
-        interval_us: u32,
-    },
-    /// A communication thread owns the step's MPI calls: backward hands it
-    /// each full bucket, it starts the all-reduce and tests it every
-    /// `interval_us` (sleeping in between: on a core shared with compute a
-    /// spinning thread would take half of it). Needs MPI initialised with
-    /// at least `Threading::Serialized`.
-    Thread {
-        /// Time between two tests.
-        interval_us: u32,
-    },
-}
-
-impl Default for Progress {
-    /// `LoopNest` every 100 us. An `MPI_Test` over TCP costs microseconds
-    /// (a poll of the sockets), so testing every 20 us slowed the passes
-    /// under a 1 Gb/s all-reduce by about 2 ms per MB; 100 us kept the
-    /// data moving at 1-25 Gb/s (`bench mpi --cluster`, README).
-    fn default() -> Self {
-        Progress::LoopNest { interval_us: 100 }
-    }
-}
-
-impl std::fmt::Display for Progress {
-    /// The form [`Progress::from_str`](std::str::FromStr) reads.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Progress::Layers => write!(f, "layers"),
-            Progress::LoopNest { interval_us } => write!(f, "loop:{interval_us}"),
-            Progress::Thread { interval_us } => write!(f, "thread:{interval_us}"),
-        }
-    }
-}
-
-impl std::str::FromStr for Progress {
-    type Err = String;
-    /// `layers`, `loop[:US]` or `thread[:US]` (default interval 100 us).
-    fn from_str(s: &str) -> std::result::Result<Progress, String> {
-        let (kind, us) = s.split_once(':').unwrap_or((s, "100"));
-        let interval_us =
-            us.parse::<u32>().ok().filter(|&u| u > 0).ok_or_else(|| {
-                format!("{s:?}: the interval {us:?} is not a positive number of us")
-            })?;
-        match kind {
-            "layers" => Ok(Progress::Layers),
-            "loop" => Ok(Progress::LoopNest { interval_us }),
-            "thread" => Ok(Progress::Thread { interval_us }),
-            _ => Err(format!("{s:?}: expected layers, loop[:US] or thread[:US]")),
-        }
-    }
 }
 
 /// A full bucket's send and receive slices, ready to start.
@@ -491,37 +274,6 @@ impl<'a, 's> Inflight<'a, 's> {
         if let Some(r) = self.loss {
             r.wait();
         }
-    }
-}
-
-/// At most one open per `every`, looking at the clock every 8th call only
-/// (the hook runs between kernel calls of a microsecond or two).
-struct Gate {
-    every: Duration,
-    last: Instant,
-    calls: u32,
-}
-
-impl Gate {
-    fn new(interval_us: u32) -> Gate {
-        Gate {
-            every: Duration::from_micros(u64::from(interval_us)),
-            last: Instant::now(),
-            calls: 0,
-        }
-    }
-    fn open(&mut self) -> bool {
-        self.calls = self.calls.wrapping_add(1);
-        self.calls.is_multiple_of(8) && self.due()
-    }
-    /// Whether `every` has passed since the last open (and opens if so).
-    fn due(&mut self) -> bool {
-        let now = Instant::now();
-        let open = now - self.last >= self.every;
-        if open {
-            self.last = now;
-        }
-        open
     }
 }
 
