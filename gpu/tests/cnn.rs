@@ -105,17 +105,7 @@ fn all(dev: &Device) {
     }
 }
 
-#[test]
-fn cnn_steps_match_the_cpu_graph_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    all(dev);
-}
-
-#[test]
-fn cnn_steps_match_the_cpu_graph_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    all(dev);
-}
+on_devices!(all: cnn_steps_match_the_cpu_graph_on_opencl, cnn_steps_match_the_cpu_graph_on_cuda);
 
 /// With dropout before the head (the device draws the CPU layer's masks
 /// over its own layout), steps train: finite, falling losses.

@@ -195,17 +195,7 @@ fn all(dev: &Device) {
     }
 }
 
-#[test]
-fn conv_passes_match_f64_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    all(dev);
-}
-
-#[test]
-fn conv_passes_match_f64_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    all(dev);
-}
+on_devices!(all: conv_passes_match_f64_on_opencl, conv_passes_match_f64_on_cuda);
 
 #[test]
 fn bad_shapes_are_refused_by_name() {

@@ -75,17 +75,7 @@ fn steps(dev: &Device) {
     assert_eq!(gpu.predict_on(dev, &data, &idx).unwrap(), want);
 }
 
-#[test]
-fn small_resnet_matches_the_cpu_graph_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    steps(dev);
-}
-
-#[test]
-fn small_resnet_matches_the_cpu_graph_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    steps(dev);
-}
+on_devices!(steps: small_resnet_matches_the_cpu_graph_on_opencl, small_resnet_matches_the_cpu_graph_on_cuda);
 
 /// ResNet-50 (at 32x32, one image) is a graph the device runs: every node
 /// (the 7x7 stride-2 stem, the 3x3 stride-2 padded max pool, bottlenecks

@@ -275,17 +275,7 @@ fn all(dev: &Device) {
     mlp_steps(dev, GpuDtype::F32, Optimizer::adam(1e-3));
 }
 
-#[test]
-fn fc_and_mlp_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    all(dev);
-}
-
-#[test]
-fn fc_and_mlp_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    all(dev);
-}
+on_devices!(all: fc_and_mlp_on_opencl, fc_and_mlp_on_cuda);
 
 #[test]
 fn gelu_is_refused_with_its_name() {

@@ -170,29 +170,9 @@ fn dropout(dev: &Device) {
     assert!(e.contains("dropout p = 1"), "{e}");
 }
 
-#[test]
-fn dropout_matches_the_cpu_masks_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    dropout(dev);
-}
+on_devices!(dropout: dropout_matches_the_cpu_masks_on_opencl, dropout_matches_the_cpu_masks_on_cuda);
 
-#[test]
-fn dropout_matches_the_cpu_masks_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    dropout(dev);
-}
-
-#[test]
-fn pooling_and_add_match_loops_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    all(dev);
-}
-
-#[test]
-fn pooling_and_add_match_loops_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    all(dev);
-}
+on_devices!(all: pooling_and_add_match_loops_on_opencl, pooling_and_add_match_loops_on_cuda);
 
 #[test]
 fn bad_windows_are_refused_by_name() {

@@ -101,17 +101,7 @@ fn all(dev: &Device) {
     cell_steps(dev, GpuDtype::Bf16, CellKind::Rnn, vec![]);
 }
 
-#[test]
-fn lstm_steps_match_the_cpu_graph_on_opencl() {
-    let Some(dev) = opencl() else { return };
-    all(dev);
-}
-
-#[test]
-fn lstm_steps_match_the_cpu_graph_on_cuda() {
-    let Some(dev) = cuda() else { return };
-    all(dev);
-}
+on_devices!(all: lstm_steps_match_the_cpu_graph_on_opencl, lstm_steps_match_the_cpu_graph_on_cuda);
 
 #[test]
 fn stacks_are_refused_by_name() {

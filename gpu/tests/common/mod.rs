@@ -39,6 +39,31 @@ pub fn cuda() -> Option<&'static Device> {
     .as_ref()
 }
 
+/// Two `#[test]`s running `f(dev)`, one on the OpenCL device and one on
+/// the CUDA device: `on_devices!(f: name_on_opencl, name_on_cuda)`. Each
+/// passes where this machine has no device of its kind, unless that kind's
+/// `BRGEMM_REQUIRE_*` variable asks for one ([`opencl`], [`cuda`]).
+#[allow(unused_macros)] // not every test file runs on both devices
+macro_rules! on_devices {
+    ($f:ident: $ocl:ident, $cuda:ident) => {
+        #[test]
+        fn $ocl() {
+            if let Some(dev) = crate::common::opencl() {
+                $f(dev)
+            }
+        }
+
+        #[test]
+        fn $cuda() {
+            if let Some(dev) = crate::common::cuda() {
+                $f(dev)
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_devices;
+
 fn open(b: Backend, require: Option<&str>, what: &str) -> Option<Device> {
     match Device::open(b) {
         Ok(d) => Some(d),
