@@ -86,8 +86,8 @@ impl Bf16Isa {
     /// `BRGEMM_BF16_ISA` if set (error if unknown or unsupported), else None.
     fn forced() -> Result<Option<Bf16Isa>> {
         static F: OnceLock<Result<Option<Bf16Isa>>> = OnceLock::new();
-        F.get_or_init(|| match std::env::var("BRGEMM_BF16_ISA") {
-            Ok(s) if !s.trim().is_empty() => {
+        F.get_or_init(|| match crate::env::Setting::Bf16Isa.value() {
+            Some(s) if !s.trim().is_empty() => {
                 let isa = Bf16Isa::ALL
                     .into_iter()
                     .find(|i| i.name().eq_ignore_ascii_case(s.trim()))

@@ -77,8 +77,8 @@ impl Isa {
     pub fn selected() -> Result<Isa> {
         static SELECTED: OnceLock<Result<Isa>> = OnceLock::new();
         SELECTED
-            .get_or_init(|| match std::env::var("BRGEMM_ISA") {
-                Ok(s) if !s.trim().is_empty() => {
+            .get_or_init(|| match crate::env::Setting::Isa.value() {
+                Some(s) if !s.trim().is_empty() => {
                     let isa = Isa::parse(&s)?;
                     if isa.is_supported() {
                         Ok(isa)

@@ -44,6 +44,7 @@ mod blocking;
 pub mod buffer;
 mod cpu;
 mod desc;
+pub mod env;
 mod error;
 mod isa;
 mod kernel;

@@ -442,7 +442,7 @@ pub(crate) fn offset_need(max_off: usize, extent: usize) -> Result<usize> {
 /// Whether plans may use the pipelined tiles: `BRGEMM_PIPELINE=0` turns them
 /// off, read at each plan, so that one process can compare both.
 pub(crate) fn pipeline_enabled() -> bool {
-    !matches!(std::env::var("BRGEMM_PIPELINE").as_deref(), Ok("0"))
+    crate::env::Setting::Pipeline.value().as_deref() != Some("0")
 }
 
 type CacheKey = (Descriptor, Isa, bool);

@@ -234,8 +234,8 @@ impl Policy {
 /// error), else from the CPUID vendor and family. Chosen once per process.
 pub fn policy() -> Result<&'static Policy> {
     static P: OnceLock<Result<Policy>> = OnceLock::new();
-    P.get_or_init(|| match std::env::var("BRGEMM_CPU_POLICY") {
-        Ok(s) if !s.trim().is_empty() => Policy::by_name(&s),
+    P.get_or_init(|| match crate::env::Setting::CpuPolicy.value() {
+        Some(s) if !s.trim().is_empty() => Policy::by_name(&s),
         _ => Ok(if crate::cpu::is_zen5() {
             Policy::ZEN5
         } else if crate::cpu::is_zen4() {

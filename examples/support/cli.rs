@@ -214,7 +214,9 @@ impl Args {
     /// `BRGEMM_TUNING`, the tuning file of `examples/tune --save`: the one
     /// place the examples read it.
     pub fn tuning_file(&self) -> Option<std::path::PathBuf> {
-        std::env::var_os("BRGEMM_TUNING").map(std::path::PathBuf::from)
+        brgemm::env::Setting::Tuning
+            .value_os()
+            .map(std::path::PathBuf::from)
     }
     /// Refuses `--save`/`--load` for a run that writes no model file (the
     /// data-parallel and GPU runs).

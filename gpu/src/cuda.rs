@@ -117,7 +117,9 @@ pub fn compile_cubin(source: &str, name: &str, arch: &str) -> Result<Vec<u8>> {
 /// (`BRGEMM_CUDA_PTX=1`) instead of cubins: for a device whose
 /// architecture this NVRTC cannot target.
 fn load_ptx() -> bool {
-    std::env::var("BRGEMM_CUDA_PTX").is_ok_and(|v| v.trim() == "1")
+    brgemm::env::Setting::CudaPtx
+        .value()
+        .is_some_and(|v| v.trim() == "1")
 }
 
 /// A CUDA device: context, one stream, the kernel cache.

@@ -142,7 +142,7 @@ fn cpuid_amx_bf16() -> bool {
 /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`). `BRGEMM_AMX_DENY`
 /// set to anything simulates a refusal, to test the fallback.
 fn request_permission() -> bool {
-    if std::env::var_os("BRGEMM_AMX_DENY").is_some() {
+    if crate::env::Setting::AmxDeny.value_os().is_some() {
         return false;
     }
     if !cfg!(target_os = "linux") {

@@ -11,6 +11,7 @@
 //! the calling thread for the length of each pass or step (its own mode is
 //! restored after). `BRGEMM_DENORMALS=keep` keeps IEEE subnormals.
 
+use brgemm::env::Setting;
 use std::sync::OnceLock;
 
 /// Whether passes flush subnormals: `BRGEMM_DENORMALS` is not `keep`
@@ -18,7 +19,11 @@ use std::sync::OnceLock;
 /// `flush`, naming them).
 pub(crate) fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("BRGEMM_DENORMALS").is_ok_and(|v| v.trim() == "keep"))
+    *ON.get_or_init(|| {
+        Setting::Denormals
+            .value()
+            .is_none_or(|v| v.trim() != "keep")
+    })
 }
 
 /// The thread's floating-point control word as it was before [`flush`].

@@ -143,9 +143,9 @@ impl Schedule {
     /// If the variable is set to anything else.
     pub fn from_env() -> Result<Schedule> {
         static S: std::sync::OnceLock<Result<Schedule>> = std::sync::OnceLock::new();
-        S.get_or_init(|| match std::env::var("BRGEMM_SCHEDULE") {
-            Err(_) => Ok(Schedule::Steal),
-            Ok(v) => Self::from_env_value(&v),
+        S.get_or_init(|| match brgemm::env::Setting::Schedule.value() {
+            None => Ok(Schedule::Steal),
+            Some(v) => Self::from_env_value(&v),
         })
         .clone()
     }

@@ -35,6 +35,7 @@
 //! the tests do to run the parallel paths on small shapes.
 
 use crate::error::{shape, Result};
+use brgemm::env::Setting;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -71,7 +72,9 @@ impl std::fmt::Debug for Pool {
     }
 }
 
-fn env_usize(name: &str) -> Option<usize> {
+/// A variable of the MPI launcher's (mpirun sets them for each rank), not
+/// a setting of ours ([`brgemm::env`]).
+fn launcher_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
 
@@ -79,11 +82,21 @@ fn env_usize(name: &str) -> Option<usize> {
 /// is an error naming the variable, its value and `expected` (a setting the
 /// user asked for is never silently replaced by the default).
 fn env_setting<T: std::str::FromStr>(
-    name: &str,
+    setting: Setting,
     ok: fn(&T) -> bool,
     expected: &str,
 ) -> crate::Result<Option<T>> {
-    let Ok(s) = std::env::var(name) else {
+    parse_setting(setting.name(), setting.value(), ok, expected)
+}
+
+/// [`env_setting`] on the value `value` of the variable `name`.
+fn parse_setting<T: std::str::FromStr>(
+    name: &str,
+    value: Option<String>,
+    ok: fn(&T) -> bool,
+    expected: &str,
+) -> crate::Result<Option<T>> {
+    let Some(s) = value else {
         return Ok(None);
     };
     match s.trim().parse::<T>().ok().filter(ok) {
@@ -102,8 +115,8 @@ pub fn process_cores() -> Vec<core_affinity::CoreId> {
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     split_for_local_rank(
         cores,
-        env_usize("OMPI_COMM_WORLD_LOCAL_RANK"),
-        env_usize("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        launcher_usize("OMPI_COMM_WORLD_LOCAL_RANK"),
+        launcher_usize("OMPI_COMM_WORLD_LOCAL_SIZE"),
     )
 }
 
@@ -133,12 +146,12 @@ impl Pool {
             return Err(shape("threads", 0, "need at least one thread"));
         }
         env_setting(
-            "BRGEMM_DENORMALS",
+            Setting::Denormals,
             |v: &String| v == "flush" || v == "keep",
             "flush or keep",
         )?;
         let min_flops = env_setting(
-            "BRGEMM_MIN_PARALLEL_FLOPS",
+            Setting::MinParallelFlops,
             |v: &f64| *v >= 0.0,
             "a non-negative number",
         )?
@@ -217,7 +230,7 @@ impl Pool {
         static POOL: OnceLock<crate::Result<Pool>> = OnceLock::new();
         POOL.get_or_init(|| {
             let n = env_setting(
-                "BRGEMM_NUM_THREADS",
+                Setting::NumThreads,
                 |&n: &usize| n > 0,
                 "a positive integer",
             )?
@@ -331,7 +344,9 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::{env_setting, split_for_local_rank, Pool, MIN_PARALLEL_ELEMS, MIN_PARALLEL_FLOPS};
+    use super::{
+        parse_setting, split_for_local_rank, Pool, MIN_PARALLEL_ELEMS, MIN_PARALLEL_FLOPS,
+    };
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Which threads ran: a bit per thread index seen, and the number of calls.
@@ -346,25 +361,26 @@ mod tests {
 
     #[test]
     fn bad_env_settings_are_errors_naming_the_value() {
-        // Variable names of this test alone: tests run in parallel.
+        // The values as the environment would give them (tests run in
+        // parallel: none sets a variable another reads).
         for (v, ok) in [("0", false), ("abc", false), ("3", true)] {
-            let name = format!("BRGEMM_TEST_THREADS_{v}");
-            std::env::set_var(&name, v);
-            let r = env_setting(&name, |&n: &usize| n > 0, "a positive integer");
-            std::env::remove_var(&name);
+            let name = "BRGEMM_NUM_THREADS";
+            let r = parse_setting(
+                name,
+                Some(v.into()),
+                |&n: &usize| n > 0,
+                "a positive integer",
+            );
             match (r, ok) {
                 (Ok(Some(3)), true) => {}
                 (Err(e), false) => {
                     let e = e.to_string();
-                    assert!(e.contains(&name) && e.contains(v), "{e}");
+                    assert!(e.contains(name) && e.contains(v), "{e}");
                 }
                 (r, _) => panic!("{v}: {r:?}"),
             }
         }
-        assert_eq!(
-            env_setting::<usize>("BRGEMM_TEST_UNSET", |_| true, "x"),
-            Ok(None)
-        );
+        assert_eq!(parse_setting::<usize>("X", None, |_| true, "x"), Ok(None));
     }
 
     #[test]
