@@ -6,6 +6,7 @@ use super::{Graph, Node, Op, ParamState};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
 use crate::tensor::Tensor;
+use brgemm_primitives::loss::softmax_cross_entropy_rows;
 use brgemm_primitives::optim::{OptState, Optimizer};
 use brgemm_primitives::Pool;
 
@@ -294,20 +295,9 @@ fn softmax_xent_rows(logits: &Tensor, labels: &[usize]) -> Result<(f32, Tensor)>
             "label {bad} is not below {k} classes"
         )));
     }
-    let mut grad = logits.clone();
-    let mut loss = 0.0f64;
-    let data = grad.data_mut();
-    for (row, &l) in data.chunks_exact_mut(k).zip(labels) {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
-        loss += f64::from(sum.ln() + max - row[l]);
-        for v in row.iter_mut() {
-            *v = (*v - max).exp() / sum / rows as f32;
-        }
-        row[l] -= 1.0 / rows as f32;
-    }
-    data[rows * k..].fill(0.0);
-    Ok(((loss / rows as f64) as f32, grad))
+    let mut grad = Tensor::zeros(s);
+    let loss = softmax_cross_entropy_rows(logits.data(), k, labels, grad.data_mut())?;
+    Ok((loss, grad))
 }
 
 /// `buf` (laid out as parameter `j` of `l`) in the layout `l` exports that

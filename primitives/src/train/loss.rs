@@ -5,13 +5,13 @@ use crate::layout::Blocked;
 
 /// Mean softmax cross-entropy over the first `labels.len()` rows of `logits`
 /// (N x K, blocked), and its gradient `dlogits` = (softmax - onehot) / rows,
-/// zero in the unused rows and in the padding.
+/// zero in the unused rows and in the padding
+/// ([`softmax_cross_entropy_rows`] on the plain values).
 pub fn softmax_cross_entropy(
     logits: &Blocked,
     labels: &[usize],
     dlogits: &mut Blocked,
 ) -> Result<f32> {
-    let (n, k) = (logits.rows, logits.cols);
     if !dlogits.same_shape(logits) {
         return Err(shape(
             "dlogits",
@@ -19,6 +19,33 @@ pub fn softmax_cross_entropy(
             "must match the logits",
         ));
     }
+    let mut grad = vec![0.0; logits.rows * logits.cols];
+    let loss = softmax_cross_entropy_rows(&logits.to_plain(), logits.cols, labels, &mut grad)?;
+    dlogits.data.fill(0.0);
+    dlogits.set_plain(&grad)?;
+    Ok(loss)
+}
+
+/// Mean softmax cross-entropy over the first `labels.len()` rows of the
+/// row-major `logits` (rows of `k` classes), and its gradient in `dlogits`
+/// (the same layout): (softmax - onehot) / rows in those rows, zero in the
+/// rows after them (a short minibatch's padding). The one implementation
+/// the blocked version and the layer graph share.
+pub fn softmax_cross_entropy_rows(
+    logits: &[f32],
+    k: usize,
+    labels: &[usize],
+    dlogits: &mut [f32],
+) -> Result<f32> {
+    if k == 0 || !logits.len().is_multiple_of(k) {
+        return Err(shape(
+            "classes",
+            k,
+            format!("must divide the {} logits", logits.len()),
+        ));
+    }
+    check_buf("dlogits", dlogits.len(), logits.len())?;
+    let n = logits.len() / k;
     if labels.is_empty() || labels.len() > n {
         return Err(shape(
             "labels",
@@ -33,30 +60,24 @@ pub fn softmax_cross_entropy(
             format!("must be below {k} classes"),
         ));
     }
-    dlogits.data.fill(0.0);
     let rows = labels.len();
     let mut loss = 0.0f64;
-    let mut p = vec![0.0f32; k];
-    for (r, &label) in labels.iter().enumerate() {
-        let mut mx = f32::NEG_INFINITY;
-        for (j, pj) in p.iter_mut().enumerate() {
-            *pj = logits.data[logits.index(r, j)];
-            mx = mx.max(*pj);
-        }
-        let mut sum = 0.0f32;
-        for pj in p.iter_mut() {
-            *pj = (*pj - mx).exp();
-            sum += *pj;
-        }
+    for ((z, g), &l) in logits
+        .chunks_exact(k)
+        .zip(dlogits.chunks_exact_mut(k))
+        .zip(labels)
+    {
+        let max = z.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f32 = z.iter().map(|&v| (v - max).exp()).sum();
         // log-softmax, not log(p): no clamp that would turn a NaN or an
         // underflowed probability into a finite-looking loss.
-        loss -= (logits.data[logits.index(r, label)] - mx) as f64 - (sum as f64).ln();
-        for (j, pj) in p.iter().enumerate() {
-            let g = pj / sum - if j == label { 1.0 } else { 0.0 };
-            let i = dlogits.index(r, j);
-            dlogits.data[i] = g / rows as f32;
+        loss += f64::from(sum.ln() + max - z[l]);
+        for (g, &v) in g.iter_mut().zip(z) {
+            *g = (v - max).exp() / sum / rows as f32;
         }
+        g[l] -= 1.0 / rows as f32;
     }
+    dlogits[rows * k..].fill(0.0);
     Ok((loss / rows as f64) as f32)
 }
 
