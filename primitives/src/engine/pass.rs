@@ -102,6 +102,24 @@ impl PassConfig {
     }
 }
 
+/// The calling thread's 64-byte aligned block of at least `len` floats,
+/// grown once per thread and kept for its life: where a fused optimizer
+/// step forms each weight-gradient block, to step the weights from it
+/// while it is in L1. The pointer stays valid until the thread asks again
+/// for more than it got.
+pub(crate) fn thread_block(len: usize) -> *mut f32 {
+    thread_local! {
+        static BLOCK: std::cell::RefCell<brgemm::AlignedVec<f32>> =
+            std::cell::RefCell::new(brgemm::AlignedVec::new(brgemm::buffer::ALIGN));
+    }
+    BLOCK.with_borrow_mut(|v| {
+        if v.len() < len {
+            *v = brgemm::aligned_vec(len, 0.0);
+        }
+        v.as_mut_ptr()
+    })
+}
+
 /// The largest candidate that divides `x`, else `x` itself when it is small,
 /// else the first candidate (with zero padding).
 pub(crate) fn pick_block(x: usize, cands: &[usize]) -> usize {

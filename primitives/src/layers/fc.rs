@@ -584,20 +584,9 @@ impl Fc {
         let rule = state.begin(opt, w.data().len());
         let wv = w.blocks_mut();
         let w0 = wv.at([0, 0]) as usize;
-        thread_local! {
-            static DW: std::cell::RefCell<brgemm::AlignedVec<f32>> =
-                std::cell::RefCell::new(brgemm::AlignedVec::new(brgemm::buffer::ALIGN));
-        }
-        // The calling thread's L1 block, sized once; the call and its
-        // `done` run on the same thread, one after the other.
-        let scratch = |_: &[usize]| {
-            DW.with_borrow_mut(|v| {
-                if v.len() < blk {
-                    *v = brgemm::aligned_vec(blk, 0.0);
-                }
-                v.as_mut_ptr()
-            })
-        };
+        // The calling thread's L1 block; the call and its `done` run on
+        // the same thread, one after the other.
+        let scratch = |_: &[usize]| crate::pass::thread_block(blk);
         // SAFETY: shapes checked above; each thread's block is its own, and
         // every W block (and its moments) is stepped once, by the thread
         // that owns it, from the gradient block its own call just wrote.

@@ -401,29 +401,22 @@ impl FcBf16 {
             SyncPtr(wv.as_mut_ptr()),
             SyncPtr(wtv.as_mut_ptr()),
         );
-        thread_local! {
-            static DW: std::cell::RefCell<AlignedVec<f32>> =
-                std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
-        }
         pool.for_each(kb * cb, |item| {
             let (ki, ci) = (item / cb, item % cb);
-            DW.with_borrow_mut(|g| {
-                g.resize(blk, 0.0);
-                // SAFETY: W block `item` (and its moments), its forward
-                // VNNI block and its transposed block (ci, ki) belong to
-                // this item; the thread's gradient block is its own; wtv's
-                // block starts a multiple of blk (even) elements into a
-                // 64-byte aligned buffer.
-                unsafe {
-                    self.upd_block(&dzv, &xt, item, g.as_mut_ptr());
-                    let wb = std::slice::from_raw_parts_mut(wp.get().add(item * blk), blk);
-                    rule.apply(item * blk, wb, g);
-                    let dv = std::slice::from_raw_parts_mut(pv.get().add(item * blk), blk);
-                    let dt =
-                        std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
-                    pack_block(wb, bc, bk, dv, dt);
-                }
-            });
+            let g = crate::pass::thread_block(blk);
+            // SAFETY: W block `item` (and its moments), its forward VNNI
+            // block and its transposed block (ci, ki) belong to this item;
+            // the thread's gradient block `g` is its own (blk floats); wtv's
+            // block starts a multiple of blk (even) elements into a 64-byte
+            // aligned buffer.
+            unsafe {
+                self.upd_block(&dzv, &xt, item, g);
+                let wb = std::slice::from_raw_parts_mut(wp.get().add(item * blk), blk);
+                rule.apply(item * blk, wb, std::slice::from_raw_parts(g, blk));
+                let dv = std::slice::from_raw_parts_mut(pv.get().add(item * blk), blk);
+                let dt = std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
+                pack_block(wb, bc, bk, dv, dt);
+            }
         });
         Ok(())
     }
