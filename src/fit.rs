@@ -143,6 +143,24 @@ impl Default for FitConfig {
     }
 }
 
+/// The [`FitConfig`] of an example configuration ([`crate::train::TrainConfig`],
+/// [`crate::train_cnn::CnnConfig`], [`crate::train_lstm::SeqConfig`]): the
+/// run settings they all carry under the same names, the shuffles seeded by
+/// the configuration's seed xor `$salt` (its weights take the seed itself).
+macro_rules! fit_config_of {
+    ($cfg:expr, $salt:expr, whole_batches: $whole:expr) => {
+        $crate::fit::FitConfig {
+            epochs: $cfg.epochs,
+            optimizer: $cfg.optimizer,
+            seed: $cfg.seed ^ $salt,
+            whole_batches: $whole,
+            check_finite: $cfg.check_finite,
+            fused_update: $cfg.fused_update,
+        }
+    };
+}
+pub(crate) use fit_config_of;
+
 /// An error unless `g` reads `data`'s samples and predicts its classes.
 pub fn check_fits(g: &Graph, data: &impl Samples) -> Result<()> {
     let (i, o) = (g.input_shape(), g.output_shape());

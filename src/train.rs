@@ -3,7 +3,7 @@
 
 use crate::data::Dataset;
 pub use crate::fit::{accuracy, check_fits};
-use crate::fit::{fit, FitConfig};
+use crate::fit::{fit, fit_config_of};
 use brgemm_nn::models::{mlp_with_tunings, LayerSpec};
 use brgemm_nn::Graph;
 use brgemm_primitives::init::Rng;
@@ -165,14 +165,7 @@ pub fn train_model(
     report: impl FnMut(&EpochReport),
 ) -> brgemm_nn::Result<Graph> {
     model.set_bf16(cfg.bf16)?;
-    let fit_cfg = FitConfig {
-        epochs: cfg.epochs,
-        optimizer: cfg.optimizer,
-        seed: cfg.seed ^ 0x5eed,
-        whole_batches: false,
-        check_finite: cfg.check_finite,
-        fused_update: cfg.fused_update,
-    };
+    let fit_cfg = fit_config_of!(cfg, 0x5eed, whole_batches: false);
     fit(&mut model, pool, &fit_cfg, train, test, report)?;
     Ok(model)
 }

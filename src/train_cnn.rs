@@ -3,7 +3,7 @@
 
 use crate::data::ImageSet;
 pub use crate::fit::{accuracy, check_fits};
-use crate::fit::{fit, FitConfig};
+use crate::fit::{fit, fit_config_of};
 use crate::train::EpochReport;
 use brgemm_nn::models::{CnnSpec, StageSpec};
 use brgemm_nn::{Graph, Result};
@@ -108,14 +108,7 @@ pub fn train_model(
     report: impl FnMut(&EpochReport),
 ) -> Result<Graph> {
     model.set_bf16(cfg.bf16)?;
-    let fit_cfg = FitConfig {
-        epochs: cfg.epochs,
-        optimizer: cfg.optimizer,
-        seed: cfg.seed ^ 0xc22,
-        whole_batches: true,
-        check_finite: cfg.check_finite,
-        fused_update: cfg.fused_update,
-    };
+    let fit_cfg = fit_config_of!(cfg, 0xc22, whole_batches: true);
     fit(&mut model, pool, &fit_cfg, train, test, report)?;
     Ok(model)
 }

@@ -4,7 +4,7 @@
 
 use crate::data::Dataset;
 pub use crate::fit::RowSequences;
-use crate::fit::{fit, FitConfig};
+use crate::fit::{fit, fit_config_of};
 use crate::train::EpochReport;
 use brgemm_nn::models::SeqSpec;
 use brgemm_nn::Graph;
@@ -143,14 +143,7 @@ pub fn train_model(
     report: impl FnMut(&EpochReport),
 ) -> brgemm_nn::Result<Graph> {
     model.set_bf16(cfg.bf16)?;
-    let fit_cfg = FitConfig {
-        epochs: cfg.epochs,
-        optimizer: cfg.optimizer,
-        seed: cfg.seed ^ 0x157,
-        whole_batches: false,
-        check_finite: cfg.check_finite,
-        fused_update: cfg.fused_update,
-    };
+    let fit_cfg = fit_config_of!(cfg, 0x157, whole_batches: false);
     let (tr, te) = (sequences(&model, train), sequences(&model, test));
     fit(&mut model, pool, &fit_cfg, &tr, &te, report)?;
     Ok(model)
