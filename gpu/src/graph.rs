@@ -474,22 +474,7 @@ impl GpuGraph {
         Ok(())
     }
 
-    /// The mean loss of every step since the last call, oldest first.
-    pub fn losses(&mut self, dev: &Device) -> Result<Vec<f32>> {
-        self.head.losses(dev)
-    }
-
-    /// Predicted classes (batch norm with its running statistics).
-    pub fn predict_on(
-        &mut self,
-        dev: &Device,
-        data: &GpuDataset,
-        idx: &[usize],
-    ) -> Result<Vec<usize>> {
-        self.gather(dev, data, idx)?;
-        self.forward(dev, false)?;
-        self.head.predict_rows(dev, idx.len())
-    }
+    crate::mlp::head_readout!(|m: &mut Self, dev| m.forward(dev, false));
 
     /// The `i`-th convolution's weights (CPU order `[k][c][r][s]`) and
     /// bias, counting in node order.

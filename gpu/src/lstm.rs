@@ -400,22 +400,7 @@ impl GpuSeqNet {
         Ok(())
     }
 
-    /// The mean loss of every step since the last call, oldest first.
-    pub fn losses(&mut self, dev: &Device) -> Result<Vec<f32>> {
-        self.head.losses(dev)
-    }
-
-    /// Predicted classes of the rows `idx` of a device data set.
-    pub fn predict_on(
-        &mut self,
-        dev: &Device,
-        data: &GpuDataset,
-        idx: &[usize],
-    ) -> Result<Vec<usize>> {
-        self.gather(dev, data, idx)?;
-        self.forward(dev)?;
-        self.head.predict_rows(dev, idx.len())
-    }
+    crate::mlp::head_readout!(|m: &mut Self, dev| m.forward(dev));
 
     /// W, R and the bias in the CPU layer's (PyTorch's) order.
     pub fn lstm_parameters(&self, dev: &Device) -> Result<[Vec<f32>; 3]> {

@@ -486,6 +486,33 @@ impl GpuMlp {
     }
 }
 
+/// `losses` and `predict_on` of a model whose classifier is a [`GpuMlp`]
+/// in its field `head`: the head's loss window, and the head's arg max
+/// after the model gathers the rows and runs `$infer(self, dev)`, its
+/// inference forward pass up to the head's logits.
+macro_rules! head_readout {
+    ($infer:expr) => {
+        /// The mean loss of every step since the last call, oldest first.
+        pub fn losses(&mut self, dev: &Device) -> Result<Vec<f32>> {
+            self.head.losses(dev)
+        }
+
+        /// Predicted classes of the rows `idx` of a device data set (batch
+        /// norm, where there is one, with its running statistics).
+        pub fn predict_on(
+            &mut self,
+            dev: &Device,
+            data: &GpuDataset,
+            idx: &[usize],
+        ) -> Result<Vec<usize>> {
+            self.gather(dev, data, idx)?;
+            ($infer)(&mut *self, dev)?;
+            self.head.predict_rows(dev, idx.len())
+        }
+    };
+}
+pub(crate) use head_readout;
+
 /// Column-major `rows x cols` to column-major `cols x rows` (equally:
 /// device column-major `K x C` to host row-major `[K][C]` with rows = K, and
 /// back with rows = C).
