@@ -97,6 +97,11 @@ pub struct Policy {
     /// beats f32 once it packs its weights to bf16 every step (a pass
     /// over W that the f32 layer does not make).
     pub avx512bf16_fc_min_rows: usize,
+    /// The fewest flops per activation element (the layer's input and
+    /// output elements) at which a convolution on AVX512-BF16 beats f32:
+    /// below it the layer is bound by memory, and rounding its input in a
+    /// sweep of its own costs what the kernel saves.
+    pub avx512bf16_conv_min_flops_per_elem: usize,
     /// Reduction blocks per call where a pass's default order splits a
     /// long reduction and runs it outermost.
     pub split_chunk: usize,
@@ -123,6 +128,7 @@ impl Policy {
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
         avx512bf16_fc_min_rows: 0,
+        avx512bf16_conv_min_flops_per_elem: 0,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
@@ -130,8 +136,8 @@ impl Policy {
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
     /// 4x4 gather tile for calls of any batch; strided and 1x1 convolution
-    /// updates prefetch; AVX512-BF16 beats f32
-    /// (docs/tuning-notes.md).
+    /// updates prefetch; AVX512-BF16 beats f32 except on convolutions bound
+    /// by memory (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
         bf16_prefetch_from: None,
@@ -144,6 +150,7 @@ impl Policy {
             min_flops_per_rounded: 100,
         },
         avx512bf16_fc_min_rows: 64,
+        avx512bf16_conv_min_flops_per_elem: 128,
         ..Policy::ZEN5
     };
     /// Intel Sapphire Rapids, and every core not measured.
@@ -161,6 +168,7 @@ impl Policy {
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
         avx512bf16_fc_min_rows: 0,
+        avx512bf16_conv_min_flops_per_elem: 0,
         split_chunk: 8,
         stream_chunk: 16,
         stream_row_blocks: 32,
@@ -218,6 +226,20 @@ impl Policy {
         }
         self.bf16_beats_f32(isa)
             && (isa != Bf16Isa::Avx512Bf16 || rows >= self.avx512bf16_fc_min_rows)
+    }
+
+    /// Whether a convolution on the bf16 kernel `isa` beats its f32 passes,
+    /// doing `flops_per_elem` forward flops per element of its input and
+    /// output: where [`Policy::bf16_beats_f32`] holds and, on AVX512-BF16,
+    /// from [`Policy::avx512bf16_conv_min_flops_per_elem`]; a kernel forced
+    /// by name (`BRGEMM_BF16_ISA`) always.
+    pub fn bf16_conv_pays(&self, isa: Bf16Isa, flops_per_elem: f64) -> bool {
+        if Bf16Isa::is_forced() {
+            return true;
+        }
+        self.bf16_beats_f32(isa)
+            && (isa != Bf16Isa::Avx512Bf16
+                || flops_per_elem >= self.avx512bf16_conv_min_flops_per_elem as f64)
     }
 
     /// [`Prefetch::NextPair`] when `cond`, else [`Prefetch::None`].
@@ -281,5 +303,14 @@ mod tests {
         assert!(!z.bf16_fc_pays(isa, 32));
         assert!(z.bf16_fc_pays(isa, 64));
         assert!(!Policy::DEFAULT.bf16_fc_pays(isa, 1024));
+        // Convolutions at 56x56: 1x1 64->64 (64 flops per activation
+        // element), 64->256 (102), 256->128 (171); a 3x3 64->64 (576).
+        assert!(!z.bf16_conv_pays(isa, 64.0));
+        assert!(!z.bf16_conv_pays(isa, 102.4));
+        assert!(z.bf16_conv_pays(isa, 170.7));
+        assert!(z.bf16_conv_pays(isa, 576.0));
+        assert!(z.bf16_conv_pays(Bf16Isa::Amx, 1.0));
+        assert!(!Policy::DEFAULT.bf16_conv_pays(isa, 576.0));
+        assert!(!z.bf16_conv_pays(Bf16Isa::Fp32, 576.0));
     }
 }

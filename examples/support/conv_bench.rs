@@ -142,7 +142,8 @@ pub(crate) fn bench_conv(o: &Opts) {
 /// `gflops_with_packing` also counts packing the filter (forward; a
 /// training step does it once). `pct_fp32_peak` sets the bf16 GFLOP/s
 /// against the fp32 FMA peak probed between the bf16 samples (AMX lines
-/// pass 100%).
+/// pass 100%). `layer_runs_bf16`: whether a network in mixed precision
+/// runs the layer in bf16 on this CPU (`ConvBf16::pays`), else f32.
 #[allow(clippy::too_many_arguments)]
 fn bench_conv_bf16(
     conv: &brgemm_primitives::Conv,
@@ -169,6 +170,9 @@ fn bench_conv_bf16(
     // The kernel each pass runs on: backward-weights may be the f32 pass
     // where the CPU policy found bf16 not paying (`ConvBf16::upd_isa`).
     let upd_isa = cb.upd_isa().map_or("fp32 pass", |i| i.name());
+    // Whether a mixed-precision network runs this layer in bf16 at all
+    // (`ConvBf16::pays`); the passes are timed either way.
+    let layer_bf16 = cb.pays();
     let fwd_isa = cb.isa().name();
     // The fp32 FMA peak of the bf16 sample, measured between its samples.
     let peak = std::cell::Cell::new(0.0);
@@ -188,7 +192,7 @@ fn bench_conv_bf16(
             pass,
             flops / b / 1e9,
             format!(
-                r#""isa":"{isa}","gflops_with_packing":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_packing":{:.2},"fp32_peak_gflops":{:.1},"pct_fp32_peak":{:.1}"#,
+                r#""isa":"{isa}","gflops_with_packing":{:.1},"f32_gflops":{:.1},"vs_f32":{:.2},"vs_f32_with_packing":{:.2},"fp32_peak_gflops":{:.1},"pct_fp32_peak":{:.1},"layer_runs_bf16":{layer_bf16}"#,
                 flops / bc / 1e9,
                 flops / f / 1e9,
                 f / b,

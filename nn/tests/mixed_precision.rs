@@ -49,6 +49,19 @@ fn avx512bf16_pays() -> bool {
     Bf16Isa::Avx512Bf16.is_supported() && Bf16Isa::Avx512Bf16.beats_f32()
 }
 
+/// Whether a convolution of `flops_per_elem` forward flops per input and
+/// output element, too narrow for AMX, runs bf16 here: on AVX512-BF16 where
+/// the CPU policy measured it faster than f32 for layers of that much work
+/// (Zen 4: 128 flops and up).
+fn avx512bf16_pays_for_conv(flops_per_elem: f64) -> bool {
+    use brgemm::bf16::Bf16Isa;
+    let isa = Bf16Isa::Avx512Bf16;
+    isa.is_supported()
+        && brgemm::policy()
+            .unwrap()
+            .bf16_conv_pays(isa, flops_per_elem)
+}
+
 /// The linear layers that run bf16, each on a kernel that beats f32 here
 /// (or was forced).
 fn linears_in_bf16(g: &Graph) -> usize {
@@ -191,9 +204,10 @@ fn a_cnn_head_runs_in_bf16_on_the_convolutions_blocked_output() {
         let mut g = spec.graph(8, 4).unwrap();
         // The convolution (8 output channels) has no AMX blocks: it runs
         // bf16 on a kernel forced by name, or on AVX512-BF16 where that
-        // beats f32.
+        // beats f32 on a layer of its work per activation element
+        // (2 -> 8 channels, 3x3, 8x8 pixels: 2 * 2 * 8 * 9 / (2 + 8)).
         let on = g.set_bf16(bf).unwrap();
-        let conv = usize::from(forced() || avx512bf16_pays());
+        let conv = usize::from(forced() || avx512bf16_pays_for_conv(28.8));
         assert_eq!(on, if bf { linears_in_bf16(&g) + conv } else { 0 });
         if forced() {
             assert_eq!(on, if bf { 3 } else { 0 });
@@ -261,7 +275,8 @@ fn convolutions_run_bf16_where_it_pays_with_f32_gradients_to_rounding() {
         let out = b.layer(c2, Linear::new(64 * 64, 3, id, 3)).unwrap();
         let mut g = b.build(out).unwrap();
         let n = g.set_bf16(bf).unwrap();
-        let convs = if amx || forced() || avx512bf16_pays() {
+        // 288 and 384 flops per activation element: past the policy's bar.
+        let convs = if amx || forced() || avx512bf16_pays_for_conv(288.0) {
             2
         } else {
             0

@@ -609,3 +609,16 @@ fn forward_with_a_residual_is_the_forward_then_the_add() {
         assert!(e.to_string().contains("residual"), "{e}");
     }
 }
+
+/// Forward flops per input and output element (what decides whether a
+/// layer's bf16 passes pay on AVX512-BF16), counted by hand for ResNet-50
+/// layers: a 1x1 64 -> 64 layer, a 3x3 one, and the stride-2 projection.
+#[test]
+fn flops_per_activation_counts_input_and_output_elements() {
+    let per = |p: ConvParams| p.flops_per_activation();
+    assert_eq!(per(ConvParams::new(16, 64, 64, 56, 56, 1, 1)), 64.0);
+    assert_eq!(per(ConvParams::new(2, 64, 64, 56, 56, 3, 3).pad(1)), 576.0);
+    let proj = ConvParams::new(1, 256, 512, 56, 56, 1, 1).stride(2);
+    let want = 2.0 * 256.0 * 512.0 * 784.0 / (256.0 * 3136.0 + 512.0 * 784.0);
+    assert!((per(proj) - want).abs() < 1e-9, "{}", per(proj));
+}

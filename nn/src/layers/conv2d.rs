@@ -79,10 +79,14 @@ struct Bf16Side {
 
 impl Bf16Side {
     /// The bf16 passes of `conv` where they beat its f32 ones on this CPU
-    /// ([`brgemm::bf16::Bf16Isa::beats_f32`]: AMX, a bf16 kernel the CPU
-    /// policy measured faster than f32, or one forced by name) once
-    /// the input is rounded; None where they do not, or where the blocks
-    /// cannot pair. 1x1 convolutions too, since the rounding loops run in
+    /// ([`ConvBf16::pays`]: AMX, a bf16 kernel the CPU policy measured
+    /// faster than f32 on layers of this much work per activation element,
+    /// or one forced by name) once the input is rounded; None where they do
+    /// not, or where the blocks cannot pair. On Zen 4 the 1x1 layers of 64
+    /// channels at 56x56 stay f32 (cold caches, as in a training step,
+    /// alternated: 64->64 0.90x forward and 0.92x backward-data in bf16,
+    /// 64->256 and 256->64 0.97-1.04x; 256->128 1.18-1.32x and the 3x3
+    /// layers 1.8x stay bf16). 1x1 convolutions too, since the rounding loops run in
     /// AVX-512: with them scalar, a 1x1 layer's rounded input cost what
     /// bf16 saved and they stayed f32 (ResNet-50 training, batch 16,
     /// Sapphire Rapids with AMX, alternated in one session: bf16 over f32
@@ -90,7 +94,7 @@ impl Bf16Side {
     /// layers as well; inference 24-25 -> 39-41 img/s on one thread).
     fn new(conv: &Conv) -> Option<Bf16Side> {
         let cb = ConvBf16::new(conv).ok()?;
-        let pays = cb.isa().beats_f32();
+        let pays = cb.pays();
         pays.then(|| Bf16Side {
             conv: cb,
             ops: Bf16Operands::new(),

@@ -179,6 +179,15 @@ impl ConvBf16 {
         k.bf16_isa().expect("planned with a bf16 descriptor")
     }
 
+    /// Whether this layer on bf16 beats its f32 passes on this CPU
+    /// ([`brgemm::Policy::bf16_conv_pays`]): the forward kernel does, and on
+    /// AVX512-BF16 the layer does enough work per activation element for
+    /// its rounding sweeps to pay. A mixed-precision network keeps the
+    /// layers where this is false in f32.
+    pub fn pays(&self) -> bool {
+        crate::policy().bf16_conv_pays(self.isa(), self.params.flops_per_activation())
+    }
+
     /// The bf16 kernel of backward-weights, or None where that pass runs
     /// in f32 because bf16 would not pay on this CPU (the policy's
     /// [`brgemm::Bf16UpdRule`]: on AVX512-BF16, a 1x1 layer whose large

@@ -93,6 +93,12 @@ impl ConvParams {
     pub fn flops(&self) -> f64 {
         2.0 * (self.n * self.k * self.c * self.r * self.s) as f64 * (self.p() * self.q()) as f64
     }
+    /// Forward flops per element of the input and output together: low
+    /// (a 1x1 layer of few channels) where the passes are bound by memory.
+    pub fn flops_per_activation(&self) -> f64 {
+        let elems = self.n * (self.c * self.h * self.w + self.k * self.p() * self.q());
+        self.flops() / elems.max(1) as f64
+    }
     /// Checks every size; the error names the bad one.
     pub fn validate(&self) -> Result<()> {
         for (what, v) in [
