@@ -622,3 +622,16 @@ fn flops_per_activation_counts_input_and_output_elements() {
     let want = 2.0 * 256.0 * 512.0 * 784.0 / (256.0 * 3136.0 + 512.0 * 784.0);
     assert!((per(proj) - want).abs() < 1e-9, "{}", per(proj));
 }
+
+/// Backward-data through tap columns (3 input channels, 7x7 at stride 2:
+/// the stem) over rows of several pixel runs and a shorter last one, two
+/// K blocks, two images: every call prefetches the next run's dY, the last
+/// run of a row the next row's, an image's last none.
+#[test]
+fn stem_columns_over_several_runs_per_row() {
+    let p = ConvParams::new(2, 3, 24, 29, 31, 7, 7).stride(2).pad(3);
+    let mut t = ConvTuning::heuristic(&p);
+    t.bq = 6;
+    t.bk = 16;
+    check(p, t, Activation::Relu, 33);
+}
