@@ -624,14 +624,17 @@ fn flops_per_activation_counts_input_and_output_elements() {
 }
 
 /// Backward-data through tap columns (3 input channels, 7x7 at stride 2:
-/// the stem) over rows of several pixel runs and a shorter last one, two
-/// K blocks, two images: every call prefetches the next run's dY, the last
-/// run of a row the next row's, an image's last none.
+/// the stem; 5x5 and 3x3 too, whose column runs have other fixed lengths)
+/// over rows of several pixel runs and a shorter last one, two K blocks,
+/// two images: every call prefetches the next run's dY, the last run of a
+/// row the next row's, an image's last none.
 #[test]
 fn stem_columns_over_several_runs_per_row() {
-    let p = ConvParams::new(2, 3, 24, 29, 31, 7, 7).stride(2).pad(3);
-    let mut t = ConvTuning::heuristic(&p);
-    t.bq = 6;
-    t.bk = 16;
-    check(p, t, Activation::Relu, 33);
+    for (r, pad) in [(7, 3), (5, 2), (3, 1)] {
+        let p = ConvParams::new(2, 3, 24, 29, 31, r, r).stride(2).pad(pad);
+        let mut t = ConvTuning::heuristic(&p);
+        t.bq = 6;
+        t.bk = 16;
+        check(p, t, Activation::Relu, 33);
+    }
 }
