@@ -112,12 +112,13 @@ struct Setup {
     quick: bool,
     out_dir: std::path::PathBuf,
     pool: Pool,
-    isa: Isa,
     peak: f64,
     probes: Probes,
 }
 
-fn setup(args: &[String]) -> Setup {
+/// The sweep's settings from `args`, its pool and the FMA peak of all its
+/// threads, announced on stderr with `shape` (what is being tuned).
+fn setup(args: &[String], shape: &str) -> Setup {
     let threads = num(args, "--threads", Pool::global().threads());
     let quick = args.iter().any(|a| a == "--quick");
     let out_dir =
@@ -136,13 +137,14 @@ fn setup(args: &[String]) -> Setup {
     let mut v: Vec<f64> = (0..5)
         .map(|_| on_every_thread(&pool, || probes.fma.sample()))
         .collect();
+    let peak = workload::median(&mut v);
+    eprintln!("{shape}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
     Setup {
         threads,
         quick,
         out_dir,
         pool,
-        isa,
-        peak: workload::median(&mut v),
+        peak,
         probes,
     }
 }
@@ -246,11 +248,9 @@ fn tune_fc(args: &[String]) {
         quick,
         out_dir,
         pool,
-        isa,
         peak,
         probes,
-    } = setup(args);
-    eprintln!("fc n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
+    } = setup(args, &format!("fc n={n} c={c} k={k}"));
 
     let blocks: &[usize] = if quick { &[64] } else { &[32, 64] };
     // c first: the reduction chunked and outermost (the heuristic's choice

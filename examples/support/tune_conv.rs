@@ -27,11 +27,9 @@ pub(crate) fn tune_conv(args: &[String]) {
         quick,
         out_dir,
         pool,
-        isa,
         peak,
         probes,
-    } = setup(args);
-    eprintln!("conv {p:?}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
+    } = setup(args, &format!("conv {p:?}"));
     let heur = ConvTuning::heuristic(&p);
     let cands = |x: usize| -> Vec<usize> {
         let mut v: Vec<usize> = [16usize, 32, 64].into_iter().filter(|b| *b <= x).collect();

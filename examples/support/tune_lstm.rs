@@ -19,11 +19,9 @@ pub(crate) fn tune_lstm(args: &[String]) {
         quick,
         out_dir,
         pool,
-        isa,
         peak,
         probes,
-    } = setup(args);
-    eprintln!("lstm t={t} n={n} c={c} k={k}: {threads} thread(s), {isa}, peak {peak:.1} GFLOP/s");
+    } = setup(args, &format!("lstm t={t} n={n} c={c} k={k}"));
     let heur = RnnTuning::heuristic(n, c, k);
     let blocks: Vec<usize> = if quick { vec![0] } else { vec![0, 32, 64] };
     // Steps (c) outermost; backward runs its two phases (d) inside them.
