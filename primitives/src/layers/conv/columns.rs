@@ -129,28 +129,21 @@ impl Columns {
                         } else {
                             self.tail.as_ref().unwrap()
                         };
+                        let batch_b = dyv.at([ni, pi, q0]);
                         let batch = RawBatch::Offset {
                             a: a.as_ptr(),
-                            b: dyv.at([ni, pi, q0]),
+                            b: batch_b,
                             a_offs: self.a_off.as_ptr(),
                             b_offs: self.b_off.as_ptr(),
                             count: self.kb,
                         };
                         // Each call's dY rows are read once, from memory:
-                        // the kernel brings in the next call's while it
-                        // computes (the stem, minibatch 16, alternated in
-                        // one process on Zen 4: x1.085-1.10 on 1 and 2
-                        // threads).
-                        let (ahead, len) = if q0 + self.bq < q {
-                            (
-                                dyv.at([ni, pi, q0 + self.bq]),
-                                self.bq.min(q - q0 - self.bq) * bk,
-                            )
-                        } else if pi + 1 < pp {
-                            (dyv.at([ni, pi + 1, 0]), self.bq.min(q) * bk)
-                        } else {
-                            (std::ptr::null(), 0)
-                        };
+                        // the kernel brings in the next call's, which in
+                        // dY's layout follow this call's (the next run, or
+                        // the next row's first) while it computes (the
+                        // stem, minibatch 16, alternated in one process on
+                        // Zen 4: x1.085-1.10 on 1 and 2 threads).
+                        let ahead = batch_b.wrapping_add(nq * bk);
                         // SAFETY: the offsets stay inside A and this
                         // image's dY; `col` holds nq * m floats; `ahead`
                         // is only prefetched.
@@ -160,7 +153,7 @@ impl Columns {
                                 col.as_mut_ptr(),
                                 std::ptr::null(),
                                 ahead,
-                                len,
+                                self.bq * bk,
                             )
                         };
                         let at = (pi * p.stride_h * wp + q0 * p.stride_w) * bc;
