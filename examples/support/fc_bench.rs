@@ -370,7 +370,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                     a * 1e3,
                     f * 1e3,
                     b2 * 1e3,
-                    brgemm::policy().is_ok_and(|p| p.bf16_fc_pays(fb.isa(), n)),
+                    fb.pays(),
                 );
             }
         }

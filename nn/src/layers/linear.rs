@@ -273,9 +273,7 @@ impl Layer for Linear {
         // Mixed precision only where its kernel beats f32 here, the
         // weights packed every step counted (else the layer stays f32,
         // planned for it).
-        let pays =
-            |b: &Bf16Side| brgemm::policy().is_ok_and(|p| p.bf16_fc_pays(b.fc.isa(), input.n));
-        if bf.as_ref().is_some_and(|b| !pays(b)) {
+        if bf.as_ref().is_some_and(|b| !b.fc.pays()) {
             (fc, bf) = plan(false)?;
         }
         // The values move over only once the new plan stands: a refused

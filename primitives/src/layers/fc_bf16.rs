@@ -176,6 +176,14 @@ impl FcBf16 {
         self.fwd.bf16_isa().expect("planned with a bf16 descriptor")
     }
 
+    /// Whether this layer on bf16, its weights packed every step, beats the
+    /// f32 layer on this CPU ([`brgemm::Policy::bf16_fc_pays`] at its
+    /// minibatch rows). A mixed-precision network keeps the layers where
+    /// this is false in f32.
+    pub fn pays(&self) -> bool {
+        crate::policy().bf16_fc_pays(self.isa(), self.n)
+    }
+
     /// The bf16 kernel of backward-weights, or None where that pass runs
     /// in f32 because bf16 would not pay on this CPU (the policy's
     /// [`brgemm::Bf16UpdRule`]: on AVX512-BF16, minibatches under 32 rows,
