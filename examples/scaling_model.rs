@@ -98,7 +98,7 @@ fn measure(pool: &Pool, batch: usize, dims: &[usize], input_grad: bool) -> (Vec<
         let mut db = vec![0.0; fc.padded_k()];
         let fwd = median(|| fc.forward(pool, &x, &wt, &b, &mut y, None).unwrap());
         let upd = median(|| {
-            fc.activation_backward(pool, &dy, &y, None, &mut dz)
+            fc.activation_backward(pool, &dy, &y, None, &mut dz, None)
                 .unwrap();
             fc.backward_weights(pool, &dz, &x, &mut dw, &mut db)
                 .unwrap();

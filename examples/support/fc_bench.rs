@@ -253,7 +253,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                 )
                 .secs;
                 let mb = measure_pool(
-                    || fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap(),
+                    || fb.forward(&pool, &xb, &wv, &bias, &mut y, None).unwrap(),
                     &pool,
                     &probe,
                     samples,
@@ -262,7 +262,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                     || {
                         fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
                         to_bf16(&pool, x.data(), &mut xb);
-                        fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap()
+                        fb.forward(&pool, &xb, &wv, &bias, &mut y, None).unwrap()
                     },
                     &pool,
                     &probe,
@@ -336,7 +336,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                 let mut unfused = || {
                     fb.pack_weights(&pool, &w0, &mut wv, &mut wtv).unwrap();
                     to_bf16(&pool, x.data(), &mut xb);
-                    fb.forward(&pool, &xb, &wv, &bias, &mut y0).unwrap();
+                    fb.forward(&pool, &xb, &wv, &bias, &mut y0, None).unwrap();
                     to_bf16(&pool, dz.data(), &mut dzb);
                     fb.backward_data(&pool, &dzb, &wtv, &mut dx0).unwrap();
                     fb.backward_weights(&pool, &fc, &dz, &x, &mut dw0, &mut db0)
@@ -345,7 +345,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                 };
                 let mut fused = || {
                     to_bf16(&pool, x.data(), &mut xb1);
-                    fb.forward(&pool, &xb1, &wv1, &bias, &mut y1).unwrap();
+                    fb.forward(&pool, &xb1, &wv1, &bias, &mut y1, None).unwrap();
                     to_bf16(&pool, dz.data(), &mut dzb1);
                     fb.backward_data(&pool, &dzb1, &wtv1, &mut dx1).unwrap();
                     let packed = (&mut wv1, &mut wtv1);

@@ -117,6 +117,23 @@ pub trait Layer: std::any::Any + Send {
         Ok(false)
     }
 
+    /// What the layer, as planned now, reads in bf16: its input in forward
+    /// and its output gradient in backward. The graph asks the layers that
+    /// write those to write them in bf16 too ([`Layer::write_bf16`]), so no
+    /// rounding sweep runs between the two. (false, false) by default.
+    fn reads_bf16(&self) -> (bool, bool) {
+        (false, false)
+    }
+
+    /// Asked by the graph: write the output (`out`), and in backward the
+    /// input gradient (`dx`), rounded to bf16 too, in the same pass, for
+    /// the bf16 layer that reads it ([`Layer::reads_bf16`]); false turns it
+    /// off. Returns which of the two the layer writes; (false, false) by
+    /// default, where the reader rounds what it reads itself.
+    fn write_bf16(&mut self, _out: bool, _dx: bool) -> (bool, bool) {
+        (false, false)
+    }
+
     /// The parameters and their gradients, in the order backward completes
     /// them (weights, then bias). None by default.
     fn params(&mut self) -> Vec<Param<'_>> {

@@ -47,7 +47,7 @@ mod tensor;
 pub use error::{Error, Result};
 pub use file::FILE_VERSION;
 pub use graph::{
-    softmax_cross_entropy, Graph, GraphBuilder, NodeId, NodeInfo, NodeKind, ParamState,
+    softmax_cross_entropy, Graph, GraphBuilder, NodeId, NodeInfo, NodeKind, NodeTime, ParamState,
 };
 pub use layer::{Affine, Layer, Mode, Param};
 pub use layers::{

@@ -4,9 +4,14 @@
 //! `[N][C/bc][H][W][bc]` instead, shared (not copied) by the layer that
 //! wrote it and the layer that reads it; the plain values are made from it
 //! only when someone asks for them. Layers reuse their output buffers from
-//! step to step once no one else holds them.
+//! step to step once no one else holds them. Under mixed precision the
+//! layer that wrote the blocked values may have written them rounded to
+//! bf16 too, in the same pass, for a bf16 layer that reads them
+//! ([`crate::Layer::write_bf16`]).
 
 use crate::error::{Error, Result};
+use brgemm::bf16::bf16;
+use brgemm::AlignedVec;
 use brgemm_primitives::eltwise::relu_backward;
 use brgemm_primitives::{Blocked, Pool, Tensor4};
 use std::fmt;
@@ -70,6 +75,9 @@ pub struct Tensor {
     plain: OnceLock<Vec<f32>>,
     /// The layout a layer wrote the values in, if one did.
     layout: Layout,
+    /// The layout's values rounded to bf16, element for element, where the
+    /// layer that wrote them made that copy too.
+    bf16: Option<Arc<AlignedVec<bf16>>>,
 }
 
 /// Where a tensor's values live besides (or before) the plain copy.
@@ -89,6 +97,7 @@ impl fmt::Debug for Tensor {
         f.debug_struct("Tensor")
             .field("shape", &self.shape)
             .field("block", &self.block())
+            .field("bf16", &self.bf16.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -109,6 +118,7 @@ impl Tensor {
             shape,
             plain: OnceLock::from(data),
             layout: Layout::Plain,
+            bf16: None,
         }
     }
     /// `data` (NCHW) as a tensor of `shape`; an error names both lengths.
@@ -137,6 +147,7 @@ impl Tensor {
     pub fn data_mut(&mut self) -> &mut [f32] {
         self.data();
         self.layout = Layout::Plain;
+        self.bf16 = None;
         self.plain.get_mut().expect("made by data()")
     }
     /// The values.
@@ -173,6 +184,7 @@ impl Tensor {
             shape: Shape::new(n, c, h, w),
             plain: OnceLock::new(),
             layout: Layout::Nchw(t),
+            bf16: None,
         }
     }
     /// A flat `(rows, cols, 1, 1)` tensor over a linear layer's FC-layout
@@ -182,7 +194,30 @@ impl Tensor {
             shape: Shape::flat(r.rows(), r.cols()),
             plain: OnceLock::new(),
             layout: Layout::Rows(r),
+            bf16: None,
         }
+    }
+    /// The tensor with `twin` as its bf16 copy: the layer that wrote the
+    /// layout's values wrote `twin` from them in the same pass.
+    pub(crate) fn with_bf16(mut self, twin: &TwinBuf) -> Tensor {
+        debug_assert!(!matches!(self.layout, Layout::Plain));
+        self.bf16 = Some(twin.arc());
+        self
+    }
+    /// Whether the values travel in bf16 too (written by their layer for
+    /// a bf16 layer after it).
+    pub fn has_bf16(&self) -> bool {
+        self.bf16.is_some()
+    }
+    /// The bf16 copy of the blocked values with channel block `bc`.
+    pub(crate) fn bf16_blocked_as(&self, bc: usize) -> Option<&[bf16]> {
+        self.blocked_as(bc)
+            .and(self.bf16.as_deref().map(|v| &v[..]))
+    }
+    /// The bf16 copy of the values in the FC layout `like`.
+    pub(crate) fn bf16_rows_like(&self, like: &Blocked) -> Option<&[bf16]> {
+        let rows = self.rows().filter(|r| same_layout(r, like));
+        rows.and(self.bf16.as_deref().map(|v| &v[..]))
     }
     /// The values in the FC layout, when a linear layer wrote them.
     pub(crate) fn rows(&self) -> Option<&Arc<Blocked>> {
@@ -238,6 +273,8 @@ impl<T> Default for Shared<T> {
 pub(crate) type Buf = Shared<Tensor4>;
 /// A linear layer's buffer in the FC layout.
 pub(crate) type RowBuf = Shared<Blocked>;
+/// A layer's bf16 copy of its output (or input gradient) buffer.
+pub(crate) type TwinBuf = Shared<AlignedVec<bf16>>;
 
 impl<T> Shared<T> {
     /// The buffer, to write: the old one when no one else holds it and
@@ -292,6 +329,18 @@ impl Buf {
     /// A tensor sharing the buffer.
     pub(crate) fn tensor(&self) -> Tensor {
         Tensor::from_blocked(self.arc())
+    }
+}
+
+impl TwinBuf {
+    /// The buffer, to write, of `len` values (a new one unless the old one
+    /// is free and that long).
+    pub(crate) fn get_mut(&mut self, len: usize) -> Result<&mut [bf16]> {
+        let buf = self.get_mut_or(
+            |b| b.len() == len,
+            || Ok(brgemm::aligned_vec(len, bf16::ZERO)),
+        )?;
+        Ok(&mut buf[..])
     }
 }
 

@@ -382,3 +382,66 @@ fn folded_convolutions_infer_in_bf16_near_f32() {
     let (diff, norm) = diff_and_norm(&y32, &y16);
     assert!(diff <= 3e-2 * norm, "|diff| {diff}, |y| {norm}");
 }
+
+/// A residual CNN block and an MLP head in bf16: batch norm hands its
+/// output (to a 1x1 convolution, which reads it in place) and its input
+/// gradient (to a 1x1 convolution's backward-data) over in bf16, and the
+/// first linear layer its output to the second; each reader then rounds
+/// nothing itself. Training with the handoffs gives the bits of training
+/// without them (both round to nearest even), step after step.
+#[test]
+fn bf16_handoffs_between_layers_change_no_bit() {
+    use brgemm_nn::{BatchNorm2d, Conv2d, GlobalAvgPool, Relu};
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let s = Shape::new(4, 32, 8, 8);
+    let x = Lcg(8).tensor(s);
+    let labels = [0, 1, 2, 1];
+    let net = || {
+        let id = Activation::Identity;
+        let mut b = GraphBuilder::new(s);
+        let c1 = b.layer(b.input(), Conv2d::new(32, 64, (1, 1), 1, 0, id, 1));
+        let n1 = b.layer(c1.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let r1 = b.layer(n1, Relu::new()).unwrap();
+        let c2 = b.layer(r1, Conv2d::new(64, 64, (1, 1), 1, 0, id, 2));
+        let n2 = b.layer(c2.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let j = b.add(n2, r1).unwrap();
+        let j = b.layer(j, Relu::new()).unwrap();
+        let c3 = b.layer(j, Conv2d::new(64, 64, (3, 3), 1, 1, id, 3));
+        let n3 = b.layer(c3.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let r3 = b.layer(n3, Relu::new()).unwrap();
+        let p = b.layer(r3, GlobalAvgPool::new()).unwrap();
+        let h = b.layer(p, Linear::new(64, 64, Activation::Relu, 4));
+        let out = b.layer(h.unwrap(), Linear::new(64, 3, id, 5)).unwrap();
+        let mut g = b.build(out).unwrap();
+        g.set_bf16(true).unwrap();
+        g
+    };
+    let (mut on, mut off) = (net(), net());
+    off.set_bf16_handoff(false);
+    assert_eq!(off.bf16_handoffs(), 0);
+    if forced() {
+        // The first norm's output, the second's input gradient, the first
+        // linear layer's output (the 3x3 layer pads what it reads; the
+        // first convolution reads the graph's input).
+        assert_eq!(on.bf16_handoffs(), 3);
+    }
+    let opt = Optimizer::Sgd {
+        lr: 0.05,
+        momentum: 0.9,
+    };
+    for step in 0..3 {
+        let a = on.train_step(&pool, &x, &labels, &opt).unwrap();
+        let b = off.train_step(&pool, &x, &labels, &opt).unwrap();
+        assert_eq!(a.to_bits(), b.to_bits(), "step {step}: loss {a} vs {b}");
+    }
+    let bits = |g: &mut Graph| -> Vec<u32> {
+        g.params()
+            .iter()
+            .flat_map(|p| p.value.iter().map(|v| v.to_bits()))
+            .collect()
+    };
+    assert_eq!(bits(&mut on), bits(&mut off));
+    // Off again: nothing is handed over.
+    on.set_bf16(false).unwrap();
+    assert_eq!(on.bf16_handoffs(), 0);
+}

@@ -437,3 +437,72 @@ fn batch_norm_with_a_residual_is_batch_norm_then_the_add() {
         .unwrap_err();
     assert!(e.to_string().contains("ReLU"), "{e}");
 }
+
+/// The `_to` passes write their output (forward) and dx (backward) also
+/// rounded to bf16, for a bf16 layer after them: the f32 results the bits
+/// of the plain passes, the copies those rounded to nearest even, over
+/// planes of several rounding pieces, a padded channel block, the fused
+/// ReLU and the residual join; a copy of the wrong length is refused.
+#[test]
+fn batch_norm_writes_bf16_copies_in_its_own_pass() {
+    use brgemm::bf16::bf16;
+    use brgemm_primitives::fc_bf16::round_bf16;
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let (n, c, h, w, bc) = (2, 70, 9, 37, 64);
+    let x = Tensor4::from_nchw(&data(n * c * h * w, 51), n, c, h, w, bc).unwrap();
+    let r = Tensor4::from_nchw(&data(n * c * h * w, 52), n, c, h, w, bc).unwrap();
+    let g = Tensor4::from_nchw(&data(n * c * h * w, 53), n, c, h, w, bc).unwrap();
+    let len = x.data().len();
+    let rounded = |t: &Tensor4| -> Vec<bf16> { t.data().iter().map(|v| round_bf16(*v)).collect() };
+    let bits = |t: &Tensor4| -> Vec<u32> { t.data().iter().map(|v| v.to_bits()).collect() };
+    for (relu, res) in [(false, None), (true, None), (false, Some((&r, true)))] {
+        let what = format!("relu {relu}, residual {}", res.is_some());
+        let (mut a, mut b) = (
+            BatchNorm::new(c, bc).unwrap(),
+            BatchNorm::new(c, bc).unwrap(),
+        );
+        (a.relu, b.relu) = (relu, relu);
+        let (mut y, mut yt) = (x.clone(), x.clone());
+        let mut yb = vec![bf16::ZERO; len];
+        match res {
+            None => a.forward_train(&pool, &x, &mut y).unwrap(),
+            Some((r, j)) => a.forward_train_add(&pool, &x, r, j, &mut y).unwrap(),
+        }
+        b.forward_train_to(&pool, &x, res, &mut yt, Some(&mut yb))
+            .unwrap();
+        assert_eq!(bits(&y), bits(&yt), "train y, {what}");
+        assert_eq!(yb, rounded(&y), "train copy, {what}");
+        a.forward_infer_to(&pool, &x, res, &mut y, None).unwrap();
+        b.forward_infer_to(&pool, &x, res, &mut yt, Some(&mut yb))
+            .unwrap();
+        assert_eq!(bits(&y), bits(&yt), "inference y, {what}");
+        assert_eq!(yb, rounded(&y), "inference copy, {what}");
+        // Backward after a training forward, through the fused ReLU.
+        a.forward_train(&pool, &x, &mut y).ok();
+        b.forward_train(&pool, &x, &mut yt).ok();
+        if res.is_some() {
+            continue;
+        }
+        let pc = a.gamma().len();
+        let (mut dx, mut dxt) = (x.clone(), x.clone());
+        let mut dxb = vec![bf16::ZERO; len];
+        let mut sums = [vec![0.0; pc], vec![0.0; pc], vec![0.0; pc], vec![0.0; pc]];
+        let [dg, db, dg2, db2] = &mut sums;
+        let yy = relu.then_some(&y);
+        a.backward_to(&pool, &x, yy, &g, (&mut dx, None), dg, db)
+            .unwrap();
+        b.backward_to(&pool, &x, yy, &g, (&mut dxt, Some(&mut dxb)), dg2, db2)
+            .unwrap();
+        assert_eq!(bits(&dx), bits(&dxt), "dx, {what}");
+        assert_eq!(dxb, rounded(&dx), "dx copy, {what}");
+        let mut short = vec![bf16::ZERO; len - 1];
+        let e = b
+            .backward_to(&pool, &x, yy, &g, (&mut dxt, Some(&mut short)), dg2, db2)
+            .unwrap_err();
+        assert!(e.to_string().contains("bf16 dx"), "{e}");
+        let e = b
+            .forward_train_to(&pool, &x, None, &mut yt, Some(&mut short))
+            .unwrap_err();
+        assert!(e.to_string().contains("bf16 y"), "{e}");
+    }
+}

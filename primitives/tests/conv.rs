@@ -350,6 +350,11 @@ fn bad_shapes_and_buffers_are_errors() {
     assert!(e.contains("Gelu"), "{e}");
 }
 
+/// Equal bit for bit (NaN included).
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 fn rounded(v: &[f32]) -> Vec<f32> {
     v.iter().map(|x| round_bf16(*x).to_f32()).collect()
 }
@@ -380,6 +385,16 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let isa = cb.isa();
     let what = format!("bf16 Y ({isa:?}, {p:?})");
     close(&what, &y.to_nchw(), &act_want, (p.c * p.r * p.s) as f64);
+    // X handed over in bf16 by the layer before: the same bits.
+    let to_bf16 = |t: &Tensor4| -> Vec<bf16> { t.data().iter().map(|v| round_bf16(*v)).collect() };
+    let mut y2 = conv.y_tensor();
+    y2.data_mut().fill(f32::NAN);
+    let xb = to_bf16(&x);
+    cb.forward_from_bf16(&pool, &conv, &x, Some(&xb), &wv, &bias, None, &mut y2)
+        .unwrap();
+    assert!(same_bits(y.data(), y2.data()), "{what}: from bf16 X");
+    let e = cb.forward_from_bf16(&pool, &conv, &x, Some(&xb[1..]), &wv, &bias, None, &mut y2);
+    assert!(e.unwrap_err().to_string().contains("bf16 X"));
     let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
     let mut dx = conv.x_tensor();
     dx.data_mut().fill(f32::NAN);
@@ -390,6 +405,20 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
         &want.dx,
         (p.k * p.r * p.s) as f64,
     );
+    let mut dx2 = conv.x_tensor();
+    dx2.data_mut().fill(f32::NAN);
+    let dzb = to_bf16(&dz);
+    cb.backward_data_from_bf16(&pool, &conv, &dz, Some(&dzb), &wtv, &mut dx2)
+        .unwrap();
+    assert!(
+        same_bits(dx.data(), dx2.data()),
+        "bf16 dX ({p:?}): from bf16 dZ"
+    );
+    // In place where no border is padded: forward, a layer without one;
+    // backward-data, at least a 1x1 layer without one.
+    let (fwd, bwd) = cb.reads_in_place();
+    assert_eq!(fwd, p.pad_h == 0 && p.pad_w == 0, "{p:?}");
+    assert!(bwd || p.r * p.s > 1 || p.pad_h + p.pad_w > 0, "{p:?}");
     let mut dw = conv.filter();
     dw.data_mut().fill(f32::NAN);
     let mut db = vec![f32::NAN; conv.padded_k()];
@@ -595,6 +624,11 @@ fn forward_with_a_residual_is_the_forward_then_the_add() {
             cb.forward_add(&pool, &conv, &x, &wv, &bias, add, &mut ya)
                 .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "bf16 {p:?} relu {relu}");
+            let xb: Vec<bf16> = x.data().iter().map(|v| round_bf16(*v)).collect();
+            ya.data_mut().fill(f32::NAN);
+            cb.forward_from_bf16(&pool, &conv, &x, Some(&xb), &wv, &bias, Some(add), &mut ya)
+                .unwrap();
+            assert_eq!(ya.data(), &joined(&y)[..], "bf16 X {p:?} relu {relu}");
         }
         // A residual of other dims is refused, naming it.
         let small = Tensor4::zeros(p.n, p.k, p.p(), p.q() - 1, t.bk).unwrap();

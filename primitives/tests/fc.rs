@@ -108,7 +108,7 @@ impl Problem {
         let mut dy = fc.y_layout();
         dy.set_plain(&self.dy).unwrap();
         let mut dz = fc.y_layout();
-        fc.activation_backward(pool, &dy, &y, Some(&z), &mut dz)
+        fc.activation_backward(pool, &dy, &y, Some(&z), &mut dz, None)
             .unwrap();
         let mut dzt = fc.dzt_layout();
         let mut dx = fc.x_layout();

@@ -23,6 +23,8 @@ fn forward_and_backward_passes_match_the_rounded_reference() {
         (40, 70, 30, 16),
         (8, 6, 10, 0),
         (33, 64, 96, 32),
+        // Y longer than a rounding piece of the copies.
+        (130, 40, 200, 0),
     ] {
         let mut t = FcTuning::heuristic(n, c, k);
         if b > 0 {
@@ -43,7 +45,7 @@ fn forward_and_backward_passes_match_the_rounded_reference() {
             fb.pack_weights(&pool, &w, &mut wv, &mut wtv).unwrap();
             to_bf16(&pool, x.data(), &mut xb);
             let mut y = fc.y_layout();
-            fb.forward(&pool, &xb, &wv, &bias, &mut y).unwrap();
+            fb.forward(&pool, &xb, &wv, &bias, &mut y, None).unwrap();
             let (xr, wr) = (round(&xs), round(&ws));
             let got = y.to_plain();
             for r in 0..n {
@@ -65,6 +67,30 @@ fn forward_and_backward_passes_match_the_rounded_reference() {
                     assert_eq!(y.data()[y.index(r, j)], 0.0, "Y padding [{r}][{j}]");
                 }
             }
+            // Y also in bf16 for the next layer: the same Y, and the copy
+            // what rounding it gives (padding included).
+            let mut y2 = fc.y_layout();
+            let mut yb = vec![bf16::ZERO; y.data().len()];
+            fb.forward(&pool, &xb, &wv, &bias, &mut y2, Some(&mut yb))
+                .unwrap();
+            assert_eq!(y.data(), y2.data(), "{n}x{c}x{k} {act:?}: Y with a copy");
+            let mut want_b = brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
+            to_bf16(&pool, y.data(), &mut want_b);
+            assert_eq!(&yb[..], &want_b[..], "{n}x{c}x{k} {act:?}: bf16 Y");
+            let e = fb.forward(&pool, &xb, &wv, &bias, &mut y2, Some(&mut yb[1..]));
+            assert!(e.unwrap_err().to_string().contains("bf16 Y"));
+            // dZ = dY * act'(Y), rounded in the same pass.
+            let mut dyb = fc.y_layout();
+            dyb.set_plain(&data(n * k, 5)).unwrap();
+            let (mut dz1, mut dz2) = (fc.y_layout(), fc.y_layout());
+            let mut dzr = vec![bf16::ZERO; dz1.data().len()];
+            fc.activation_backward(&pool, &dyb, &y, None, &mut dz1, None)
+                .unwrap();
+            fc.activation_backward(&pool, &dyb, &y, None, &mut dz2, Some(&mut dzr))
+                .unwrap();
+            assert_eq!(dz1.data(), dz2.data(), "{act:?}: dZ with a copy");
+            to_bf16(&pool, dz1.data(), &mut want_b);
+            assert_eq!(&dzr[..], &want_b[..], "{act:?}: bf16 dZ");
             let mut dz = fc.y_layout();
             dz.set_plain(&gs).unwrap();
             let mut dzb = brgemm::AlignedVec::new(brgemm::buffer::ALIGN);

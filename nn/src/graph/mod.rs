@@ -205,7 +205,7 @@ impl GraphBuilder {
                 _ => None,
             })
             .collect();
-        Ok(Graph {
+        let mut g = Graph {
             groups,
             nodes,
             acts: vec![None; n],
@@ -213,7 +213,11 @@ impl GraphBuilder {
             times: vec![[Duration::ZERO; 2]; n],
             stale: true,
             fused_update: false,
-        })
+            handoff: true,
+            handoffs: 0,
+        };
+        g.link_bf16();
+        Ok(g)
     }
 }
 
@@ -300,6 +304,11 @@ pub struct Graph {
     groups: Vec<Option<usize>>,
     /// [`Graph::train_step`] steps the layers that can inside backward.
     fused_update: bool,
+    /// Layers write bf16 copies for the bf16 layers that read their
+    /// outputs or input gradients ([`Graph::set_bf16_handoff`]), and how
+    /// many such pairs there are now.
+    handoff: bool,
+    handoffs: usize,
 }
 
 /// The callback of a backward that reports each parameter group's
@@ -714,9 +723,75 @@ impl Graph {
     /// change to the layers.
     pub fn set_bf16(&mut self, on: bool) -> Result<usize> {
         let mut n = 0;
-        for l in self.layers_mut() {
+        let set = self.layers_mut().try_for_each(|l| {
             n += usize::from(l.set_bf16(on)?);
+            Ok::<_, Error>(())
+        });
+        self.link_bf16();
+        set.map(|_| n)
+    }
+
+    /// Whether a layer whose output (or input gradient) a bf16 layer reads
+    /// writes it in bf16 too, in its own pass (batch norm, and a bf16
+    /// linear layer's forward), so that the reader runs no rounding sweep
+    /// of its own and, without padding, reads it in place. On by default;
+    /// the results are the same bits either way (both round to nearest
+    /// even), off is for measuring what it saves.
+    pub fn set_bf16_handoff(&mut self, on: bool) {
+        self.handoff = on;
+        self.link_bf16();
+    }
+
+    /// How many layers write bf16 copies for bf16 readers as the graph is
+    /// planned now, an output and an input gradient counting one each.
+    pub fn bf16_handoffs(&self) -> usize {
+        self.handoffs
+    }
+
+    /// Tells each layer which bf16 copies its readers want
+    /// ([`Layer::reads_bf16`], [`Layer::write_bf16`]): its output, where a
+    /// reader takes bf16 input (through a fused ReLU, or an add the layer
+    /// joins, its readers are theirs); its input gradient, where its sole
+    /// input's sole reader is it and that input's layer reads its output
+    /// gradient in bf16.
+    fn link_bf16(&mut self) {
+        let n = self.nodes.len();
+        let mut readers = vec![0usize; n];
+        for node in &self.nodes {
+            node.inputs.iter().for_each(|&j| readers[j] += 1);
         }
-        Ok(n)
+        // The node whose pass writes node j's output.
+        let writer = |mut j: usize| loop {
+            match (&self.nodes[j].op, self.nodes[j].join) {
+                _ if self.nodes[j].fused => j = self.nodes[j].inputs[0],
+                (Op::Add, Some((p, _))) => j = p,
+                _ => return j,
+            }
+        };
+        let reads = |i: usize| match &self.nodes[i].op {
+            Op::Layer(l) if !self.nodes[i].fused => l.reads_bf16(),
+            _ => (false, false),
+        };
+        let mut out = vec![false; n];
+        for i in 1..n {
+            out[writer(self.nodes[i].inputs[0])] |= reads(i).0 && self.handoff;
+        }
+        // Node i, j's sole reader, writes j's output gradient (unless j
+        // reads the graph's input: a training step skips its backward-data).
+        let dx: Vec<bool> = (0..n)
+            .map(|i| {
+                let j = self.nodes[i].inputs.first().copied().unwrap_or(0);
+                let sole = readers[j] == 1 && j != 0 && self.nodes[j].inputs[0] != 0;
+                let layer = matches!(self.nodes[i].op, Op::Layer(_)) && !self.nodes[i].fused;
+                sole && layer && reads(j).1 && self.handoff
+            })
+            .collect();
+        self.handoffs = 0;
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if let Op::Layer(l) = &mut node.op {
+                let (o, d) = l.write_bf16(out[i], dx[i]);
+                self.handoffs += usize::from(o) + usize::from(d);
+            }
+        }
     }
 }

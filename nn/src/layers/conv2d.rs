@@ -54,6 +54,9 @@ pub struct Conv2d {
     act: Activation,
     /// Mixed precision asked for ([`Layer::set_bf16`]).
     bf16: bool,
+    /// The input arrives blocked ([`Layer::input_block`]): a bf16 copy of
+    /// it would be in a layout this layer reads.
+    blocked_input: bool,
     /// The weights and bias in PyTorch's order until built; then one plan
     /// per group.
     state: State<Vec<Plan>>,
@@ -154,6 +157,7 @@ impl Conv2d {
             groups: 1,
             act,
             bf16: false,
+            blocked_input: false,
             state: State::Plain(Vec::new(), vec![0.0; out_c]),
             fold: None,
         };
@@ -274,6 +278,8 @@ impl Conv2d {
                 let t = p.dy.get_mut(p.output, bk)?;
                 channels_from_nchw(pool, dy.data(), k_all, j * p.output.c, t);
             }
+            // dZ = dY already in bf16 where the layer that wrote it made a copy.
+            let dzb = dy.bf16_blocked_as(bk).filter(|_| single && identity);
             let dz = if identity {
                 &p.dy
             } else {
@@ -287,8 +293,9 @@ impl Conv2d {
                 match &mut p.bf {
                     // The filter was packed for both passes by the forward.
                     Some(b) => {
+                        let wtv = &b.ops.wtv;
                         b.conv
-                            .backward_data(pool, &p.conv, dz.get(), &b.ops.wtv, dx)?;
+                            .backward_data_from_bf16(pool, &p.conv, dz.get(), dzb, wtv, dx)?;
                     }
                     _ => {
                         p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
@@ -358,6 +365,8 @@ impl Conv2d {
                 Some(f) if mode == Mode::Eval => (&f.conv, &f.w, &f.bias[..], &mut f.bf),
                 _ => (&p.conv, &p.w, &p.bias[..], &mut p.bf),
             };
+            // X already in bf16 where the layer that wrote it made a copy.
+            let xb = x.bf16_blocked_as(bc).filter(|_| single);
             let x = p.x.get();
             match bf {
                 Some(b) => {
@@ -366,10 +375,8 @@ impl Conv2d {
                         b.conv.pack_filter(pool, w, &mut o.wv, &mut o.wtv)?;
                         o.packed = true;
                     }
-                    match add {
-                        Some(a) => b.conv.forward_add(pool, conv, x, &o.wv, bias, a, y)?,
-                        None => b.conv.forward(pool, conv, x, &o.wv, bias, y)?,
-                    }
+                    b.conv
+                        .forward_from_bf16(pool, conv, x, xb, &o.wv, bias, add, y)?;
                 }
                 None => match add {
                     Some(a) => conv.forward_add(pool, x, w, bias, a, y)?,
@@ -579,6 +586,24 @@ impl Layer for Conv2d {
         self.state
             .built()
             .map_or(0.0, |ps| ps.iter().map(|p| p.conv.flops()).sum())
+    }
+
+    fn input_block(&mut self, block: Option<usize>) {
+        self.blocked_input = block.is_some();
+    }
+
+    fn reads_bf16(&self) -> (bool, bool) {
+        match self.state.built().map(|ps| &ps[..]) {
+            // Only where the copy is read in place: with a border to pad,
+            // the reader sweeps it anyway, and the writer's extra stores
+            // cost more than the half-width read saves (ResNet-50, Zen 4).
+            Some([p]) => p.bf.as_ref().map_or((false, false), |b| {
+                let (fwd, bwd) = b.conv.reads_in_place();
+                let identity = self.act == Activation::Identity;
+                (fwd && self.blocked_input, bwd && identity)
+            }),
+            _ => (false, false),
+        }
     }
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {

@@ -11,7 +11,7 @@
 use super::{expect_values, need_training, weight_and_bias, Bf16Operands, State};
 use crate::error::{Error, Result};
 use crate::layer::{Layer, Mode, Param};
-use crate::tensor::{same_layout, Buf, RowBuf, Shape, Tensor};
+use crate::tensor::{same_layout, Buf, RowBuf, Shape, Tensor, TwinBuf};
 use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::{Activation, AlignedVec};
 use brgemm_primitives::eltwise::{flatten, unflatten};
@@ -29,19 +29,28 @@ pub struct Linear {
     act: Activation,
     /// Mixed precision asked for ([`Layer::set_bf16`]).
     bf16: bool,
+    /// A bf16 layer reads the output: the bf16 forward writes it in bf16
+    /// too ([`Layer::write_bf16`]).
+    bf16_out: bool,
+    /// The input arrives in a blocked NCHW layout ([`Layer::input_block`]),
+    /// whose bf16 copy this layer cannot read in place.
+    blocked_input: bool,
     /// Blocking and loop orders (None: the heuristic for the shape).
     tuning: Option<FcTuning>,
     state: State<Plan>,
 }
 
 /// The bf16 side of mixed precision: the passes, the packed weights, and
-/// the step's input and output gradient rounded (the FC passes read bf16
-/// operands in their blocked layouts).
+/// the step's input, output and output gradient rounded (the FC passes
+/// read bf16 operands in their blocked layouts; dZ is rounded as the
+/// activation's gradient makes it, the output for a bf16 reader as the
+/// forward writes it).
 struct Bf16Side {
     fc: FcBf16,
     ops: Bf16Operands,
     xb: AlignedVec<bf16>,
     dzb: AlignedVec<bf16>,
+    yb: TwinBuf,
 }
 
 impl Bf16Side {
@@ -52,20 +61,33 @@ impl Bf16Side {
             ops: Bf16Operands::new(),
             xb: buf(),
             dzb: buf(),
+            yb: TwinBuf::default(),
         })
     }
 }
 
 impl Plan {
+    /// dZ = dY * act'(.) from dY (taken in) and the forward's output,
+    /// rounded to bf16 in the same pass under mixed precision.
+    fn activation_grad(&mut self, pool: &Pool) -> Result<()> {
+        let z = (self.fc.act() == Activation::Gelu).then_some(&self.z);
+        let dzb = self.bf.as_mut().map(|b| {
+            b.dzb.resize(self.dz.data().len(), bf16::ZERO);
+            &mut b.dzb[..]
+        });
+        let (dy, y) = (self.dy.get(), self.y.get());
+        Ok(self
+            .fc
+            .activation_backward(pool, dy, y, z, &mut self.dz, dzb)?)
+    }
+
     /// dL/dx from dZ (already computed) and the weights as they are.
     fn input_grad(&mut self, pool: &Pool) -> Result<Tensor> {
         let dx = self.dx.get_mut(&self.x_like)?;
         match &mut self.bf {
-            // The transposed weights were packed with the forward's.
-            Some(b) => {
-                to_bf16(pool, self.dz.data(), &mut b.dzb);
-                b.fc.backward_data(pool, &b.dzb, &b.ops.wtv, dx)?;
-            }
+            // The transposed weights were packed with the forward's, dZ
+            // rounded with its activation gradient.
+            Some(b) => b.fc.backward_data(pool, &b.dzb, &b.ops.wtv, dx)?,
             None => {
                 self.fc
                     .backward_data(pool, &self.dz, &self.w, &mut self.dzt, dx)?;
@@ -145,6 +167,8 @@ impl Linear {
             outputs,
             act,
             bf16: false,
+            bf16_out: false,
+            blocked_input: false,
             tuning: None,
             state: State::Plain(w, vec![0.0; outputs]),
         }
@@ -323,8 +347,19 @@ impl Layer for Linear {
                     b.fc.pack_weights(pool, &p.w, &mut o.wv, &mut o.wtv)?;
                     o.packed = true;
                 }
-                to_bf16(pool, p.x.get().data(), &mut b.xb);
-                b.fc.forward(pool, &b.xb, &o.wv, &p.bias, y)?;
+                // X already in bf16 where the layer that wrote it made a copy.
+                let xb = match x.bf16_rows_like(&p.x_like) {
+                    Some(xb) => xb,
+                    None => {
+                        to_bf16(pool, p.x.get().data(), &mut b.xb);
+                        &b.xb[..]
+                    }
+                };
+                let yb = match self.bf16_out {
+                    true => Some(b.yb.get_mut(y.data().len())?),
+                    false => None,
+                };
+                b.fc.forward(pool, xb, &o.wv, &p.bias, y, yb)?;
             }
             None => {
                 // The pre-activation only where its gradient needs it (GELU).
@@ -336,7 +371,10 @@ impl Layer for Linear {
         if !p.trained {
             p.x.release();
         }
-        Ok(p.y.tensor())
+        Ok(match &p.bf {
+            Some(b) if self.bf16_out => p.y.tensor().with_bf16(&b.yb),
+            _ => p.y.tensor(),
+        })
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
@@ -364,8 +402,7 @@ impl Layer for Linear {
         }
         need_training(p.trained, "linear")?;
         Plan::take_in(pool, dy, &p.y_like, &mut p.dy)?;
-        let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
-        p.fc.activation_backward(pool, p.dy.get(), p.y.get(), z, &mut p.dz)?;
+        p.activation_grad(pool)?;
         // dX from the weights as forward saw them, then the step.
         let dx = input.then(|| p.input_grad(pool)).transpose()?;
         let (ws, bs) = states.split_at_mut(1);
@@ -394,8 +431,7 @@ impl Layer for Linear {
         let p = self.state.plan("backward")?;
         need_training(p.trained, "linear")?;
         Plan::take_in(pool, dy, &p.y_like, &mut p.dy)?;
-        let z = (p.fc.act() == Activation::Gelu).then_some(&p.z);
-        p.fc.activation_backward(pool, p.dy.get(), p.y.get(), z, &mut p.dz)?;
+        p.activation_grad(pool)?;
         match &p.bf {
             // bf16 operands, f32 sums: 1.7-5.1x the f32 pass from 32 rows
             // up on AMX (1.05x at 16, 0.97x on 64x128x64); the plan runs
@@ -416,6 +452,21 @@ impl Layer for Linear {
 
     fn flops(&self) -> f64 {
         self.state.built().map_or(0.0, |p| p.fc.flops())
+    }
+
+    fn reads_bf16(&self) -> (bool, bool) {
+        let bf = self.state.built().is_some_and(|p| p.bf.is_some());
+        (bf && !self.blocked_input, false)
+    }
+
+    fn input_block(&mut self, block: Option<usize>) {
+        self.blocked_input = block.is_some();
+    }
+
+    fn write_bf16(&mut self, out: bool, _dx: bool) -> (bool, bool) {
+        self.bf16_out = out;
+        let bf = self.state.built().is_some_and(|p| p.bf.is_some());
+        (out && bf, false)
     }
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {

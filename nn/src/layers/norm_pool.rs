@@ -4,7 +4,7 @@
 use super::{expect_values, need_training, unbuilt};
 use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
-use crate::tensor::{Buf, Shape, Tensor};
+use crate::tensor::{Buf, Shape, Tensor, TwinBuf};
 use brgemm_primitives::{BatchNorm, Pool, Pool2d, PoolKind, Tensor4};
 
 /// The channel block when no producer names one (the graph's input).
@@ -20,6 +20,8 @@ pub struct BatchNorm2d {
     block: Option<usize>,
     /// A ReLU on the output, fused by the graph.
     relu: bool,
+    /// The output and dx also in bf16, for the bf16 layers reading them.
+    bf16: (bool, bool),
     plan: Option<BnPlan>,
 }
 
@@ -31,6 +33,9 @@ struct BnPlan {
     y: Buf,
     dy: Buf,
     dx: Buf,
+    /// The bf16 copies of y and dx, when asked for.
+    yb: TwinBuf,
+    dxb: TwinBuf,
     dgamma: Vec<f32>,
     dbeta: Vec<f32>,
     trained: bool,
@@ -43,6 +48,7 @@ impl BatchNorm2d {
             c,
             block: None,
             relu: false,
+            bf16: (false, false),
             plan: None,
         }
     }
@@ -60,19 +66,22 @@ impl BatchNorm2d {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
         x.blocked_into(pool, p.bc, &mut p.x)?;
         let y = p.y.get_mut(p.shape, p.bc)?;
-        match (mode, res) {
-            (Mode::Train, None) => p.bn.forward_train(pool, p.x.get(), y)?,
-            (Mode::Eval, None) => p.bn.forward_infer(pool, p.x.get(), y)?,
-            (Mode::Train, Some((r, relu))) => {
-                p.bn.forward_train_add(pool, p.x.get(), r, relu, y)?
-            }
-            (Mode::Eval, Some((r, relu))) => p.bn.forward_infer_add(pool, p.x.get(), r, relu, y)?,
+        let yb = match self.bf16.0 {
+            true => Some(p.yb.get_mut(y.data().len())?),
+            false => None,
+        };
+        match mode {
+            Mode::Train => p.bn.forward_train_to(pool, p.x.get(), res, y, yb)?,
+            Mode::Eval => p.bn.forward_infer_to(pool, p.x.get(), res, y, yb)?,
         }
         p.trained = mode == Mode::Train;
         if !p.trained {
             p.x.release();
         }
-        Ok(p.y.tensor())
+        Ok(match self.bf16.0 {
+            true => p.y.tensor().with_bf16(&p.yb),
+            false => p.y.tensor(),
+        })
     }
 }
 
@@ -157,6 +166,8 @@ impl Layer for BatchNorm2d {
             y: Buf::default(),
             dy: Buf::default(),
             dx: Buf::default(),
+            yb: TwinBuf::default(),
+            dxb: TwinBuf::default(),
             dgamma: vec![0.0; len],
             dbeta: vec![0.0; len],
             bn,
@@ -189,17 +200,25 @@ impl Layer for BatchNorm2d {
         need_training(p.trained, "batchnorm2d")?;
         dy.blocked_into(pool, p.bc, &mut p.dy)?;
         let dx = p.dx.get_mut(p.shape, p.bc)?;
+        let dxb = match self.bf16.1 {
+            true => Some(p.dxb.get_mut(dx.data().len())?),
+            false => None,
+        };
         let (x, dy, g) = (p.x.get(), p.dy.get(), (&mut p.dgamma, &mut p.dbeta));
-        if p.bn.relu {
-            p.bn.backward_relu(pool, x, p.y.get(), dy, dx, g.0, g.1)?;
-        } else {
-            p.bn.backward(pool, x, dy, dx, g.0, g.1)?;
-        }
+        let y = p.bn.relu.then(|| p.y.get());
+        p.bn.backward_to(pool, x, y, dy, (dx, dxb), g.0, g.1)?;
         // The input was kept for this backward only.
         p.x.release();
         p.dy.release();
         p.trained = false;
-        Ok(p.dx.tensor())
+        Ok(match self.bf16.1 {
+            true => p.dx.tensor().with_bf16(&p.dxb),
+            false => p.dx.tensor(),
+        })
+    }
+    fn write_bf16(&mut self, out: bool, dx: bool) -> (bool, bool) {
+        self.bf16 = (out, dx);
+        self.bf16
     }
     fn input_block(&mut self, block: Option<usize>) {
         self.block = block;

@@ -60,6 +60,46 @@ crate::math::widest! {
     }
 }
 
+/// The bf16 copy of a pass's f32 output that the pass writes as it goes,
+/// element for element in the output's layout: the next layer's bf16
+/// operand without a rounding sweep of its own (mixed precision keeps
+/// activations and gradients in bf16 between layers). Pieces are rounded
+/// while the pass still holds them in L1 ([`Twin::PIECE`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Twin(Option<(SyncPtr<bf16>, usize)>);
+
+impl Twin {
+    /// Values of f32 output a pass computes before rounding them (16 KiB).
+    pub(crate) const PIECE: usize = 4096;
+
+    /// The copy `to` of an output of `len` values (none without `to`); an
+    /// error names a length that differs.
+    pub(crate) fn new(what: &str, to: Option<&mut [bf16]>, len: usize) -> crate::Result<Twin> {
+        match to {
+            None => Ok(Twin(None)),
+            Some(t) => {
+                crate::error::check_buf(what, t.len(), len)?;
+                Ok(Twin(Some((SyncPtr(t.as_mut_ptr()), len))))
+            }
+        }
+    }
+
+    /// Rounds `out`, the output's values from element `at` on, into the
+    /// copy (nothing without one).
+    ///
+    /// # Safety
+    /// No other thread writes elements `at..at + out.len()` of the copy
+    /// meanwhile (each thread rounds the part of the output it computed).
+    pub(crate) unsafe fn round(self, at: usize, out: &[f32]) {
+        if let Some((p, len)) = self.0 {
+            assert!(at + out.len() <= len, "twin range past its end");
+            // SAFETY: in bounds (above), this range is the caller's alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(p.get().add(at), out.len()) };
+            round_slice(dst, out);
+        }
+    }
+}
+
 /// Rounds `n` pixels of `c` channels, `step` pixels apart in `src` (1:
 /// the row-major `n x c` block), into `c` rows of `n` values, `ld` apart,
 /// in `dst` (channel-major), 16 pixels at a time: the 16 x c tile

@@ -42,6 +42,7 @@
 //! check every one).
 
 use crate::act::mul_act_grad;
+use crate::engine::bf16::Twin;
 use crate::error::{check_buf, shape, Result};
 use crate::layout::{check_shape, Blocked, Inner, Shape};
 use crate::loops::LoopDef;
@@ -49,6 +50,7 @@ use crate::math::add_rows;
 use crate::pass::{pick_block, Ahead, Chunked, Operands, PassConfig, Reduction};
 use crate::threads::Pool;
 use crate::view::View;
+use brgemm::bf16::bf16;
 use brgemm::{Activation, BatchForm, Descriptor, Epilogue, Prefetch};
 use brgemm::{Policy, StreamPrefetch};
 
@@ -379,7 +381,9 @@ impl Fc {
         Ok(())
     }
 
-    /// dZ = dY * act'(.), from Y (or from Z for GELU).
+    /// dZ = dY * act'(.), from Y (or from Z for GELU); with `dzb` (of
+    /// dZ's length) also dZ rounded to bf16, piece by piece in L1: the bf16
+    /// backward-data pass's operand without a sweep of its own.
     pub fn activation_backward(
         &self,
         pool: &Pool,
@@ -387,7 +391,9 @@ impl Fc {
         y: &Blocked,
         z: Option<&Blocked>,
         dz: &mut Blocked,
+        dzb: Option<&mut [bf16]>,
     ) -> Result<()> {
+        let dzb = Twin::new("bf16 dZ", dzb, dz.data.len())?;
         let want = self.y_shape();
         self.check("dY", dy, want)?;
         self.check("Y", y, want)?;
@@ -408,9 +414,13 @@ impl Fc {
         };
         let act = self.act;
         pool.for_slices(&mut dz.data, |lo, out| {
-            let n = out.len();
-            let zs = z.map_or(&[][..], |z| &z.data[lo..lo + n]);
-            mul_act_grad(act, out, &dy.data[lo..lo + n], &y.data[lo..lo + n], zs);
+            for (at, out) in (lo..).step_by(Twin::PIECE).zip(out.chunks_mut(Twin::PIECE)) {
+                let n = out.len();
+                let zs = z.map_or(&[][..], |z| &z.data[at..at + n]);
+                mul_act_grad(act, out, &dy.data[at..at + n], &y.data[at..at + n], zs);
+                // SAFETY: this thread's share of dZ.
+                unsafe { dzb.round(at, out) };
+            }
         });
         Ok(())
     }

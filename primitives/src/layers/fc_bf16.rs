@@ -14,7 +14,9 @@
 //! over the whole minibatch, where bf16 inputs would cost accuracy for
 //! little time (it is one of three passes).
 
-use crate::engine::bf16::{interleave_round, pack_block, pack_vnni, transpose_round, WeightGrid};
+use crate::engine::bf16::{
+    interleave_round, pack_block, pack_vnni, transpose_round, Twin, WeightGrid,
+};
 use crate::error::{shape, Result};
 use crate::fc::Fc;
 use crate::layout::{check_shape, Blocked, Inner, SyncPtr};
@@ -245,7 +247,11 @@ impl FcBf16 {
     }
 
     /// Y = act(X W^T + b) from bf16 X (the blocked layout of `fc.x_layout`,
-    /// rounded by [`to_bf16`]) and packed weights; `y` in `fc.y_layout`.
+    /// rounded by [`to_bf16`], or handed over by the layer before) and
+    /// packed weights; `y` in `fc.y_layout`. With `yb` (of Y's length), Y
+    /// is also written rounded to bf16 there, block by block as the kernel
+    /// leaves it in L1: the next bf16 layer's input without a rounding
+    /// sweep.
     pub fn forward(
         &self,
         pool: &Pool,
@@ -253,9 +259,11 @@ impl FcBf16 {
         wv: &[bf16],
         bias: &[f32],
         y: &mut Blocked,
+        yb: Option<&mut [bf16]>,
     ) -> Result<()> {
         let pool = pool.for_work(self.work());
         let (bn, bc, bk, nb, cb, kb) = (self.bn, self.bc, self.bk, self.nb, self.cb, self.kb);
+        let yb = Twin::new("bf16 Y", yb, y.data.len())?;
         crate::error::check_buf("bf16 X", x.len(), nb * cb * bn * bc)?;
         crate::error::check_buf("packed W", wv.len(), kb * cb * bc * bk)?;
         crate::error::check_buf("bias", bias.len(), kb * bk)?;
@@ -266,10 +274,15 @@ impl FcBf16 {
             bias.as_ptr() as usize,
         );
         let yp = SyncPtr(y.data.as_mut_ptr());
+        // The padding columns of a K tail hold act(0): zeroed, as the
+        // next layer's padding rows must be.
+        let tail =
+            (!self.k.is_multiple_of(bk) && self.act.apply(0.0) != 0.0).then_some(self.k % bk);
         self.nest_fwd.run(pool, |i| {
             let (ni, ki) = (i[0], i[1]);
-            // SAFETY: lengths checked above; block (ni, ki) of Y belongs to
-            // this item.
+            let at = (ni * kb + ki) * bn * bk;
+            // SAFETY: lengths checked above; block (ni, ki) of Y (and of
+            // its bf16 copy) belongs to this item.
             unsafe {
                 self.fwd.execute_raw(
                     RawBatch::Stride {
@@ -277,20 +290,16 @@ impl FcBf16 {
                         b: (xp as *const bf16).add(ni * cb * bn * bc),
                         count: cb,
                     },
-                    yp.get().add((ni * kb + ki) * bn * bk),
+                    yp.get().add(at),
                     (bp as *const f32).add(ki * bk),
-                )
+                );
+                let blk = std::slice::from_raw_parts_mut(yp.get().add(at), bn * bk);
+                if let Some(t) = tail.filter(|_| ki == kb - 1) {
+                    blk.chunks_exact_mut(bk).for_each(|row| row[t..].fill(0.0));
+                }
+                yb.round(at, blk);
             };
         });
-        if !self.k.is_multiple_of(bk) && self.act.apply(0.0) != 0.0 {
-            let tail = self.k % bk;
-            for ni in 0..nb {
-                let blk = &mut y.data[(ni * kb + kb - 1) * bn * bk..][..bn * bk];
-                for row in blk.chunks_exact_mut(bk) {
-                    row[tail..].fill(0.0);
-                }
-            }
-        }
         Ok(())
     }
 

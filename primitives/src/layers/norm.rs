@@ -10,11 +10,15 @@
 //! variance sums are taken around a per-channel shift (the first pixel) so
 //! that one pass suffices without cancellation. An optional ReLU is fused
 //! into the output write ([`BatchNorm::relu`]), and its mask into backward.
+//! Where a bf16 layer reads the output (or the input gradient), the `_to`
+//! passes also write it rounded to bf16, piece by piece as it is computed.
 
 use crate::eltwise::pass;
+use crate::engine::bf16::Twin;
 use crate::error::{check_buf, shape, Result};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
+use brgemm::bf16::bf16;
 
 /// A batch-normalisation layer with its parameters and running statistics
 /// (all of length `padded_c`; the padding channels stay zero).
@@ -148,7 +152,7 @@ impl BatchNorm {
     /// Training forward: normalises with the minibatch statistics, keeps
     /// them for backward and updates the running statistics.
     pub fn forward_train(&mut self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
-        self.train_with(pool, x, None, y)
+        self.forward_train_to(pool, x, None, y, None)
     }
 
     /// [`BatchNorm::forward_train`] with the residual join in the same
@@ -163,8 +167,7 @@ impl BatchNorm {
         relu: bool,
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.check_residual(r, x)?;
-        self.train_with(pool, x, Some((r, relu)), y)
+        self.forward_train_to(pool, x, Some((r, relu)), y, None)
     }
 
     /// An error unless `r` can join the output of `x`.
@@ -180,15 +183,23 @@ impl BatchNorm {
         Ok(())
     }
 
-    fn train_with(
+    /// [`BatchNorm::forward_train`], or [`BatchNorm::forward_train_add`]
+    /// with `res`, also writing `y` rounded to bf16 into `yb` (of y's
+    /// length) when given: the input of a bf16 layer, made in this pass.
+    pub fn forward_train_to(
         &mut self,
         pool: &Pool,
         x: &Tensor4,
         res: Option<(&Tensor4, bool)>,
         y: &mut Tensor4,
+        yb: Option<&mut [bf16]>,
     ) -> Result<()> {
         self.check("x", x)?;
         same_dims("y", y, x)?;
+        if let Some((r, _)) = res {
+            self.check_residual(r, x)?;
+        }
+        let yb = Twin::new("bf16 y", yb, y.data.len())?;
         let (bc, pc) = (x.bc, x.padded_c());
         let count = (x.n * x.h * x.w) as f64;
         // The first image's first pixel per channel: the shift that keeps
@@ -228,13 +239,13 @@ impl BatchNorm {
             scale[ch] = (f64::from(self.gamma[ch]) * inv) as f32;
             offset[ch] = self.beta[ch] - (mean * f64::from(self.gamma[ch]) * inv) as f32;
         }
-        self.apply(pool, x, res, y, &scale, &offset);
+        self.apply(pool, x, res, (y, yb), &scale, &offset);
         Ok(())
     }
 
     /// Inference forward with the running statistics.
     pub fn forward_infer(&self, pool: &Pool, x: &Tensor4, y: &mut Tensor4) -> Result<()> {
-        self.infer_with(pool, x, None, y)
+        self.forward_infer_to(pool, x, None, y, None)
     }
 
     /// [`BatchNorm::forward_infer`] with the residual join in the same pass
@@ -247,19 +258,26 @@ impl BatchNorm {
         relu: bool,
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.check_residual(r, x)?;
-        self.infer_with(pool, x, Some((r, relu)), y)
+        self.forward_infer_to(pool, x, Some((r, relu)), y, None)
     }
 
-    fn infer_with(
+    /// [`BatchNorm::forward_infer`] (with `res`, the residual join) also
+    /// writing `y` rounded to bf16 into `yb` when given
+    /// ([`BatchNorm::forward_train_to`]).
+    pub fn forward_infer_to(
         &self,
         pool: &Pool,
         x: &Tensor4,
         res: Option<(&Tensor4, bool)>,
         y: &mut Tensor4,
+        yb: Option<&mut [bf16]>,
     ) -> Result<()> {
         self.check("x", x)?;
         same_dims("y", y, x)?;
+        if let Some((r, _)) = res {
+            self.check_residual(r, x)?;
+        }
+        let yb = Twin::new("bf16 y", yb, y.data.len())?;
         let pc = x.padded_c();
         let (mut scale, mut offset) = (vec![0f32; pc], vec![0f32; pc]);
         for ch in 0..self.c {
@@ -267,7 +285,7 @@ impl BatchNorm {
             scale[ch] = self.gamma[ch] * inv;
             offset[ch] = self.beta[ch] - self.running_mean[ch] * scale[ch];
         }
-        self.apply(pool, x, res, y, &scale, &offset);
+        self.apply(pool, x, res, (y, yb), &scale, &offset);
         Ok(())
     }
 
@@ -279,7 +297,7 @@ impl BatchNorm {
         pool: &Pool,
         x: &Tensor4,
         res: Option<(&Tensor4, bool)>,
-        y: &mut Tensor4,
+        (y, yb): (&mut Tensor4, Twin),
         scale: &[f32],
         offset: &[f32],
     ) {
@@ -290,26 +308,31 @@ impl BatchNorm {
                 &scale[(i % cb) * bc..][..bc],
                 &offset[(i % cb) * bc..][..bc],
             );
-            let src = &x.data[i * len..][..len];
-            match res {
-                Some((r, _)) => {
-                    let r = &r.data[i * len..][..len];
-                    let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
-                    for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
-                        for j in 0..bc {
-                            let v = s[j] * k[j] + o[j] + r[j];
-                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
+            let piece = Twin::PIECE.next_multiple_of(bc);
+            for (at, dst) in (0..len).step_by(piece).zip(dst.chunks_mut(piece)) {
+                let src = &x.data[i * len + at..][..dst.len()];
+                match res {
+                    Some((r, _)) => {
+                        let r = &r.data[i * len + at..][..dst.len()];
+                        let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
+                        for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
+                            for j in 0..bc {
+                                let v = s[j] * k[j] + o[j] + r[j];
+                                d[j] = if relu && v < 0.0 { 0.0 } else { v };
+                            }
+                        }
+                    }
+                    None => {
+                        for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
+                            for j in 0..bc {
+                                let v = s[j] * k[j] + o[j];
+                                d[j] = if relu && v < 0.0 { 0.0 } else { v };
+                            }
                         }
                     }
                 }
-                None => {
-                    for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
-                        for j in 0..bc {
-                            let v = s[j] * k[j] + o[j];
-                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
-                        }
-                    }
-                }
+                // SAFETY: plane i is this thread's.
+                unsafe { yb.round(i * len + at, dst) };
             }
         });
     }
@@ -326,14 +349,7 @@ impl BatchNorm {
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) -> Result<()> {
-        if self.relu {
-            return Err(shape(
-                "batch norm backward",
-                "without y",
-                "the fused ReLU needs the output: call backward_relu",
-            ));
-        }
-        self.backward_with(pool, x, None, dy, dx, dgamma, dbeta)
+        self.backward_to(pool, x, None, dy, (dx, None), dgamma, dbeta)
     }
 
     /// [`BatchNorm::backward`] through the fused ReLU: dy counts where the
@@ -349,24 +365,37 @@ impl BatchNorm {
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) -> Result<()> {
-        same_dims("y", y, x)?;
-        self.backward_with(pool, x, Some(y), dy, dx, dgamma, dbeta)
+        self.backward_to(pool, x, Some(y), dy, (dx, None), dgamma, dbeta)
     }
 
+    /// [`BatchNorm::backward`], or with `y` [`BatchNorm::backward_relu`],
+    /// writing dx and, when given, dx rounded to bf16 (of dx's length) in
+    /// the same pass: the output gradient of a bf16 layer before it.
     #[allow(clippy::too_many_arguments)]
-    fn backward_with(
+    pub fn backward_to(
         &self,
         pool: &Pool,
         x: &Tensor4,
         y: Option<&Tensor4>,
         dy: &Tensor4,
-        dx: &mut Tensor4,
+        (dx, dxb): (&mut Tensor4, Option<&mut [bf16]>),
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) -> Result<()> {
         self.check("x", x)?;
+        if y.is_none() && self.relu {
+            return Err(shape(
+                "batch norm backward",
+                "without y",
+                "the fused ReLU needs the output: call backward_relu",
+            ));
+        }
+        if let Some(y) = y {
+            same_dims("y", y, x)?;
+        }
         same_dims("dy", dy, x)?;
         same_dims("dx", dx, x)?;
+        let dxb = Twin::new("bf16 dx", dxb, dx.data.len())?;
         check_buf("dgamma", dgamma.len(), self.gamma.len())?;
         check_buf("dbeta", dbeta.len(), self.beta.len())?;
         let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
@@ -399,15 +428,20 @@ impl BatchNorm {
             k2[ch] = sdy as f32 / count;
             k3[ch] = sdyx as f32 / count;
         }
+        let piece = Twin::PIECE.next_multiple_of(bc);
         pool.for_slices_of(&mut dx.data, len, |i, d| {
             let (mean, inv) = stats(i);
             let r = (i % cb) * bc..(i % cb + 1) * bc;
             let k = [&k1[r.clone()], &k2[r.clone()], &k3[r], mean, inv];
-            let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
-            if y.is_empty() {
-                grad_apply::<false>(bc, planes, y, k, d);
-            } else {
-                grad_apply::<true>(bc, planes, &y[i * len..][..len], k, d);
+            for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
+                let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
+                if y.is_empty() {
+                    grad_apply::<false>(bc, planes, y, k, d);
+                } else {
+                    grad_apply::<true>(bc, planes, &y[at..][..d.len()], k, d);
+                }
+                // SAFETY: plane i is this thread's.
+                unsafe { dxb.round(at, d) };
             }
         });
         Ok(())

@@ -188,6 +188,16 @@ impl ConvBf16 {
         crate::policy().bf16_conv_pays(self.isa(), self.params.flops_per_activation())
     }
 
+    /// Whether forward and backward-data read their bf16 operand in place
+    /// when it comes in bf16 ([`ConvBf16::forward_from_bf16`]): where they
+    /// pad no border around it (a 1x1 layer), so no sweep over it at all.
+    pub fn reads_in_place(&self) -> (bool, bool) {
+        (
+            self.fwd.g.ph == 0 && self.fwd.g.pw == 0,
+            self.bwd.unpadded(),
+        )
+    }
+
     /// The bf16 kernel of backward-weights, or None where that pass runs
     /// in f32 because bf16 would not pay on this CPU (the policy's
     /// [`brgemm::Bf16UpdRule`]: on AVX512-BF16, a 1x1 layer whose large
@@ -237,7 +247,7 @@ impl ConvBf16 {
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.forward_with(pool, conv, x, wv, bias, None, y)
+        self.forward_with(pool, conv, (x, None), wv, bias, None, y)
     }
 
     /// As [`ConvBf16::forward`], then `+ R` and a ReLU when `add.relu`, on
@@ -253,9 +263,32 @@ impl ConvBf16 {
         add: AddResidual<'_>,
         y: &mut Tensor4,
     ) -> Result<()> {
-        conv.check_y("residual", add.r)?;
-        let res = Some((&add.r.data[..], add.relu));
-        self.forward_with(pool, conv, x, wv, bias, res, y)
+        self.forward_from_bf16(pool, conv, x, None, wv, bias, Some(add), y)
+    }
+
+    /// [`ConvBf16::forward`], or with `add` [`ConvBf16::forward_add`], with
+    /// X already rounded when `xb` is given: `x`'s values as bf16 in its
+    /// layout, made by the pass that wrote X (e.g.
+    /// [`crate::BatchNorm::forward_train_to`]), read in place where the
+    /// layer has no padding (no sweep over X at all), else copied into the
+    /// padded input at half the bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_from_bf16(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        x: &Tensor4,
+        xb: Option<&[bf16]>,
+        wv: &[bf16],
+        bias: &[f32],
+        add: Option<AddResidual<'_>>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        if let Some(a) = &add {
+            conv.check_y("residual", a.r)?;
+        }
+        let res = add.map(|a| (&a.r.data[..], a.relu));
+        self.forward_with(pool, conv, (x, xb), wv, bias, res, y)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -263,7 +296,7 @@ impl ConvBf16 {
         &self,
         pool: &Pool,
         conv: &Conv,
-        x: &Tensor4,
+        (x, xb): (&Tensor4, Option<&[bf16]>),
         wv: &[bf16],
         bias: &[f32],
         res: Residual<'_>,
@@ -275,8 +308,17 @@ impl ConvBf16 {
         check_buf("packed W", wv.len(), conv.filter_len())?;
         check_buf("bias", bias.len(), conv.padded_k())?;
         conv.check_y("Y", y)?;
-        self.fwd
-            .run_converted(pool, &x.data, round_slice, wv, Some(bias), res, &mut y.data);
+        match xb {
+            Some(xb) => {
+                check_buf("bf16 X", xb.len(), x.data.len())?;
+                self.fwd.run(pool, xb, wv, Some(bias), res, &mut y.data)
+            }
+            None => {
+                let f = round_slice;
+                self.fwd
+                    .run_converted(pool, &x.data, f, wv, Some(bias), res, &mut y.data)
+            }
+        }
         conv.clear_channel_tail(pool, y);
         Ok(())
     }
@@ -291,13 +333,36 @@ impl ConvBf16 {
         wtv: &[bf16],
         dx: &mut Tensor4,
     ) -> Result<()> {
+        self.backward_data_from_bf16(pool, conv, dz, None, wtv, dx)
+    }
+
+    /// [`ConvBf16::backward_data`] with dZ already rounded when `dzb` is
+    /// given (`dz`'s values as bf16 in its layout, made by the pass that
+    /// wrote dZ, e.g. [`crate::BatchNorm::backward_to`]), read in place
+    /// where the transposed convolution needs no padding.
+    pub fn backward_data_from_bf16(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        dz: &Tensor4,
+        dzb: Option<&[bf16]>,
+        wtv: &[bf16],
+        dx: &mut Tensor4,
+    ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         conv.check_y("dZ", dz)?;
         check_buf("packed Wt", wtv.len(), conv.filter_len())?;
         conv.check_x("dX", dx)?;
-        self.bwd
-            .run_converted(pool, &dz.data, round_slice, wtv, &mut dx.data);
+        match dzb {
+            Some(dzb) => {
+                check_buf("bf16 dZ", dzb.len(), dz.data.len())?;
+                self.bwd.run(pool, dzb, wtv, &mut dx.data)
+            }
+            None => self
+                .bwd
+                .run_converted(pool, &dz.data, round_slice, wtv, &mut dx.data),
+        }
         Ok(())
     }
 

@@ -239,7 +239,7 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
     /// dX from dY and the transposed filter `wt` (dY read in place where
     /// no phase reads past its edges). Sizes were checked by the caller.
     pub(super) fn run(&self, pool: &Pool, dy: &[T], wt: &[T], dx: &mut [f32]) {
-        if self.plan.pad == (0, 0) {
+        if self.unpadded() {
             return self.run_padded(pool, dy, wt, dx);
         }
         self.run_converted(
@@ -249,6 +249,11 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
             wt,
             dx,
         )
+    }
+
+    /// Whether [`Phased::run`] reads dY in place (no border to pad).
+    pub(super) fn unpadded(&self) -> bool {
+        self.plan.pad == (0, 0)
     }
 
     /// As [`Phased::run`] from dY of another type, converted by

@@ -155,7 +155,7 @@ impl RnnBf16 {
         let mut xb = self.xb.lock().unwrap_or_else(|e| e.into_inner());
         to_bf16(pool, &x.data, &mut xb);
         self.input
-            .forward(pool, &xb, &packed.w, bias, &mut st.gates)?;
+            .forward(pool, &xb, &packed.w, bias, &mut st.gates, None)?;
         let mut hb = self.hb.lock().unwrap_or_else(|e| e.into_inner());
         hb.resize(rows * kb * rnn.tuning().bk, bf16::ZERO);
         let rec = Recurrent {
