@@ -66,22 +66,26 @@ crate::math::widest! {
 /// activations and gradients in bf16 between layers). Pieces are rounded
 /// while the pass still holds them in L1 ([`Twin::PIECE`]).
 #[derive(Clone, Copy)]
-pub(crate) struct Twin(Option<(SyncPtr<bf16>, usize)>);
+pub(crate) struct Twin<'a>(
+    Option<(SyncPtr<bf16>, usize)>,
+    std::marker::PhantomData<&'a mut [bf16]>,
+);
 
-impl Twin {
+impl<'a> Twin<'a> {
     /// Values of f32 output a pass computes before rounding them (16 KiB).
     pub(crate) const PIECE: usize = 4096;
 
     /// The copy `to` of an output of `len` values (none without `to`); an
     /// error names a length that differs.
-    pub(crate) fn new(what: &str, to: Option<&mut [bf16]>, len: usize) -> crate::Result<Twin> {
-        match to {
-            None => Ok(Twin(None)),
+    pub(crate) fn new(what: &str, to: Option<&'a mut [bf16]>, len: usize) -> crate::Result<Self> {
+        let to = match to {
+            None => None,
             Some(t) => {
                 crate::error::check_buf(what, t.len(), len)?;
-                Ok(Twin(Some((SyncPtr(t.as_mut_ptr()), len))))
+                Some((SyncPtr(t.as_mut_ptr()), len))
             }
-        }
+        };
+        Ok(Twin(to, std::marker::PhantomData))
     }
 
     /// Rounds `out`, the output's values from element `at` on, into the

@@ -170,6 +170,22 @@ impl BatchNorm {
         self.forward_train_to(pool, x, Some((r, relu)), y, None)
     }
 
+    /// The checks of a forward's operands; the bf16 copy of y.
+    fn forward_checks<'a>(
+        &self,
+        x: &Tensor4,
+        res: Option<(&Tensor4, bool)>,
+        y: &Tensor4,
+        yb: Option<&'a mut [bf16]>,
+    ) -> Result<Twin<'a>> {
+        self.check("x", x)?;
+        same_dims("y", y, x)?;
+        if let Some((r, _)) = res {
+            self.check_residual(r, x)?;
+        }
+        Twin::new("bf16 y", yb, y.data.len())
+    }
+
     /// An error unless `r` can join the output of `x`.
     fn check_residual(&self, r: &Tensor4, x: &Tensor4) -> Result<()> {
         same_dims("residual", r, x)?;
@@ -194,12 +210,7 @@ impl BatchNorm {
         y: &mut Tensor4,
         yb: Option<&mut [bf16]>,
     ) -> Result<()> {
-        self.check("x", x)?;
-        same_dims("y", y, x)?;
-        if let Some((r, _)) = res {
-            self.check_residual(r, x)?;
-        }
-        let yb = Twin::new("bf16 y", yb, y.data.len())?;
+        let yb = self.forward_checks(x, res, y, yb)?;
         let (bc, pc) = (x.bc, x.padded_c());
         let count = (x.n * x.h * x.w) as f64;
         // The first image's first pixel per channel: the shift that keeps
@@ -272,12 +283,7 @@ impl BatchNorm {
         y: &mut Tensor4,
         yb: Option<&mut [bf16]>,
     ) -> Result<()> {
-        self.check("x", x)?;
-        same_dims("y", y, x)?;
-        if let Some((r, _)) = res {
-            self.check_residual(r, x)?;
-        }
-        let yb = Twin::new("bf16 y", yb, y.data.len())?;
+        let yb = self.forward_checks(x, res, y, yb)?;
         let pc = x.padded_c();
         let (mut scale, mut offset) = (vec![0f32; pc], vec![0f32; pc]);
         for ch in 0..self.c {
@@ -297,7 +303,7 @@ impl BatchNorm {
         pool: &Pool,
         x: &Tensor4,
         res: Option<(&Tensor4, bool)>,
-        (y, yb): (&mut Tensor4, Twin),
+        (y, yb): (&mut Tensor4, Twin<'_>),
         scale: &[f32],
         offset: &[f32],
     ) {
