@@ -121,10 +121,11 @@ fn main() {
     }
     let in_bf16 = g.set_bf16(bf16).unwrap_or_else(|e| fail(e));
     println!(
-        "fashion-mnist: {} train / {} test images; small ResNet ({} layers, {in_bf16} in bf16); batch {bs}, {} thread(s), {dtype}",
+        "fashion-mnist: {} train / {} test images; small ResNet ({} layers, {in_bf16} in bf16, {} bf16 handoffs); batch {bs}, {} thread(s), {dtype}",
         tr.data.len(),
         te.data.len(),
         g.layer_names().len(),
+        g.bf16_handoffs(),
         pool.threads()
     );
     let mut rng = Rng::new(seed);

@@ -32,7 +32,10 @@
 //! dropout work on the convolution's layout with no conversion; plain
 //! values are made only when someone reads them ([`Tensor::data`]).
 //! [`GraphBuilder::build`] fuses a ReLU into the batch norm before it
-//! ([`GraphBuilder::fuse`]). [`Graph::save`] and [`Graph::load`] keep the
+//! ([`GraphBuilder::fuse`]). Under mixed precision ([`Graph::set_bf16`]) a
+//! layer whose output or input gradient a bf16 layer reads also writes it
+//! rounded to bf16 in its own pass, so the reader rounds nothing
+//! ([`Graph::set_bf16_handoff`]). [`Graph::save`] and [`Graph::load`] keep the
 //! values in PyTorch's layouts in a versioned, checked file.
 #![deny(missing_docs)]
 
