@@ -482,6 +482,13 @@ fn bf16_passes_match_the_reference_on_rounded_operands() {
             ConvParams::new(2, 40, 50, 6, 5, 3, 3).pad(1),
             Activation::Tanh,
         ),
+        // Images whose dY and X planes together pass 1 MiB: backward-
+        // weights calls the kernel per image (the shapes above batch them),
+        // two images per work item (four items of 32-channel blocks).
+        (
+            ConvParams::new(2, 64, 64, 64, 64, 3, 3).pad(1),
+            Activation::Identity,
+        ),
     ] {
         let mut t = ConvTuning::heuristic(&p);
         t.bc = 32;

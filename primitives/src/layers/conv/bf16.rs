@@ -66,6 +66,15 @@ struct Upd {
     /// Whether the pass runs on the bf16 kernel; else the f32 pass runs on
     /// the same f32 operands (the CPU policy's [`brgemm::Bf16UpdRule`]).
     bf16: bool,
+    /// Each tap's call reduces over all the images at once (the batch),
+    /// instead of one call per image: where every image's dY and X planes
+    /// together stay in L2 (1 MiB) for the taps, so each dW block is
+    /// loaded and stored once per tap, not once per image and tap. Zen 4,
+    /// 2 threads, minibatch 16, alternated in one process: 7x7 layers
+    /// 1.14-1.18x (3x3 512, 1x1 512->2048), 14x14 1.04-1.08x; at 28x28
+    /// (3.6 MB) 0.99-1.02x and at 56x56 0.95x, where one image's planes
+    /// per call keep L2.
+    batch_images: bool,
 }
 
 /// The bf16 forward and (stride-1) backward-data of a [`Conv`] layer.
@@ -150,9 +159,11 @@ impl ConvBf16 {
             let bf16 = isa.is_some_and(|isa| {
                 crate::policy().bf16_upd_pays(isa, p.n * p.p() * p.q(), flops / rounded as f64)
             });
+            let image_bytes = 2 * (kq * t.bk + phases.len() * t.bc * wt);
             Upd {
                 kernels,
                 bf16,
+                batch_images: p.n * image_bytes <= 1 << 20,
                 kq,
                 wt,
                 wpp,
@@ -485,6 +496,21 @@ impl ConvBf16 {
                     0 => dwp.get(),
                     k => pp.get().add((k - 1) * dw_len),
                 };
+                if u.batch_images {
+                    let k = u.kernels.pick(true, false);
+                    let a = (dyp as *const bf16).add((lo * kb + ki) * plane);
+                    for (tap, &(ph, off)) in u.taps.iter().enumerate() {
+                        let b =
+                            (xtp as *const bf16).add((lo * cb + ci) * xplane + ph * bc * wt + off);
+                        let batch = RawBatch::Stride {
+                            a,
+                            b,
+                            count: hi - lo,
+                        };
+                        k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
+                    }
+                    return;
+                }
                 for n0 in lo..hi {
                     let k = u.kernels.pick(n0 == lo, false);
                     let a = (dyp as *const bf16).add((n0 * kb + ki) * plane);
