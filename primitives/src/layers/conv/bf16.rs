@@ -496,28 +496,15 @@ impl ConvBf16 {
                     0 => dwp.get(),
                     k => pp.get().add((k - 1) * dw_len),
                 };
-                if u.batch_images {
-                    let k = u.kernels.pick(true, false);
-                    let a = (dyp as *const bf16).add((lo * kb + ki) * plane);
-                    for (tap, &(ph, off)) in u.taps.iter().enumerate() {
-                        let b =
-                            (xtp as *const bf16).add((lo * cb + ci) * xplane + ph * bc * wt + off);
-                        let batch = RawBatch::Stride {
-                            a,
-                            b,
-                            count: hi - lo,
-                        };
-                        k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
-                    }
-                    return;
-                }
-                for n0 in lo..hi {
+                // Images per call: this part's all, or one ([`Upd::batch_images`]).
+                let count = if u.batch_images { hi - lo } else { 1 };
+                for n0 in (lo..hi).step_by(count.max(1)) {
                     let k = u.kernels.pick(n0 == lo, false);
                     let a = (dyp as *const bf16).add((n0 * kb + ki) * plane);
                     for (tap, &(ph, off)) in u.taps.iter().enumerate() {
                         let b =
                             (xtp as *const bf16).add((n0 * cb + ci) * xplane + ph * bc * wt + off);
-                        let batch = RawBatch::Stride { a, b, count: 1 };
+                        let batch = RawBatch::Stride { a, b, count };
                         k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
                     }
                 }
