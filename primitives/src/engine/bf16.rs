@@ -92,12 +92,14 @@ impl<'a> Twin<'a> {
     /// copy (nothing without one).
     ///
     /// # Safety
-    /// No other thread writes elements `at..at + out.len()` of the copy
-    /// meanwhile (each thread rounds the part of the output it computed).
+    /// `at + out.len()` is at most the output's length (`out` is a part of
+    /// the output whose length [`Twin::new`] checked the copy against), and
+    /// no other thread writes those elements of the copy meanwhile (each
+    /// thread rounds the part of the output it computed).
     pub(crate) unsafe fn round(self, at: usize, out: &[f32]) {
         if let Some((p, len)) = self.0 {
-            assert!(at + out.len() <= len, "twin range past its end");
-            // SAFETY: in bounds (above), this range is the caller's alone.
+            debug_assert!(at + out.len() <= len, "twin range past its end");
+            // SAFETY: in bounds and this thread's alone (the contract).
             let dst = unsafe { std::slice::from_raw_parts_mut(p.get().add(at), out.len()) };
             round_slice(dst, out);
         }
