@@ -379,7 +379,8 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     bias[..p.k].copy_from_slice(&bs);
     let mut y = conv.y_tensor();
     y.data_mut().fill(f32::NAN);
-    cb.forward(&pool, &conv, &x, &wv, &bias, &mut y).unwrap();
+    cb.forward(&pool, &conv, &x, None, &wv, &bias, &mut y)
+        .unwrap();
     let want = naive(&p, &rounded(&xs), &rounded(&ws), &bs, &rounded(&dys));
     let act_want: Vec<f64> = want.y.iter().map(|v| act.apply(*v as f32) as f64).collect();
     let isa = cb.isa();
@@ -390,15 +391,16 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let mut y2 = conv.y_tensor();
     y2.data_mut().fill(f32::NAN);
     let xb = to_bf16(&x);
-    cb.forward_from_bf16(&pool, &conv, &x, Some(&xb), &wv, &bias, None, &mut y2)
+    cb.forward(&pool, &conv, &x, Some(&xb), &wv, &bias, &mut y2)
         .unwrap();
     assert!(same_bits(y.data(), y2.data()), "{what}: from bf16 X");
-    let e = cb.forward_from_bf16(&pool, &conv, &x, Some(&xb[1..]), &wv, &bias, None, &mut y2);
+    let e = cb.forward(&pool, &conv, &x, Some(&xb[1..]), &wv, &bias, &mut y2);
     assert!(e.unwrap_err().to_string().contains("bf16 X"));
     let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
     let mut dx = conv.x_tensor();
     dx.data_mut().fill(f32::NAN);
-    cb.backward_data(&pool, &conv, &dz, &wtv, &mut dx).unwrap();
+    cb.backward_data(&pool, &conv, &dz, None, &wtv, &mut dx)
+        .unwrap();
     close(
         &format!("bf16 dX ({isa:?}, {p:?})"),
         &dx.to_nchw(),
@@ -408,7 +410,7 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let mut dx2 = conv.x_tensor();
     dx2.data_mut().fill(f32::NAN);
     let dzb = to_bf16(&dz);
-    cb.backward_data_from_bf16(&pool, &conv, &dz, Some(&dzb), &wtv, &mut dx2)
+    cb.backward_data(&pool, &conv, &dz, Some(&dzb), &wtv, &mut dx2)
         .unwrap();
     assert!(
         same_bits(dx.data(), dx2.data()),
@@ -627,13 +629,14 @@ fn forward_with_a_residual_is_the_forward_then_the_add() {
                 .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "f32 {p:?} relu {relu}");
             ya.data_mut().fill(f32::NAN);
-            cb.forward(&pool, &conv, &x, &wv, &bias, &mut y).unwrap();
-            cb.forward_add(&pool, &conv, &x, &wv, &bias, add, &mut ya)
+            cb.forward(&pool, &conv, &x, None, &wv, &bias, &mut y)
+                .unwrap();
+            cb.forward_add(&pool, &conv, &x, None, &wv, &bias, add, &mut ya)
                 .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "bf16 {p:?} relu {relu}");
             let xb: Vec<bf16> = x.data().iter().map(|v| round_bf16(*v)).collect();
             ya.data_mut().fill(f32::NAN);
-            cb.forward_from_bf16(&pool, &conv, &x, Some(&xb), &wv, &bias, Some(add), &mut ya)
+            cb.forward_add(&pool, &conv, &x, Some(&xb), &wv, &bias, add, &mut ya)
                 .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "bf16 X {p:?} relu {relu}");
         }

@@ -295,7 +295,7 @@ impl Conv2d {
                     Some(b) => {
                         let wtv = &b.ops.wtv;
                         b.conv
-                            .backward_data_from_bf16(pool, &p.conv, dz.get(), dzb, wtv, dx)?;
+                            .backward_data(pool, &p.conv, dz.get(), dzb, wtv, dx)?;
                     }
                     _ => {
                         p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
@@ -375,8 +375,10 @@ impl Conv2d {
                         b.conv.pack_filter(pool, w, &mut o.wv, &mut o.wtv)?;
                         o.packed = true;
                     }
-                    b.conv
-                        .forward_from_bf16(pool, conv, x, xb, &o.wv, bias, add, y)?;
+                    match add {
+                        Some(a) => b.conv.forward_add(pool, conv, x, xb, &o.wv, bias, a, y)?,
+                        None => b.conv.forward(pool, conv, x, xb, &o.wv, bias, y)?,
+                    }
                 }
                 None => match add {
                     Some(a) => conv.forward_add(pool, x, w, bias, a, y)?,

@@ -200,7 +200,8 @@ impl ConvBf16 {
     }
 
     /// Whether forward and backward-data read their bf16 operand in place
-    /// when it comes in bf16 ([`ConvBf16::forward_from_bf16`]): where they
+    /// when it comes in bf16 (`xb` of [`ConvBf16::forward`], `dzb` of
+    /// [`ConvBf16::backward_data`]): where they
     /// pad no border around it (a 1x1 layer), so no sweep over it at all.
     pub fn reads_in_place(&self) -> (bool, bool) {
         (
@@ -246,19 +247,25 @@ impl ConvBf16 {
         Ok(())
     }
 
-    /// Y = act(conv(X, W) + b) from the f32 X (rounded to bf16 in the same
-    /// pass that makes the zero-padded copy the gather reads) and the
-    /// packed filter.
+    /// Y = act(conv(X, W) + b) from X and the packed filter. X is rounded
+    /// to bf16 in the same pass that makes the zero-padded copy the gather
+    /// reads, or with `xb` taken already rounded: `x`'s values as bf16 in
+    /// its layout, made by the pass that wrote X (e.g.
+    /// [`crate::BatchNorm::forward_train_to`]), read in place where the
+    /// layer pads no border (no sweep over X at all), else copied into the
+    /// padded input at half the bytes.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         pool: &Pool,
         conv: &Conv,
         x: &Tensor4,
+        xb: Option<&[bf16]>,
         wv: &[bf16],
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.forward_with(pool, conv, (x, None), wv, bias, None, y)
+        self.forward_with(pool, conv, (x, xb), wv, bias, None, y)
     }
 
     /// As [`ConvBf16::forward`], then `+ R` and a ReLU when `add.relu`, on
@@ -269,36 +276,14 @@ impl ConvBf16 {
         pool: &Pool,
         conv: &Conv,
         x: &Tensor4,
+        xb: Option<&[bf16]>,
         wv: &[bf16],
         bias: &[f32],
         add: AddResidual<'_>,
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.forward_from_bf16(pool, conv, x, None, wv, bias, Some(add), y)
-    }
-
-    /// [`ConvBf16::forward`], or with `add` [`ConvBf16::forward_add`], with
-    /// X already rounded when `xb` is given: `x`'s values as bf16 in its
-    /// layout, made by the pass that wrote X (e.g.
-    /// [`crate::BatchNorm::forward_train_to`]), read in place where the
-    /// layer has no padding (no sweep over X at all), else copied into the
-    /// padded input at half the bytes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_from_bf16(
-        &self,
-        pool: &Pool,
-        conv: &Conv,
-        x: &Tensor4,
-        xb: Option<&[bf16]>,
-        wv: &[bf16],
-        bias: &[f32],
-        add: Option<AddResidual<'_>>,
-        y: &mut Tensor4,
-    ) -> Result<()> {
-        if let Some(a) = &add {
-            conv.check_y("residual", a.r)?;
-        }
-        let res = add.map(|a| (&a.r.data[..], a.relu));
+        conv.check_y("residual", add.r)?;
+        let res = Some((&add.r.data[..], add.relu));
         self.forward_with(pool, conv, (x, xb), wv, bias, res, y)
     }
 
@@ -334,24 +319,12 @@ impl ConvBf16 {
         Ok(())
     }
 
-    /// dX = conv^T(dZ, W) from the f32 dZ (rounded to bf16 in the pass
-    /// that pads it) and the packed transposed filter.
+    /// dX = conv^T(dZ, W) from dZ and the packed transposed filter. dZ is
+    /// rounded to bf16 in the pass that pads it, or with `dzb` taken
+    /// already rounded (`dz`'s values as bf16 in its layout, made by the
+    /// pass that wrote dZ, e.g. [`crate::BatchNorm::backward_to`]), read in
+    /// place where the transposed convolution pads no border.
     pub fn backward_data(
-        &self,
-        pool: &Pool,
-        conv: &Conv,
-        dz: &Tensor4,
-        wtv: &[bf16],
-        dx: &mut Tensor4,
-    ) -> Result<()> {
-        self.backward_data_from_bf16(pool, conv, dz, None, wtv, dx)
-    }
-
-    /// [`ConvBf16::backward_data`] with dZ already rounded when `dzb` is
-    /// given (`dz`'s values as bf16 in its layout, made by the pass that
-    /// wrote dZ, e.g. [`crate::BatchNorm::backward_to`]), read in place
-    /// where the transposed convolution needs no padding.
-    pub fn backward_data_from_bf16(
         &self,
         pool: &Pool,
         conv: &Conv,
