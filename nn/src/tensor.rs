@@ -197,11 +197,12 @@ impl Tensor {
             bf16: None,
         }
     }
-    /// The tensor with `twin` as its bf16 copy: the layer that wrote the
-    /// layout's values wrote `twin` from them in the same pass.
-    pub(crate) fn with_bf16(mut self, twin: &TwinBuf) -> Tensor {
-        debug_assert!(!matches!(self.layout, Layout::Plain));
-        self.bf16 = Some(twin.arc());
+    /// The tensor with `twin`, when given, as its bf16 copy: the layer
+    /// that wrote the layout's values wrote `twin` from them in the same
+    /// pass.
+    pub(crate) fn with_bf16(mut self, twin: Option<&TwinBuf>) -> Tensor {
+        debug_assert!(twin.is_none() || !matches!(self.layout, Layout::Plain));
+        self.bf16 = twin.map(TwinBuf::arc);
         self
     }
     /// Whether the values travel in bf16 too (written by their layer for
@@ -333,14 +334,17 @@ impl Buf {
 }
 
 impl TwinBuf {
-    /// The buffer, to write, of `len` values (a new one unless the old one
-    /// is free and that long).
-    pub(crate) fn get_mut(&mut self, len: usize) -> Result<&mut [bf16]> {
+    /// The buffer, to write, of `len` values when `on` (a new one unless
+    /// the old one is free and that long); None otherwise.
+    pub(crate) fn get_mut_if(&mut self, on: bool, len: usize) -> Result<Option<&mut [bf16]>> {
+        if !on {
+            return Ok(None);
+        }
         let buf = self.get_mut_or(
             |b| b.len() == len,
             || Ok(brgemm::aligned_vec(len, bf16::ZERO)),
         )?;
-        Ok(&mut buf[..])
+        Ok(Some(&mut buf[..]))
     }
 }
 

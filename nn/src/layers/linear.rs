@@ -355,10 +355,7 @@ impl Layer for Linear {
                         &b.xb[..]
                     }
                 };
-                let yb = match self.bf16_out {
-                    true => Some(b.yb.get_mut(y.data().len())?),
-                    false => None,
-                };
+                let yb = b.yb.get_mut_if(self.bf16_out, y.data().len())?;
                 b.fc.forward(pool, xb, &o.wv, &p.bias, y, yb)?;
             }
             None => {
@@ -371,10 +368,8 @@ impl Layer for Linear {
         if !p.trained {
             p.x.release();
         }
-        Ok(match &p.bf {
-            Some(b) if self.bf16_out => p.y.tensor().with_bf16(&b.yb),
-            _ => p.y.tensor(),
-        })
+        let yb = p.bf.as_ref().filter(|_| self.bf16_out).map(|b| &b.yb);
+        Ok(p.y.tensor().with_bf16(yb))
     }
 
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {

@@ -66,10 +66,7 @@ impl BatchNorm2d {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
         x.blocked_into(pool, p.bc, &mut p.x)?;
         let y = p.y.get_mut(p.shape, p.bc)?;
-        let yb = match self.bf16.0 {
-            true => Some(p.yb.get_mut(y.data().len())?),
-            false => None,
-        };
+        let yb = p.yb.get_mut_if(self.bf16.0, y.data().len())?;
         match mode {
             Mode::Train => p.bn.forward_train_to(pool, p.x.get(), res, y, yb)?,
             Mode::Eval => p.bn.forward_infer_to(pool, p.x.get(), res, y, yb)?,
@@ -78,10 +75,7 @@ impl BatchNorm2d {
         if !p.trained {
             p.x.release();
         }
-        Ok(match self.bf16.0 {
-            true => p.y.tensor().with_bf16(&p.yb),
-            false => p.y.tensor(),
-        })
+        Ok(p.y.tensor().with_bf16(self.bf16.0.then_some(&p.yb)))
     }
 }
 
@@ -200,10 +194,7 @@ impl Layer for BatchNorm2d {
         need_training(p.trained, "batchnorm2d")?;
         dy.blocked_into(pool, p.bc, &mut p.dy)?;
         let dx = p.dx.get_mut(p.shape, p.bc)?;
-        let dxb = match self.bf16.1 {
-            true => Some(p.dxb.get_mut(dx.data().len())?),
-            false => None,
-        };
+        let dxb = p.dxb.get_mut_if(self.bf16.1, dx.data().len())?;
         let (x, dy, g) = (p.x.get(), p.dy.get(), (&mut p.dgamma, &mut p.dbeta));
         let y = p.bn.relu.then(|| p.y.get());
         p.bn.backward_to(pool, x, y, dy, (dx, dxb), g.0, g.1)?;
@@ -211,10 +202,7 @@ impl Layer for BatchNorm2d {
         p.x.release();
         p.dy.release();
         p.trained = false;
-        Ok(match self.bf16.1 {
-            true => p.dx.tensor().with_bf16(&p.dxb),
-            false => p.dx.tensor(),
-        })
+        Ok(p.dx.tensor().with_bf16(self.bf16.1.then_some(&p.dxb)))
     }
     fn write_bf16(&mut self, out: bool, dx: bool) -> (bool, bool) {
         self.bf16 = (out, dx);
