@@ -2,13 +2,15 @@
 //! uneven splits work, a panicking rank ends the job, buckets sum right.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
+
+#[path = "../../tests/support/mpirun.rs"]
+mod launch;
 
 fn mpirun(np: usize, args: &[&str]) -> (bool, String, Duration) {
     let t = Instant::now();
-    let out = Command::new("mpirun")
-        .args([
+    let out = launch::run(|c| {
+        c.args([
             "--allow-run-as-root",
             "--oversubscribe",
             "--timeout",
@@ -18,9 +20,9 @@ fn mpirun(np: usize, args: &[&str]) -> (bool, String, Duration) {
         .arg(np.to_string())
         .arg(env!("CARGO_BIN_EXE_ddp_check"))
         .args(args)
-        .env("OMPI_MCA_btl", "self,vader")
-        .output()
-        .expect("mpirun is on PATH (apt-get install openmpi-bin)");
+        .env("OMPI_MCA_btl", "self,vader");
+    })
+    .expect("mpirun is on PATH (apt-get install openmpi-bin)");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
