@@ -548,12 +548,17 @@ proptest! {
         bc in 1usize..6,
         bk in 1usize..6,
         bq in 1usize..9,
+        upd_chunk in 0usize..5,
         seed in 0u64..1000,
     ) {
         let mut t = ConvTuning::heuristic(&p);
         t.bc = bc;
         t.bk = bk;
         t.bq = bq;
+        // Backward-weights' (image, row) pairs per call (0: the
+        // heuristic's): chunks that cross images and rows that a filter row
+        // reaches only in the padding.
+        t.upd.chunk = upd_chunk;
         check(p, t, Activation::Relu, seed);
     }
 

@@ -16,7 +16,7 @@
 //! |---|---|---|---|---|
 //! | fwd | a b c d e | c (chunks of C blocks) | bk x bq pixels x bc | C blocks of the chunk x R x S (offsets) |
 //! | bwd, per phase of dX | a b c d e | b (chunks of K blocks) | bc x bq x bk | K blocks x the phase's taps, flipped |
-//! | upd | a b c (d e: one iteration) f g | a ((image, row) pairs, chunks) | bk x bc x Q | the chunk's pairs (offsets) |
+//! | upd | a b c (d e: one iteration) f g | a ((image, row) pairs, chunks) | bk x bc x (Q, or the tap's columns inside the image) | the chunk's pairs that the tap's row reaches (offsets) |
 //!
 //! - **Forward**: the C tile is a run of `bq` output pixels of one output
 //!   row (of the whole image when the convolution is 1x1, stride 1, no
@@ -37,11 +37,13 @@
 //!   x1.09 more).
 //! - **Backward-weights**: `dW[kb][cb][r][s] = sum_(n,p) dY[n][kb][p] X_rs[n][cb][p]^T`,
 //!   a BRGEMM over (image, row) pairs with k = Q pixels. X is read in place
-//!   (from the zero-padded copy when there is padding) as a *row-major* B
-//!   (`Descriptor::b_row_major`, leading dimension `stride * bc`): no
-//!   transpose of the activations, which for 1x1 layers cost as much as the
-//!   arithmetic (measured, 256->64 1x1 layer, same process: 24% -> 43% of
-//!   peak). Software prefetch of the next pair was measured to lose 1-15%
+//!   as a *row-major* B (`Descriptor::b_row_major`, leading dimension
+//!   `stride * bc`): no transpose of the activations, which for 1x1 layers
+//!   cost as much as the arithmetic (measured, 256->64 1x1 layer, same
+//!   process: 24% -> 43% of peak). Nor a zero-padded copy: each tap's
+//!   calls take only the rows it reaches inside the image and the columns
+//!   `lo..lo + k` that do (k = Q - 1 for the border taps of a 3x3 layer,
+//!   one kernel per distinct k), skipping the products with the padding. Software prefetch of the next pair was measured to lose 1-15%
 //!   at stride 1 (Sapphire Rapids) and to win at stride 2 on Zen 4 (the
 //!   policy's `conv_upd_prefetch_strided`); the gather passes use it where
 //!   it pays (`gather_prefetch`).
@@ -117,17 +119,55 @@ fn pad_into<S: Copy + Send + Sync, T: Copy + Default + Send + Sync>(
 /// Backward-weights.
 struct Upd {
     nest: LoopNest,
-    kernels: Chunked,
     chunk: usize,
     /// Each call prefetches the next call's new rows (dY, else X).
     rows_ahead: bool,
+    /// Every (image, row) pair's dY row and the X row of filter row 0
+    /// without padding, in the reduction's order: the bias gradient's rows
+    /// and the 1x1 layers' prefetch.
     a_off: Vec<usize>,
     b_off: Vec<usize>,
-    xpad: Mutex<AlignedVec<f32>>,
+    /// Per filter row, the pairs whose input row lies inside the image.
+    rows: Vec<TapRows>,
+    /// Per filter column, the output columns whose input column does.
+    cols: Vec<TapCols>,
+    /// One set of kernels per reduction length among `cols`.
+    kernels: Vec<(usize, Chunked)>,
     /// The (K block, C block, r, s) items: dW blocks, one thread each.
     items: usize,
     /// The other threads' dW and db partial sums when the rows are split.
     partials: Mutex<AlignedVec<f32>>,
+}
+
+/// The (image, row) pairs a filter row reads inside the image, as batch
+/// offsets: dY rows and the X rows they meet (unpadded X, column 0).
+struct TapRows {
+    a_off: Vec<usize>,
+    b_off: Vec<usize>,
+    /// `starts[c]..starts[c + 1]`: the offsets of reduction chunk `c`.
+    starts: Vec<usize>,
+}
+
+/// The output columns `lo..lo + k` that a filter column reads inside the
+/// image (the rest meet padding: zero products, skipped), the input column
+/// of column `lo`, and the index of its kernels in `Upd::kernels`.
+#[derive(Debug, Clone, Copy)]
+struct TapCols {
+    lo: usize,
+    k: usize,
+    x0: usize,
+    kernels: usize,
+}
+
+/// The outputs `lo..hi` of an axis of `outs` whose input `o * stride + off
+/// - pad` lies in `0..len`.
+fn inside(outs: usize, stride: usize, off: usize, pad: usize, len: usize) -> (usize, usize) {
+    let lo = pad.saturating_sub(off).div_ceil(stride);
+    let hi = match (len + pad).checked_sub(off + 1) {
+        Some(last) => (last / stride + 1).min(outs),
+        None => 0,
+    };
+    (lo.min(hi), hi)
 }
 
 /// With fewer dW blocks than this many per thread, backward-weights splits
@@ -273,15 +313,40 @@ impl Conv {
             t.upd.chunk
         }
         .min(rows);
-        let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
+        // X is read in place, padding or not: a tap's calls skip the rows
+        // and columns where it meets the padding (their products are zero),
+        // instead of reading a zero-padded copy made every step.
+        let (h, w) = (pr.h, pr.w);
         let mut a_off = Vec::with_capacity(rows);
         let mut b_off = Vec::with_capacity(rows);
         for ni in 0..pr.n {
             for pi in 0..p {
                 a_off.push((ni * kb * p + pi) * q * t.bk);
-                b_off.push(((ni * cb * hp + pi * pr.stride_h) * wp) * t.bc);
+                b_off.push((ni * cb * h + pi * pr.stride_h) * w * t.bc);
             }
         }
+        let tap_rows = (0..pr.r)
+            .map(|r| {
+                let (lo, hi) = inside(p, pr.stride_h, r * pr.dil_h, pr.pad_h, h);
+                let mut tr = TapRows {
+                    a_off: Vec::new(),
+                    b_off: Vec::new(),
+                    starts: vec![0],
+                };
+                for (j, &a) in a_off.iter().enumerate() {
+                    let (ni, pi) = (j / p, j % p);
+                    if (lo..hi).contains(&pi) {
+                        let y = pi * pr.stride_h + r * pr.dil_h - pr.pad_h;
+                        tr.a_off.push(a);
+                        tr.b_off.push((ni * cb * h + y) * w * t.bc);
+                    }
+                    if (j + 1) % chunk == 0 || j + 1 == rows {
+                        tr.starts.push(tr.a_off.len());
+                    }
+                }
+                tr
+            })
+            .collect();
         // The reduction runs over (image, row) pairs in chunks that may cross
         // images: loop a walks them, and d (rows) and e (pixel blocks) have
         // one iteration each (a call reads whole rows).
@@ -302,23 +367,47 @@ impl Conv {
         // it reads every other pixel of (docs/tuning-notes.md).
         let rows_ahead = pol.conv_upd_prefetch_rows && pr.r * pr.s == 1;
         let strided = pol.conv_upd_prefetch_strided && pr.stride_w > 1 && t.bc >= 16;
+        // B_i = a row of X read in place, pixels (k) strided by stride * bc,
+        // channels (n) contiguous: a row-major B; one set of kernels per
+        // reduction length. A column tap that meets only padding runs
+        // empty batches (C = beta * C) on kernels of k = 1, at column 0.
+        let mut kernels: Vec<(usize, Chunked)> = Vec::new();
+        let mut tap_cols = Vec::with_capacity(pr.s);
+        for s in 0..pr.s {
+            let (lo, hi) = inside(q, pr.stride_w, s * pr.dil_w, pr.pad_w, w);
+            let x0 = match hi > lo {
+                true => lo * pr.stride_w + s * pr.dil_w - pr.pad_w,
+                false => 0,
+            };
+            let k = (hi - lo).max(1);
+            let at = match kernels.iter().position(|(kk, _)| *kk == k) {
+                Some(at) => at,
+                None => {
+                    let d = Descriptor::new(t.bk, t.bc, k)
+                        .b_row_major()
+                        .ldb(pr.stride_w * t.bc)
+                        .batch_form(BatchForm::Offset)
+                        .prefetch(brgemm::Policy::prefetch_if(rows_ahead || strided));
+                    kernels.push((k, Chunked::new(d, Epilogue::default())?));
+                    kernels.len() - 1
+                }
+            };
+            tap_cols.push(TapCols {
+                lo,
+                k: hi - lo,
+                x0,
+                kernels: at,
+            });
+        }
         let upd = Upd {
             nest: unest,
-            // B_i = a row of X read in place, pixels (k) strided by
-            // stride * bc, channels (n) contiguous: a row-major B.
-            kernels: Chunked::new(
-                Descriptor::new(t.bk, t.bc, q)
-                    .b_row_major()
-                    .ldb(pr.stride_w * t.bc)
-                    .batch_form(BatchForm::Offset)
-                    .prefetch(brgemm::Policy::prefetch_if(rows_ahead || strided)),
-                Epilogue::default(),
-            )?,
             chunk,
             rows_ahead,
             a_off,
             b_off,
-            xpad: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
+            rows: tap_rows,
+            cols: tap_cols,
+            kernels,
             items: kb * cb * pr.r * pr.s,
             partials: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
         };
@@ -560,33 +649,14 @@ impl Conv {
         let pr = &self.params;
         let t = &self.tuning;
         let (p, q) = (pr.p(), pr.q());
-        let cb = pr.c.div_ceil(t.bc);
-        let (hp, wp) = (pr.h + 2 * pr.pad_h, pr.w + 2 * pr.pad_w);
-        let plane = hp * wp * t.bc;
-        let mut guard;
-        let xs: &[f32] = if pr.pad_h == 0 && pr.pad_w == 0 {
-            &x.data
-        } else {
-            guard = self.upd.xpad.lock().unwrap_or_else(|e| e.into_inner());
-            guard.resize(pr.n * cb * plane, 0.0);
-            pad_into(
-                pool,
-                &x.data,
-                pr.n * cb,
-                (pr.h, pr.w, t.bc),
-                (pr.pad_h, pr.pad_w),
-                &mut guard,
-                |o: &mut [f32], v: &[f32]| o.copy_from_slice(v),
-            );
-            &guard[..]
-        };
         let u = &self.upd;
         let rows = pr.n * p;
-        // dZ's K-block planes (from each row's offset in `a_off`), the
-        // padded X planes by (C block, row, column), and dW's blocks by
-        // (K block, C block, r, s) in the layer's or a thread's partials.
+        // dZ's K-block planes (from each row's offset in `a_off`), the X
+        // planes by (C block, row, column), and dW's blocks by (K block,
+        // C block, r, s) in the layer's or a thread's partials.
         let dzv = View::new(&dz.data, [p * q * t.bk]);
-        let xv = View::new(xs, [plane, wp * t.bc, t.bc]);
+        let xv = View::new(&x.data, [pr.h * pr.w * t.bc, pr.w * t.bc, t.bc]);
+        let cb = pr.c.div_ceil(t.bc);
         let rs = pr.r * pr.s;
         let blk = t.bc * t.bk;
         let dw_strides = [cb * rs * blk, rs * blk, pr.s * blk, blk];
@@ -614,12 +684,17 @@ impl Conv {
                     }
                 }
             }
+            // The chunk's pairs whose input row tap r reaches, and the
+            // columns tap s reaches: none leaves C at beta * C (zero on the
+            // first chunk).
+            let (tr, tc) = (&u.rows[r], u.cols[s]);
+            let (lo, hi) = (tr.starts[r0 / u.chunk], tr.starts[r0 / u.chunk + 1]);
             let batch = RawBatch::Offset {
-                a,
-                b: xv.at([ci, r * pr.dil_h, s * pr.dil_w]),
-                a_offs: u.a_off[r0..].as_ptr(),
-                b_offs: u.b_off[r0..].as_ptr(),
-                count: cnt,
+                a: a.wrapping_add(tc.lo * bk),
+                b: xv.at([ci, 0, tc.x0]),
+                a_offs: tr.a_off[lo..].as_ptr(),
+                b_offs: tr.b_off[lo..].as_ptr(),
+                count: if tc.k == 0 { 0 } else { hi - lo },
             };
             let c = ViewMut::from_ptr(dw_out, dw_strides).at([ki, ci, r, s]);
             // The next call's new rows: dY where its K block or chunk
@@ -632,22 +707,20 @@ impl Conv {
                 ),
                 Some(n) => (
                     xv.at([n[2], 0, 0]).wrapping_add(u.b_off[n[0]]),
-                    u.chunk.min(rows - n[0]) * pr.stride_h * wp * t.bc,
+                    u.chunk.min(rows - n[0]) * pr.stride_h * pr.w * t.bc,
                 ),
                 None => (std::ptr::null(), 0),
             };
-            // SAFETY: sizes checked at the entry; the block
+            let kernels = &u.kernels[tc.kernels].1;
+            // SAFETY: sizes checked at the entry; the rows and columns of
+            // the batch lie inside dZ and X (planned so); the block
             // dW[ki][ci][r][s] of `dw_out` belongs to one thread (loop a,
             // the reduction, is never parallel; split rows write partials);
             // `ahead` is only prefetched.
             unsafe {
-                u.kernels.pick(first, last).execute_raw_ahead(
-                    batch,
-                    c,
-                    std::ptr::null(),
-                    ahead,
-                    len,
-                )
+                kernels
+                    .pick(first, last)
+                    .execute_raw_ahead(batch, c, std::ptr::null(), ahead, len)
             };
         };
         let threads = pool.threads();
