@@ -72,6 +72,14 @@ impl Tap {
     }
 }
 
+/// The taps of a gather pass that some output rows reach inside the input,
+/// and their batch offsets for a chunk of input blocks (`[block][tap]`).
+struct TapSet {
+    taps: Vec<Tap>,
+    a_off: Vec<usize>,
+    b_off: Vec<usize>,
+}
+
 /// Where a gather pass writes: its output row `o` is row `first.0 + o *
 /// step.0` of an output tensor of `rows x cols` pixels per plane (columns
 /// alike); a step above 1 writes every step-th pixel (a phase of dX).
@@ -146,8 +154,12 @@ pub(super) struct Gather<T = f32> {
     pub(super) chunk: usize,
     /// The taps the batch walks per input block.
     pub(super) taps: Vec<Tap>,
-    pub(super) a_off: Vec<usize>,
-    pub(super) b_off: Vec<usize>,
+    /// Per output row, its entry in `rows_taps`.
+    row_class: Vec<usize>,
+    /// The batch offsets of each set of taps that output rows reach inside
+    /// the input: a border row of a padded layer skips the filter rows that
+    /// meet the padding (zero products; at 7x7 a tenth of a 3x3 layer's).
+    rows_taps: Vec<TapSet>,
     pub(super) scratch: Mutex<AlignedVec<T>>,
     /// The pass writes every `step`-th pixel of a zero-padless output from
     /// (0, 0) (backward-data of a one-phase strided convolution): each
@@ -200,12 +212,30 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         let tail = (!g.q.is_multiple_of(g.bq))
             .then(|| Chunked::with_tile(desc(g.q % g.bq), ep, tile(g.q % g.bq)))
             .transpose()?;
-        let (mut a_off, mut b_off) = (vec![], vec![]);
-        for cb in 0..chunk {
-            for t in taps {
-                a_off.push((cb * g.rs + t.f) * g.bi * g.bo);
-                b_off.push(cb * hp * wp * g.bi + (t.dr * wp + t.dc) * g.bi);
-            }
+        let (mut row_class, mut rows_taps) = (Vec::with_capacity(g.p), Vec::<TapSet>::new());
+        for pr in 0..g.p {
+            let inside =
+                |t: &&Tap| (g.ph..g.ph + g.h).contains(&(g.origin.0 + pr * g.stride.0 + t.dr));
+            let live: Vec<Tap> = taps.iter().filter(inside).copied().collect();
+            let class = match rows_taps.iter().position(|c| c.taps == live) {
+                Some(c) => c,
+                None => {
+                    let (mut a_off, mut b_off) = (vec![], vec![]);
+                    for cb in 0..chunk {
+                        for t in &live {
+                            a_off.push((cb * g.rs + t.f) * g.bi * g.bo);
+                            b_off.push(cb * hp * wp * g.bi + (t.dr * wp + t.dc) * g.bi);
+                        }
+                    }
+                    rows_taps.push(TapSet {
+                        taps: live,
+                        a_off,
+                        b_off,
+                    });
+                    rows_taps.len() - 1
+                }
+            };
+            row_class.push(class);
         }
         Ok(Gather {
             g,
@@ -216,8 +246,8 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             tail,
             chunk,
             taps: taps.to_vec(),
-            a_off,
-            b_off,
+            row_class,
+            rows_taps,
             scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
             zero_between: false,
         })
@@ -329,7 +359,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         let g = self.g;
         debug_assert!(res.is_none() || g.out.step == (1, 1));
         let (hp, wp) = (g.h + 2 * g.ph, g.w + 2 * g.pw);
-        let (rs, taps) = (g.rs, self.taps.len());
+        let rs = g.rs;
         // Padded input planes by (image x input block, row, column), filter
         // blocks by (output block, input block), output pixels by (image,
         // output block, row, column).
@@ -349,6 +379,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             let (ni, ob, pr, qb, c0) = (i[0], i[self.out_loop], i[3], i[4], i[self.red_loop]);
             let q0 = qb * g.bq;
             let cnt = self.chunk.min(g.in_blocks - c0);
+            let row = &self.rows_taps[self.row_class[pr]];
             let ks = if q0 + g.bq <= g.q {
                 &self.main
             } else {
@@ -361,14 +392,14 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
                     g.origin.0 + pr * g.stride.0,
                     g.origin.1 + q0 * g.stride.1,
                 ]),
-                a_offs: self.a_off.as_ptr(),
-                b_offs: self.b_off.as_ptr(),
-                count: cnt * taps,
+                a_offs: row.a_off.as_ptr(),
+                b_offs: row.b_off.as_ptr(),
+                count: cnt * row.taps.len(),
             };
             let bias = bv.map_or(std::ptr::null(), |b| b.at([ob]));
             // A single-pair call brings in the output block of the call
             // after it in the nest's order.
-            let next = match (cnt * taps, pf) {
+            let next = match (cnt * row.taps.len(), pf) {
                 (1, true) => self.nest.successor(i),
                 _ => None,
             };
