@@ -108,13 +108,39 @@ impl<'a> Twin<'a> {
 
 /// Rounds `n` pixels of `c` channels, `step` pixels apart in `src` (1:
 /// the row-major `n x c` block), into `c` rows of `n` values, `ld` apart,
-/// in `dst` (channel-major), 16 pixels at a time: the 16 x c tile
-/// transposed in registers ([`transpose_block`]; strided pixels gathered
-/// first), rounded in one vector sweep, its rows copied as runs of 16
-/// (element by element above 64 channels). Element by element (strided
-/// loads) it took 25% of a bf16 3x3 convolution's backward-weights (64
-/// channels, 56x56).
+/// in `dst` (channel-major): on AVX-512 in registers, 16 x 16 at a time
+/// ([`transpose_round_avx512`]), else [`transpose_round_generic`].
+/// Element by element (strided loads) it took 25% of a bf16 3x3
+/// convolution's backward-weights (64 channels, 56x56).
 pub(crate) fn transpose_round(
+    dst: &mut [bf16],
+    ld: usize,
+    src: &[f32],
+    c: usize,
+    n: usize,
+    step: usize,
+) {
+    if n == 0 || c == 0 {
+        return;
+    }
+    // Every pixel read and every row written lies inside the slices: the
+    // fast path's raw accesses rely on these, checked once per call.
+    assert!(src.len() >= ((n - 1) * step + 1) * c && dst.len() >= (c - 1) * ld + n);
+    #[cfg(target_arch = "x86_64")]
+    if brgemm::Isa::selected() == Ok(brgemm::Isa::Avx512) {
+        // SAFETY: `selected` returns only ISAs this CPU has (AVX-512F);
+        // the bounds are checked above.
+        unsafe { transpose_round_avx512(dst.as_mut_ptr(), ld, src.as_ptr(), c, n, step) };
+        return;
+    }
+    transpose_round_generic(dst, ld, src, c, n, step);
+}
+
+/// [`transpose_round`] 16 pixels at a time: the 16 x c tile transposed
+/// ([`transpose_block`]; strided pixels gathered first), rounded in one
+/// vector sweep, its rows copied as runs of 16 (element by element above
+/// 64 channels).
+fn transpose_round_generic(
     dst: &mut [bf16],
     ld: usize,
     src: &[f32],
@@ -153,6 +179,91 @@ pub(crate) fn transpose_round(
         }
         p0 += w;
     }
+}
+
+/// [`transpose_round`] on AVX-512F: 16 pixels x 16 channels per step,
+/// loaded as 16 vectors (the pixels' channel runs, masked at a channel
+/// tail, zero past a pixel tail), transposed in registers, rounded as
+/// [`round_bf16`] rounds, and each channel's 16 values narrowed and stored
+/// in one masked `vpmovdw`: 0.26 ns per value from L1 against the generic
+/// path's 0.79 (which stages strided pixels, transposes 8x8 tiles, rounds
+/// and copies rows). From memory, as the convolution update reads X, both
+/// wait on the loads (1.1 against 1.4 ns per value, Zen 4).
+///
+/// # Safety
+/// The CPU has AVX-512F; `src` holds `((n - 1) * step + 1) * c` values
+/// and `dst` `(c - 1) * ld + n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_round_avx512(
+    dst: *mut bf16,
+    ld: usize,
+    src: *const f32,
+    c: usize,
+    n: usize,
+    step: usize,
+) {
+    use std::arch::x86_64::*;
+    let lanes = |k: usize| if k >= 16 { 0xFFFFu16 } else { (1u16 << k) - 1 };
+    for p0 in (0..n).step_by(16) {
+        let w = (n - p0).min(16);
+        for j0 in (0..c).step_by(16) {
+            let cw = (c - j0).min(16);
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, v) in r.iter_mut().enumerate().take(w) {
+                *v = _mm512_maskz_loadu_ps(lanes(cw), src.add(((p0 + i) * step) * c + j0));
+            }
+            let t = transpose16(r);
+            for (j, v) in t.iter().enumerate().take(cw) {
+                let b = _mm512_castps_si512(*v);
+                let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+                let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+                let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, bias));
+                let abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF));
+                let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+                let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
+                let out = _mm512_mask_blend_epi32(nan, rounded, quiet);
+                let at = dst.add((j0 + j) * ld + p0) as *mut i16;
+                _mm512_mask_cvtepi32_storeu_epi16(at, lanes(w), out);
+            }
+        }
+    }
+}
+
+/// The 16 x 16 transpose of 16 vectors: lane j of the result's vector i
+/// is lane i of input vector j.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn transpose16(mut r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved by lanes, then by lane pairs (within
+    // 128-bit quarters), then the quarters exchanged in two rounds.
+    let mut t = [_mm512_setzero_ps(); 16];
+    for k in 0..8 {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    let mut u = [_mm512_setzero_ps(); 16];
+    for k in 0..4 {
+        let (a, b) = (4 * k, 4 * k + 2);
+        u[4 * k] = _mm512_shuffle_ps::<0x44>(t[a], t[b]);
+        u[4 * k + 1] = _mm512_shuffle_ps::<0xEE>(t[a], t[b]);
+        u[4 * k + 2] = _mm512_shuffle_ps::<0x44>(t[a + 1], t[b + 1]);
+        u[4 * k + 3] = _mm512_shuffle_ps::<0xEE>(t[a + 1], t[b + 1]);
+    }
+    for h in 0..2 {
+        for k in 0..4 {
+            let (a, b) = (8 * h + k, 8 * h + k + 4);
+            t[8 * h + k] = _mm512_shuffle_f32x4::<0x88>(u[a], u[b]);
+            t[8 * h + k + 4] = _mm512_shuffle_f32x4::<0xDD>(u[a], u[b]);
+        }
+    }
+    for k in 0..8 {
+        r[k] = _mm512_shuffle_f32x4::<0x88>(t[k], t[k + 8]);
+        r[k + 8] = _mm512_shuffle_f32x4::<0xDD>(t[k], t[k + 8]);
+    }
+    r
 }
 
 /// The block grid of a weight tensor to pack: `outer x inner` block pairs
@@ -312,17 +423,25 @@ mod tests {
             // phases of a strided convolution).
             for step in 1..=3 {
                 let src = values(((n - 1) * step + 1) * c);
+                // The path this CPU takes, and the generic one everywhere.
+                let mut paths: Vec<(&str, Vec<bf16>)> = Vec::new();
                 let mut dst = vec![bf16::from_f32(7.0); c * ld];
                 transpose_round(&mut dst, ld, &src, c, n, step);
-                for j in 0..c {
-                    for p in 0..ld {
-                        let want = if p < n {
-                            round_bf16(src[p * step * c + j]).to_bits()
-                        } else {
-                            bf16::from_f32(7.0).to_bits()
-                        };
-                        let at = format!("c {c} n {n} step {step} j {j} p {p}");
-                        assert_eq!(dst[j * ld + p].to_bits(), want, "{at}");
+                paths.push(("dispatched", dst));
+                let mut dst = vec![bf16::from_f32(7.0); c * ld];
+                transpose_round_generic(&mut dst, ld, &src, c, n, step);
+                paths.push(("generic", dst));
+                for (path, dst) in &paths {
+                    for j in 0..c {
+                        for p in 0..ld {
+                            let want = if p < n {
+                                round_bf16(src[p * step * c + j]).to_bits()
+                            } else {
+                                bf16::from_f32(7.0).to_bits()
+                            };
+                            let at = format!("{path}: c {c} n {n} step {step} j {j} p {p}");
+                            assert_eq!(dst[j * ld + p].to_bits(), want, "{at}");
+                        }
                     }
                 }
             }
