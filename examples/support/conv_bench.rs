@@ -34,8 +34,8 @@ const RESNET_LAYERS: [ConvLayer; 9] = [
 ];
 
 /// Convolution passes on the ResNet-50 layers at minibatches 8 and 16.
-/// `upd` includes the per-call relayout of X it reads; `fwd` the
-/// zero-padded input copy.
+/// `fwd` includes the zero-padded input copy; the bf16 `upd` the per-call
+/// relayout of X it reads (the f32 one reads X in place).
 pub(crate) fn bench_conv(o: &Opts) {
     use brgemm_primitives::{Activation, Conv, ConvParams};
     let isa = Isa::selected().expect("ISA");
