@@ -25,7 +25,10 @@
 //! zeros to `kq`, a multiple of 32: no per-row padding, which cost 2.3x the
 //! work at 14 pixels per row and 4.6x at 7) and the phases that some tap
 //! reads of the zero-padded X into channel-major planes (a 1x1 layer at
-//! stride 2 reads one phase of four): O(activations), once per step.
+//! stride 2 reads one phase of four): O(activations), once per step. A
+//! tap's calls start after the merged rows whose input row is top padding
+//! and end before those of the bottom padding (to the kernel's
+//! granularity: pairs, or 32 on AMX), one kernel per reduction length.
 //! Items (K block, C block) are the threads' work; each walks the images
 //! with every tap inside, accumulating (beta = 1 after the first image);
 //! with fewer than two items per thread the images are split into partial
@@ -47,7 +50,9 @@ use std::sync::Mutex;
 
 /// The bf16 backward-weights plan.
 struct Upd {
-    kernels: Chunked,
+    /// The kernels of the whole reduction (`kq`), then those of the
+    /// shorter ones of `taps`.
+    kernels: Vec<(usize, Chunked)>,
     /// Merged pixels per image in the VNNI dY (P * wpp rounded up to 32).
     kq: usize,
     /// Pixels per channel of one phase plane of an image's transposed X.
@@ -57,8 +62,8 @@ struct Upd {
     /// The phases the taps read, `(row, column)` offsets modulo the
     /// strides, in the order of their planes.
     phases: Vec<(usize, usize)>,
-    /// Per tap (r, s): its phase plane and its offset in it.
-    taps: Vec<(usize, usize)>,
+    /// Per tap (r, s).
+    taps: Vec<UpdTap>,
     dyv: Mutex<AlignedVec<bf16>>,
     xt: Mutex<AlignedVec<bf16>>,
     /// The other threads' dW partial sums when the images are split.
@@ -75,6 +80,19 @@ struct Upd {
     /// (3.6 MB) 0.99-1.02x and at 56x56 0.95x, where one image's planes
     /// per call keep L2.
     batch_images: bool,
+}
+
+/// A tap of the bf16 update: its phase plane, its offset in it, and the
+/// part `start..start + k` of the merged pixels it reduces over (with
+/// `kernels[kernel]`): the output rows whose input row of this tap lies
+/// in the padding are left out (zero products), as far as the kernel's
+/// reduction granularity allows.
+#[derive(Debug, Clone, Copy)]
+struct UpdTap {
+    plane: usize,
+    off: usize,
+    start: usize,
+    kernel: usize,
 }
 
 /// The bf16 forward and (stride-1) backward-data of a [`Conv`] layer.
@@ -137,17 +155,59 @@ impl ConvBf16 {
             let wt = (kq + far).max(hp.div_ceil(sh) * wpp);
             // One image per call: the images are the calls, in an order
             // that keeps an image's planes in L2 for every tap.
-            let d = Descriptor::new(t.bk, t.bc, kq)
-                .dtype(DataType::Bf16)
-                .ldb(wt)
-                .batch_form(BatchForm::Stride {
-                    a: kb * kq * t.bk,
-                    b: cb * phases.len() * t.bc * wt,
-                });
-            let kernels = Chunked::new(d, Epilogue::default())?;
+            let desc = |k| {
+                Descriptor::new(t.bk, t.bc, k)
+                    .dtype(DataType::Bf16)
+                    .ldb(wt)
+                    .batch_form(BatchForm::Stride {
+                        a: kb * kq * t.bk,
+                        b: cb * phases.len() * t.bc * wt,
+                    })
+            };
+            let mut kernels = vec![(kq, Chunked::new(desc(kq), Epilogue::default())?)];
+            let isa = kernels[0].1.pick(true, true).bf16_isa();
+            // Each tap reduces over the merged rows whose input row lies
+            // inside the image, widened to the kernel's granularity (AMX
+            // tiles: 32 pixels; else VNNI pairs); a shorter reduction
+            // planned on another kernel than the whole one's keeps the
+            // whole one.
+            let g = if isa == Some(Bf16Isa::Amx) { 32 } else { 2 };
+            let taps = taps
+                .into_iter()
+                .zip((0..p.r).flat_map(|r| std::iter::repeat_n(r, p.s)))
+                .map(|((plane, off), r)| {
+                    let (lo, hi) = super::inside(p.p(), sh, r * p.dil_h, p.pad_h, p.h);
+                    let (start, end) = ((lo * wpp) / g * g, (hi * wpp).next_multiple_of(g).min(kq));
+                    let whole = UpdTap {
+                        plane,
+                        off,
+                        start: 0,
+                        kernel: 0,
+                    };
+                    if end <= start || end - start == kq {
+                        return Ok(whole);
+                    }
+                    let k = end - start;
+                    let at = match kernels.iter().position(|(kk, _)| *kk == k) {
+                        Some(at) => at,
+                        None => {
+                            let ks = Chunked::new(desc(k), Epilogue::default())?;
+                            if ks.pick(true, true).bf16_isa() != isa {
+                                return Ok(whole);
+                            }
+                            kernels.push((k, ks));
+                            kernels.len() - 1
+                        }
+                    };
+                    Ok(UpdTap {
+                        start,
+                        kernel: at,
+                        ..whole
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
             // The rounded elements: the phase planes of X that some tap
             // reads (transposed, counted twice) and dY.
-            let isa = kernels.pick(true, true).bf16_isa();
             let plane = |&(a, b): &(usize, usize)| {
                 let rows = (p.h + p.pad_h).saturating_sub(a).div_ceil(sh).min(p.h);
                 let cols = (p.w + p.pad_w).saturating_sub(b).div_ceil(sw).min(p.w);
@@ -215,7 +275,7 @@ impl ConvBf16 {
     /// [`brgemm::Bf16UpdRule`]: on AVX512-BF16, a 1x1 layer whose large
     /// input must be transposed for little work per element).
     pub fn upd_isa(&self) -> Option<Bf16Isa> {
-        let k = self.upd.kernels.pick(true, true);
+        let k = self.upd.kernels[0].1.pick(true, true);
         k.bf16_isa().filter(|_| self.upd.bf16)
     }
 
@@ -472,12 +532,15 @@ impl ConvBf16 {
                 // Images per call: this part's all, or one ([`Upd::batch_images`]).
                 let count = if u.batch_images { hi - lo } else { 1 };
                 for n0 in (lo..hi).step_by(count.max(1)) {
-                    let k = u.kernels.pick(n0 == lo, false);
                     let a = (dyp as *const bf16).add((n0 * kb + ki) * plane);
-                    for (tap, &(ph, off)) in u.taps.iter().enumerate() {
-                        let b =
-                            (xtp as *const bf16).add((n0 * cb + ci) * xplane + ph * bc * wt + off);
+                    for (tap, t) in u.taps.iter().enumerate() {
+                        // Merged pixel `start` of dY's VNNI pairs (start
+                        // even) and of the tap's run of the phase plane.
+                        let a = a.add(t.start * bk);
+                        let b = (xtp as *const bf16)
+                            .add((n0 * cb + ci) * xplane + t.plane * bc * wt + t.off + t.start);
                         let batch = RawBatch::Stride { a, b, count };
+                        let k = u.kernels[t.kernel].1.pick(n0 == lo, false);
                         k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
                     }
                 }

@@ -161,7 +161,13 @@ struct TapCols {
 
 /// The outputs `lo..hi` of an axis of `outs` whose input `o * stride + off
 /// - pad` lies in `0..len`.
-fn inside(outs: usize, stride: usize, off: usize, pad: usize, len: usize) -> (usize, usize) {
+pub(super) fn inside(
+    outs: usize,
+    stride: usize,
+    off: usize,
+    pad: usize,
+    len: usize,
+) -> (usize, usize) {
     let lo = pad.saturating_sub(off).div_ceil(stride);
     let hi = match (len + pad).checked_sub(off + 1) {
         Some(last) => (last / stride + 1).min(outs),
