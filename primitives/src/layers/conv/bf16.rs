@@ -191,8 +191,9 @@ impl ConvBf16 {
             let g = if isa == Some(Bf16Isa::Amx) { 32 } else { 2 };
             let taps = taps
                 .into_iter()
-                .zip((0..p.r).flat_map(|r| std::iter::repeat_n(r, p.s)))
-                .map(|((plane, off), r)| {
+                .enumerate()
+                .map(|(tap, (plane, off))| {
+                    let r = tap / p.s;
                     let (lo, hi) = super::inside(p.p(), sh, r * p.dil_h, p.pad_h, p.h);
                     let (start, end) = ((lo * wpp) / g * g, (hi * wpp).next_multiple_of(g).min(kq));
                     let whole = UpdTap {

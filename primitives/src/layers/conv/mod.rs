@@ -122,11 +122,9 @@ struct Upd {
     chunk: usize,
     /// Each call prefetches the next call's new rows (dY, else X).
     rows_ahead: bool,
-    /// Every (image, row) pair's dY row and the X row of filter row 0
-    /// without padding, in the reduction's order: the bias gradient's rows
-    /// and the 1x1 layers' prefetch.
+    /// Every (image, row) pair's dY row, in the reduction's order: the
+    /// bias gradient's rows and the 1x1 layers' prefetch.
     a_off: Vec<usize>,
-    b_off: Vec<usize>,
     /// Per filter row, the pairs whose input row lies inside the image.
     rows: Vec<TapRows>,
     /// Per filter column, the output columns whose input column does.
@@ -324,11 +322,9 @@ impl Conv {
         // instead of reading a zero-padded copy made every step.
         let (h, w) = (pr.h, pr.w);
         let mut a_off = Vec::with_capacity(rows);
-        let mut b_off = Vec::with_capacity(rows);
         for ni in 0..pr.n {
             for pi in 0..p {
                 a_off.push((ni * kb * p + pi) * q * t.bk);
-                b_off.push((ni * cb * h + pi * pr.stride_h) * w * t.bc);
             }
         }
         let tap_rows = (0..pr.r)
@@ -410,7 +406,6 @@ impl Conv {
             chunk,
             rows_ahead,
             a_off,
-            b_off,
             rows: tap_rows,
             cols: tap_cols,
             kernels,
@@ -704,18 +699,20 @@ impl Conv {
             };
             let c = ViewMut::from_ptr(dw_out, dw_strides).at([ki, ci, r, s]);
             // The next call's new rows: dY where its K block or chunk
-            // differs, else X (one run within an image; a chunk that crosses
-            // images prefetches past its first image's end).
+            // differs, else X, the next C block's rows of this chunk (one
+            // run within an image; a chunk that crosses images prefetches
+            // past its first image's end). The 1x1 filter's one tap row
+            // is this call's.
             let (ahead, len) = match u.rows_ahead.then(|| u.nest.successor(i)).flatten() {
                 Some(n) if n[1] != ki || n[0] != r0 => (
                     dzv.at([n[1]]).wrapping_add(u.a_off[n[0]]),
                     u.chunk.min(rows - n[0]) * q * bk,
                 ),
-                Some(n) => (
-                    xv.at([n[2], 0, 0]).wrapping_add(u.b_off[n[0]]),
+                Some(n) if lo < hi => (
+                    xv.at([n[2], 0, tc.x0]).wrapping_add(tr.b_off[lo]),
                     u.chunk.min(rows - n[0]) * pr.stride_h * pr.w * t.bc,
                 ),
-                None => (std::ptr::null(), 0),
+                _ => (std::ptr::null(), 0),
             };
             let kernels = &u.kernels[tc.kernels].1;
             // SAFETY: sizes checked at the entry; the rows and columns of
