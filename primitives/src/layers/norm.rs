@@ -33,7 +33,7 @@ pub struct BatchNorm {
     /// Weight of the new minibatch in the running statistics.
     pub momentum: f32,
     /// Applies ReLU to the output in the same pass (NaN stays NaN);
-    /// backward then needs the output ([`BatchNorm::backward_relu`]).
+    /// backward then goes through [`BatchNorm::backward_relu`].
     pub relu: bool,
     /// Scale.
     pub(crate) gamma: Vec<f32>,
@@ -47,6 +47,11 @@ pub struct BatchNorm {
     saved_mean: Vec<f32>,
     /// 1 / sqrt(var + eps) of the last training forward.
     saved_invstd: Vec<f32>,
+    /// The per-channel scale and offset of the last training forward when
+    /// it fused the ReLU without a residual (else empty): backward then
+    /// finds where y was positive from x, bit for bit as the forward did,
+    /// instead of reading y.
+    saved_affine: (Vec<f32>, Vec<f32>),
 }
 
 /// An error naming `what` unless `t` has the dims of `x`.
@@ -135,6 +140,7 @@ impl BatchNorm {
             running_var: ones(1.0),
             saved_mean: vec![0.0; pc],
             saved_invstd: vec![0.0; pc],
+            saved_affine: (Vec::new(), Vec::new()),
         })
     }
 
@@ -251,6 +257,10 @@ impl BatchNorm {
             offset[ch] = self.beta[ch] - (mean * f64::from(self.gamma[ch]) * inv) as f32;
         }
         self.apply(pool, x, res, (y, yb), &scale, &offset);
+        self.saved_affine = match res.is_none() && self.relu {
+            true => (scale, offset),
+            false => (Vec::new(), Vec::new()),
+        };
         Ok(())
     }
 
@@ -377,6 +387,11 @@ impl BatchNorm {
     /// [`BatchNorm::backward`], or with `y` [`BatchNorm::backward_relu`],
     /// writing dx and, when given, dx rounded to bf16 (of dx's length) in
     /// the same pass: the output gradient of a bf16 layer before it.
+    ///
+    /// After a forward that fused the ReLU (no residual), where y was
+    /// positive is recomputed from x with the forward's own scale and
+    /// offset (the same bits), so neither sweep reads y: two streams of
+    /// eight (`docs/tuning-notes.md`). `y` is still checked.
     #[allow(clippy::too_many_arguments)]
     pub fn backward_to(
         &self,
@@ -406,10 +421,28 @@ impl BatchNorm {
         check_buf("dbeta", dbeta.len(), self.beta.len())?;
         let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
         let count = (x.n * x.h * x.w) as f32;
-        let y = y.map_or(&[][..], |y| &y.data[..]);
+        // Where the ReLU passed: none, from y, or from x and the forward's
+        // affine map.
+        let (sc, of) = (&self.saved_affine.0[..], &self.saved_affine.1[..]);
+        let mask = match (y, sc.is_empty()) {
+            (None, _) => Mask::None,
+            (Some(_), true) => Mask::Y,
+            (Some(_), false) => Mask::X,
+        };
+        let y = match mask {
+            Mask::Y => &y.unwrap().data[..],
+            _ => &[][..],
+        };
         let stats = |i: usize| {
             let r = (i % cb) * bc..(i % cb + 1) * bc;
             (&self.saved_mean[r.clone()], &self.saved_invstd[r])
+        };
+        let affine = |i: usize| {
+            let r = (i % cb) * bc..(i % cb + 1) * bc;
+            match mask {
+                Mask::X => [&sc[r.clone()], &of[r]],
+                _ => [&[][..], &[][..]],
+            }
         };
         let sums = plane_sums(pool, x, |i, out| {
             let (mean, inv) = stats(i);
@@ -419,7 +452,12 @@ impl BatchNorm {
             } else {
                 &y[i * len..][..len]
             };
-            grad_sums(bc, planes, y, mean, inv, out);
+            let m = Masked {
+                mask,
+                y,
+                affine: affine(i),
+            };
+            grad_sums(bc, planes, &m, mean, inv, out);
         });
         dgamma.fill(0.0);
         dbeta.fill(0.0);
@@ -441,10 +479,13 @@ impl BatchNorm {
             let k = [&k1[r.clone()], &k2[r.clone()], &k3[r], mean, inv];
             for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
                 let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
-                if y.is_empty() {
-                    grad_apply::<false>(bc, planes, y, k, d);
-                } else {
-                    grad_apply::<true>(bc, planes, &y[at..][..d.len()], k, d);
+                let [sc, of] = affine(i);
+                match mask {
+                    Mask::None => grad_apply::<NO_MASK>(bc, planes, [&[], &[], &[]], k, d),
+                    Mask::Y => {
+                        grad_apply::<Y_MASK>(bc, planes, [&y[at..][..d.len()], &[], &[]], k, d)
+                    }
+                    Mask::X => grad_apply::<X_MASK>(bc, planes, [&[], sc, of], k, d),
                 }
                 // SAFETY: plane i is this thread's.
                 unsafe { dxb.round(at, d) };
@@ -454,30 +495,82 @@ impl BatchNorm {
     }
 }
 
-/// The sums of g and g * xhat over a plane, per lane, where g is dy, or dy
-/// where the fused ReLU's output `y` is positive when `y` is not empty.
+/// Where backward's gradient passes the fused ReLU.
+#[derive(Clone, Copy)]
+enum Mask {
+    /// No ReLU.
+    None,
+    /// Where the forward's output y is positive.
+    Y,
+    /// Where x * scale + offset (the forward's pre-activation) is.
+    X,
+}
+
+/// [`Mask`] as a const parameter, so each loop vectorises for its own.
+const NO_MASK: u8 = 0;
+const Y_MASK: u8 = 1;
+const X_MASK: u8 = 2;
+
+/// A plane's mask operands: y's plane (for [`Mask::Y`]) or the lanes'
+/// scale and offset (for [`Mask::X`]).
+struct Masked<'a> {
+    mask: Mask,
+    y: &'a [f32],
+    affine: [&'a [f32]; 2],
+}
+
+/// The sums of g and g * xhat over a plane, per lane, where g is dy where
+/// the fused ReLU passed it (`m`).
 fn grad_sums(
     bc: usize,
     (x, dy): (&[f32], &[f32]),
-    y: &[f32],
+    m: &Masked,
     mean: &[f32],
     inv: &[f32],
     out: &mut [f64],
 ) {
-    if y.is_empty() {
-        grad_sums_of::<false>(bc, x, dy, y, mean, inv, out)
-    } else {
-        grad_sums_of::<true>(bc, x, dy, y, mean, inv, out)
+    let [sc, of] = m.affine;
+    match m.mask {
+        Mask::None => grad_sums_of::<NO_MASK>(bc, x, dy, [&[], &[], &[]], mean, inv, out),
+        Mask::Y => grad_sums_of::<Y_MASK>(bc, x, dy, [m.y, &[], &[]], mean, inv, out),
+        Mask::X => grad_sums_of::<X_MASK>(bc, x, dy, [&[], sc, of], mean, inv, out),
     }
 }
 
-/// [`grad_sums`] for the mask known at compile time (so the loop
-/// vectorises either way).
-fn grad_sums_of<const RELU: bool>(
+/// One pixel's mask operands, `bc` lanes each: `[y, scale, offset]` as
+/// the mask `M` needs them (`dy` stands in for the others, unread).
+#[inline(always)]
+fn lanes<'a, const M: u8>(
+    [y, sc, of]: [&'a [f32]; 3],
+    dy: &'a [f32],
+    p: usize,
+    bc: usize,
+) -> [&'a [f32]; 3] {
+    match M {
+        NO_MASK => [dy, dy, dy],
+        Y_MASK => [&y[p..p + bc], dy, dy],
+        _ => [dy, &sc[..bc], &of[..bc]],
+    }
+}
+
+/// dy where the ReLU passed it. `x * scale + offset` repeats the
+/// forward's arithmetic (Rust does not contract it into an FMA), so its
+/// sign is the one y had.
+#[inline(always)]
+fn masked<const M: u8>(g: f32, x: f32, y: f32, sc: f32, of: f32) -> f32 {
+    match M {
+        NO_MASK => g,
+        Y_MASK => pass(g, y),
+        _ => pass(g, x * sc + of),
+    }
+}
+
+/// [`grad_sums`] for the mask known at compile time.
+fn grad_sums_of<const M: u8>(
     bc: usize,
     x: &[f32],
     dy: &[f32],
-    y: &[f32],
+    ops: [&[f32]; 3],
     mean: &[f32],
     inv: &[f32],
     out: &mut [f64],
@@ -488,9 +581,9 @@ fn grad_sums_of<const RELU: bool>(
         let end = (start + run).min(x.len());
         for p in (start..end).step_by(bc) {
             let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
-            let ys = if RELU { &y[p..p + bc] } else { gs };
+            let [ys, sc, of] = lanes::<M>(ops, gs, p, bc);
             for j in 0..bc {
-                let g = if RELU { pass(gs[j], ys[j]) } else { gs[j] };
+                let g = masked::<M>(gs[j], xs[j], ys[j], sc[j], of[j]);
                 a[j] += g;
                 b[j] += g * (xs[j] - mean[j]) * inv[j];
             }
@@ -504,21 +597,21 @@ fn grad_sums_of<const RELU: bool>(
     }
 }
 
-/// dx of one plane; `k` is (gamma*inv, mean(g), mean(g*xhat), mean, inv)
-/// of the plane's lanes.
-fn grad_apply<const RELU: bool>(
+/// dx of one piece; `k` is (gamma*inv, mean(g), mean(g*xhat), mean, inv)
+/// of the plane's lanes, `ops` the mask's operands ([`masked`]).
+fn grad_apply<const M: u8>(
     bc: usize,
     (x, dy): (&[f32], &[f32]),
-    y: &[f32],
+    ops: [&[f32]; 3],
     k: [&[f32]; 5],
     d: &mut [f32],
 ) {
     let [k1, k2, k3, mean, inv] = k;
     for (p, o) in (0..d.len()).step_by(bc).zip(d.chunks_exact_mut(bc)) {
         let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
-        let ys = if RELU { &y[p..p + bc] } else { gs };
+        let [ys, sc, of] = lanes::<M>(ops, gs, p, bc);
         for j in 0..bc {
-            let g = if RELU { pass(gs[j], ys[j]) } else { gs[j] };
+            let g = masked::<M>(gs[j], xs[j], ys[j], sc[j], of[j]);
             let xhat = (xs[j] - mean[j]) * inv[j];
             o[j] = k1[j] * (g - k2[j] - xhat * k3[j]);
         }
@@ -572,4 +665,56 @@ fn channel_sum(x: &Tensor4, sums: &[f64], ch: usize) -> (f64, f64) {
         let at = (n * cb + ch / bc) * 2 * bc + ch % bc;
         (s + sums[at], q + sums[at + bc])
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Backward through the fused ReLU finds the same mask from x (the
+    /// forward's affine map) as from y: identical bits, on channels whose
+    /// pre-activations sit on both sides of zero, some exactly at it.
+    #[test]
+    fn relu_mask_from_x_is_the_mask_from_y() {
+        let pool = Pool::new(2).unwrap().always_parallel();
+        // Five channels in blocks of 4 (a padded block), 2 x 3 x 5 pixels.
+        let (n, c, h, w, bc) = (2, 5, 3, 5, 4);
+        let vals: Vec<f32> = (0..n * c * h * w)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 4.0)
+            .collect();
+        let x = Tensor4::from_nchw(&vals, n, c, h, w, bc).unwrap();
+        let g = Tensor4::from_nchw(
+            &vals.iter().map(|v| 1.5 - v).collect::<Vec<_>>(),
+            n,
+            c,
+            h,
+            w,
+            bc,
+        )
+        .unwrap();
+        let mut bn = BatchNorm::new(c, bc).unwrap();
+        bn.relu = true;
+        bn.beta_mut()[..c].copy_from_slice(&[0.0, 0.3, -0.4, 1.0, -2.0]);
+        let mut y = x.clone();
+        bn.forward_train(&pool, &x, &mut y).unwrap();
+        assert!(!bn.saved_affine.0.is_empty());
+        let positive = y.data().iter().filter(|v| **v > 0.0).count();
+        assert!(positive > 10 && positive + 10 < y.data().len());
+        let mut from_y = bn.clone();
+        from_y.saved_affine = (Vec::new(), Vec::new());
+        let pc = bn.gamma().len();
+        let run = |bn: &BatchNorm| {
+            let (mut dx, mut dg, mut db) = (x.clone(), vec![0.0; pc], vec![0.0; pc]);
+            bn.backward_relu(&pool, &x, &y, &g, &mut dx, &mut dg, &mut db)
+                .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            (bits(dx.data()), bits(&dg), bits(&db))
+        };
+        assert_eq!(run(&bn), run(&from_y));
+        // A later residual forward (its ReLU after the add) drops the map.
+        let mut r = x.clone();
+        bn.relu = false;
+        bn.forward_train_add(&pool, &x, &g, true, &mut r).unwrap();
+        assert!(bn.saved_affine.0.is_empty());
+    }
 }
