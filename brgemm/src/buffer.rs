@@ -27,13 +27,12 @@ pub fn aligned_vec<T: Clone>(len: usize, value: T) -> AlignedVec<T> {
 }
 
 /// [`aligned_vec()`] for a buffer that lives long (weights and their
-/// gradients, a network's activation tensors): from [`HUGE_FROM`] bytes
-/// on, backed by transparent huge pages where the system gives them on
-/// request ([`advise_huge`]). Not for buffers made per call: a huge-page
-/// fault zeroes, and may first compact, 2 MiB (advising the passes'
-/// scratch too once cost the ResNet-50 training step 4-9%). Used for the
-/// FC weights (their gradients and transposes), filters and the
-/// primitives' activation tensors.
+/// gradients): from [`HUGE_FROM`] bytes on, backed by transparent huge
+/// pages where the system gives them on request ([`advise_huge`]). Not
+/// for every buffer: advising activations and the passes' scratch too
+/// cost the ResNet-50 training step 4-9% on 2 threads (Zen 4, builds
+/// alternated; a huge-page fault zeroes, and may first compact, 2 MiB).
+/// Used for the FC weights (their gradients and transposes) and filters.
 pub fn aligned_vec_huge<T: Clone>(len: usize, value: T) -> AlignedVec<T> {
     let mut v: AlignedVec<T> = AlignedVec::with_capacity(ALIGN, len);
     let bytes = len * std::mem::size_of::<T>();

@@ -16,7 +16,7 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::threads::Pool;
-use brgemm::buffer::aligned_vec_huge;
+use brgemm::aligned_vec;
 
 crate::layout::tensor_type! {
     /// A blocked activation tensor `[N][C/bc][H][W][bc]`.
@@ -39,11 +39,7 @@ crate::layout::tensor_type! {
 }
 
 impl Tensor4 {
-    /// A zero tensor. From [`brgemm::buffer::HUGE_FROM`] bytes on (the
-    /// 56x56 planes of a ResNet at minibatch 8 and up) it asks for huge
-    /// pages: the 1x1 passes that stream such a tensor read it in four or
-    /// more planes at once, and on 4 KiB pages each 16 KiB block touches
-    /// four pages past the TLB's reach (`docs/tuning-notes.md`).
+    /// A zero tensor.
     pub fn zeros(n: usize, c: usize, h: usize, w: usize, bc: usize) -> Result<Tensor4> {
         for (what, v) in [("n", n), ("c", c), ("h", h), ("w", w), ("bc", bc)] {
             if v == 0 {
@@ -60,7 +56,7 @@ impl Tensor4 {
             h,
             w,
             bc,
-            data: aligned_vec_huge(len, 0.0),
+            data: aligned_vec(len, 0.0),
         })
     }
 
