@@ -421,43 +421,37 @@ impl BatchNorm {
         check_buf("dbeta", dbeta.len(), self.beta.len())?;
         let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
         let count = (x.n * x.h * x.w) as f32;
-        // Where the ReLU passed: none, from y, or from x and the forward's
-        // affine map.
+        // Where the ReLU passed: nowhere masked, where y is positive, or
+        // where x under the forward's affine map is.
         let (sc, of) = (&self.saved_affine.0[..], &self.saved_affine.1[..]);
-        let mask = match (y, sc.is_empty()) {
-            (None, _) => Mask::None,
-            (Some(_), true) => Mask::Y,
-            (Some(_), false) => Mask::X,
-        };
-        let y = match mask {
-            Mask::Y => &y.unwrap().data[..],
-            _ => &[][..],
+        let (mask, y) = match y {
+            None => (NO_MASK, &[][..]),
+            Some(_) if !sc.is_empty() => (X_MASK, &[][..]),
+            Some(y) => (Y_MASK, &y.data[..]),
         };
         let stats = |i: usize| {
             let r = (i % cb) * bc..(i % cb + 1) * bc;
             (&self.saved_mean[r.clone()], &self.saved_invstd[r])
         };
-        let affine = |i: usize| {
+        // The mask's operands ([`masked`]) for `n` values of plane i from
+        // offset `at`.
+        let ops = |i: usize, at: usize, n: usize| -> [&[f32]; 3] {
             let r = (i % cb) * bc..(i % cb + 1) * bc;
             match mask {
-                Mask::X => [&sc[r.clone()], &of[r]],
-                _ => [&[][..], &[][..]],
+                NO_MASK => [&[], &[], &[]],
+                Y_MASK => [&y[at..][..n], &[], &[]],
+                _ => [&[], &sc[r.clone()], &of[r]],
             }
         };
         let sums = plane_sums(pool, x, |i, out| {
             let (mean, inv) = stats(i);
             let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
-            let y = if y.is_empty() {
-                y
-            } else {
-                &y[i * len..][..len]
-            };
-            let m = Masked {
-                mask,
-                y,
-                affine: affine(i),
-            };
-            grad_sums(bc, planes, &m, mean, inv, out);
+            let ops = ops(i, i * len, len);
+            match mask {
+                NO_MASK => grad_sums::<NO_MASK>(bc, planes, ops, mean, inv, out),
+                Y_MASK => grad_sums::<Y_MASK>(bc, planes, ops, mean, inv, out),
+                _ => grad_sums::<X_MASK>(bc, planes, ops, mean, inv, out),
+            }
         });
         dgamma.fill(0.0);
         dbeta.fill(0.0);
@@ -479,13 +473,11 @@ impl BatchNorm {
             let k = [&k1[r.clone()], &k2[r.clone()], &k3[r], mean, inv];
             for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
                 let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
-                let [sc, of] = affine(i);
+                let ops = ops(i, at, d.len());
                 match mask {
-                    Mask::None => grad_apply::<NO_MASK>(bc, planes, [&[], &[], &[]], k, d),
-                    Mask::Y => {
-                        grad_apply::<Y_MASK>(bc, planes, [&y[at..][..d.len()], &[], &[]], k, d)
-                    }
-                    Mask::X => grad_apply::<X_MASK>(bc, planes, [&[], sc, of], k, d),
+                    NO_MASK => grad_apply::<NO_MASK>(bc, planes, ops, k, d),
+                    Y_MASK => grad_apply::<Y_MASK>(bc, planes, ops, k, d),
+                    _ => grad_apply::<X_MASK>(bc, planes, ops, k, d),
                 }
                 // SAFETY: plane i is this thread's.
                 unsafe { dxb.round(at, d) };
@@ -495,47 +487,13 @@ impl BatchNorm {
     }
 }
 
-/// Where backward's gradient passes the fused ReLU.
-#[derive(Clone, Copy)]
-enum Mask {
-    /// No ReLU.
-    None,
-    /// Where the forward's output y is positive.
-    Y,
-    /// Where x * scale + offset (the forward's pre-activation) is.
-    X,
-}
-
-/// [`Mask`] as a const parameter, so each loop vectorises for its own.
+/// Where backward's gradient passes the fused ReLU, as the const
+/// parameter of its loops (so each vectorises for its own): no ReLU;
+/// where the forward's output y is positive; where x * scale + offset
+/// (the forward's pre-activation) is.
 const NO_MASK: u8 = 0;
 const Y_MASK: u8 = 1;
 const X_MASK: u8 = 2;
-
-/// A plane's mask operands: y's plane (for [`Mask::Y`]) or the lanes'
-/// scale and offset (for [`Mask::X`]).
-struct Masked<'a> {
-    mask: Mask,
-    y: &'a [f32],
-    affine: [&'a [f32]; 2],
-}
-
-/// The sums of g and g * xhat over a plane, per lane, where g is dy where
-/// the fused ReLU passed it (`m`).
-fn grad_sums(
-    bc: usize,
-    (x, dy): (&[f32], &[f32]),
-    m: &Masked,
-    mean: &[f32],
-    inv: &[f32],
-    out: &mut [f64],
-) {
-    let [sc, of] = m.affine;
-    match m.mask {
-        Mask::None => grad_sums_of::<NO_MASK>(bc, x, dy, [&[], &[], &[]], mean, inv, out),
-        Mask::Y => grad_sums_of::<Y_MASK>(bc, x, dy, [m.y, &[], &[]], mean, inv, out),
-        Mask::X => grad_sums_of::<X_MASK>(bc, x, dy, [&[], sc, of], mean, inv, out),
-    }
-}
 
 /// One pixel's mask operands, `bc` lanes each: `[y, scale, offset]` as
 /// the mask `M` needs them (`dy` stands in for the others, unread).
@@ -565,11 +523,11 @@ fn masked<const M: u8>(g: f32, x: f32, y: f32, sc: f32, of: f32) -> f32 {
     }
 }
 
-/// [`grad_sums`] for the mask known at compile time.
-fn grad_sums_of<const M: u8>(
+/// The sums of g and g * xhat over a plane, per lane, where g is dy where
+/// the fused ReLU passed it (mask `M`, its operands `ops`).
+fn grad_sums<const M: u8>(
     bc: usize,
-    x: &[f32],
-    dy: &[f32],
+    (x, dy): (&[f32], &[f32]),
     ops: [&[f32]; 3],
     mean: &[f32],
     inv: &[f32],
@@ -673,7 +631,7 @@ mod tests {
 
     /// Backward through the fused ReLU finds the same mask from x (the
     /// forward's affine map) as from y: identical bits, on channels whose
-    /// pre-activations sit on both sides of zero, some exactly at it.
+    /// pre-activations sit on both sides of zero.
     #[test]
     fn relu_mask_from_x_is_the_mask_from_y() {
         let pool = Pool::new(2).unwrap().always_parallel();
