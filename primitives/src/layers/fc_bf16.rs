@@ -59,15 +59,15 @@ pub struct FcBf16 {
 
 pub use crate::engine::bf16::{round_bf16, to_bf16};
 
-/// Whether the kernels of a pass whose calls each reduce over `red`
-/// elements, with `bn` columns and `bo` rows of output, prefetch the next
-/// pair: above the CPU policy's per-call size (docs/tuning-notes.md).
 /// Rows of the backward-weights reduction: the N blocks' rows rounded up
 /// to `step` (zero rows past N).
 fn upd_rows(nb: usize, bn: usize, step: usize) -> usize {
     (nb * bn).next_multiple_of(step)
 }
 
+/// Whether the kernels of a pass whose calls each reduce over `red`
+/// elements, with `bn` columns and `bo` rows of output, prefetch the next
+/// pair: above the CPU policy's per-call size (docs/tuning-notes.md).
 fn bf16_prefetch(red: usize, bn: usize, bo: usize) -> Prefetch {
     let from = crate::policy().bf16_prefetch_from;
     brgemm::Policy::prefetch_if(from.is_some_and(|f| 2 * red * (bn + bo) > f))
