@@ -672,13 +672,11 @@ fn flops_per_activation_counts_input_and_output_elements() {
     assert!((per(proj) - want).abs() < 1e-9, "{}", per(proj));
 }
 
-/// Backward-data through tap columns (3 input channels, 7x7 at stride 2:
-/// the stem; 5x5 and 3x3 too, whose column runs have other fixed lengths)
-/// over rows of several pixel runs and a shorter last one, two K blocks,
-/// two images: every call prefetches the next run's dY, the last run of a
-/// row the next row's, an image's last none.
+/// Backward-data with dX's pixels in the vector lanes (3 input channels,
+/// 7x7 at stride 2: the stem; 5x5 and 3x3 too, whose column phases have
+/// other tap counts) over two K blocks and two images, rows of odd width.
 #[test]
-fn stem_columns_over_several_runs_per_row() {
+fn stem_backward_data_with_pixels_in_the_lanes() {
     for (r, pad) in [(7, 3), (5, 2), (3, 1)] {
         let p = ConvParams::new(2, 3, 24, 29, 31, r, r).stride(2).pad(pad);
         let mut t = ConvTuning::heuristic(&p);

@@ -412,12 +412,22 @@ impl Blocked {
 /// 3 GB/s here, half the memory bandwidth, which made the weight transpose
 /// of backward-data cost as much as the GEMM on a 4096x4096 layer at N = 64.
 pub(crate) fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
-    let (src, dst) = (&src[..r * c], &mut dst[..r * c]);
+    transpose_block_ld(src, dst, r, c, r)
+}
+
+/// [`transpose_block`] into rows `ld` floats apart (`ld >= r`): dst's row
+/// j is `dst[j * ld..][..r]`.
+pub(crate) fn transpose_block_ld(src: &[f32], dst: &mut [f32], r: usize, c: usize, ld: usize) {
+    if r == 0 || c == 0 {
+        return;
+    }
+    debug_assert!(ld >= r, "rows of {ld} cannot hold {r} values");
+    let (src, dst) = (&src[..r * c], &mut dst[..(c - 1) * ld + r]);
     #[cfg(target_arch = "x86_64")]
     if r.is_multiple_of(8) && c.is_multiple_of(8) && std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: AVX checked just above; both slices hold r * c values
-        // (sliced above) and r, c are multiples of 8.
-        unsafe { transpose_avx(src, dst, r, c) };
+        // SAFETY: AVX checked just above; src holds r * c values and dst
+        // (c - 1) * ld + r (sliced above); r, c are multiples of 8.
+        unsafe { transpose_avx(src, dst, r, c, ld) };
         return;
     }
     const T: usize = 8;
@@ -425,7 +435,7 @@ pub(crate) fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) 
         for j0 in (0..c).step_by(T) {
             for i in i0..(i0 + T).min(r) {
                 for j in j0..(j0 + T).min(c) {
-                    dst[j * r + i] = src[i * c + j];
+                    dst[j * ld + i] = src[i * c + j];
                 }
             }
         }
@@ -435,11 +445,11 @@ pub(crate) fn transpose_block(src: &[f32], dst: &mut [f32], r: usize, c: usize) 
 /// The AVX 8x8-tile transpose of [`transpose_block`].
 ///
 /// # Safety
-/// The CPU has AVX; `src` and `dst` hold at least `r * c` values; `r` and
-/// `c` are multiples of 8.
+/// The CPU has AVX; `src` holds at least `r * c` values and `dst`
+/// `(c - 1) * ld + r`; `r` and `c` are multiples of 8.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn transpose_avx(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
+unsafe fn transpose_avx(src: &[f32], dst: &mut [f32], r: usize, c: usize, ld: usize) {
     use std::arch::x86_64::*;
     let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
     for i0 in (0..r).step_by(8) {
@@ -469,7 +479,7 @@ unsafe fn transpose_avx(src: &[f32], dst: &mut [f32], r: usize, c: usize) {
                 _mm256_permute2f128_ps::<0x31>(b3, b7),
             ];
             for (j, v) in t.into_iter().enumerate() {
-                _mm256_storeu_ps(dp.add((j0 + j) * r + i0), v);
+                _mm256_storeu_ps(dp.add((j0 + j) * ld + i0), v);
             }
         }
     }
@@ -540,14 +550,21 @@ mod tests {
     #[test]
     fn transpose_block_tiles_and_tails() {
         // 16x24 and 64x64 take the 8x8 AVX tiles where the CPU has AVX;
-        // 13x8 and 8x5 the element loop.
+        // 13x8 and 8x5 the element loop; ld > r leaves the gaps alone.
         for (r, c) in [(16, 24), (64, 64), (13, 8), (8, 5), (1, 1)] {
             let src: Vec<f32> = (0..r * c).map(|i| i as f32).collect();
-            let mut dst = vec![f32::NAN; r * c];
-            transpose_block(&src, &mut dst, r, c);
-            for i in 0..r {
+            for ld in [r, r + 3] {
+                let mut dst = vec![f32::NAN; c * ld];
+                transpose_block_ld(&src, &mut dst, r, c, ld);
                 for j in 0..c {
-                    assert_eq!(dst[j * r + i], src[i * c + j], "{r}x{c} at ({i}, {j})");
+                    for i in 0..ld {
+                        let want = if i < r { src[i * c + j] } else { f32::NAN };
+                        let got = dst[j * ld + i];
+                        assert!(
+                            got.to_bits() == want.to_bits(),
+                            "{r}x{c}/{ld} at ({i}, {j})"
+                        );
+                    }
                 }
             }
         }

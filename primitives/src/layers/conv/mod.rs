@@ -30,11 +30,10 @@
 //!   gather over the taps that reach it, written in place with a column
 //!   stride; the phases no tap reaches are zeroed (the `phased` module).
 //!   An input of one block narrower than a vector (the RGB stem) would
-//!   leave most vector lanes idle there (m = C); it goes through the
-//!   columns of all taps instead (m = R*S*C, then added into dX: the
-//!   `columns` module; the stem's backward-data 17% -> 63-65% of peak on
-//!   Zen 4, 1 and 2 threads; each call prefetching the next one's dY rows,
-//!   x1.09 more).
+//!   leave most vector lanes idle there (m = C); it puts dX's pixels in the
+//!   lanes instead (m = a row's pixels of one column phase, A = dY's rows
+//!   transposed as the pass reaches them: the `narrow` module; the stem's
+//!   backward-data 17% of peak as a gather, 85% so).
 //! - **Backward-weights**: `dW[kb][cb][r][s] = sum_(n,p) dY[n][kb][p] X_rs[n][cb][p]^T`,
 //!   a BRGEMM over (image, row) pairs with k = Q pixels. X is read in place
 //!   as a *row-major* B (`Descriptor::b_row_major`, leading dimension
@@ -70,14 +69,14 @@ use brgemm::{Activation, AlignedVec, BatchForm, Descriptor, Epilogue, RawBatch};
 use std::sync::Mutex;
 
 mod bf16;
-mod columns;
 mod gather;
+mod narrow;
 mod params;
 mod phased;
 
 pub use bf16::ConvBf16;
-use columns::Columns;
 use gather::{Gather, GatherGeom, Placement, Residual, Tap};
+use narrow::Narrow;
 use params::upd_chunk;
 pub use params::{ConvParams, ConvTuning};
 use phased::{Axis, PhasePlan, Phased};
@@ -201,9 +200,9 @@ pub struct Conv {
     /// Backward-data's geometry (the bf16 passes plan theirs from it).
     bwd_plan: PhasePlan,
     bwd: Phased,
-    /// Backward-data through tap columns, taken instead of `bwd` where the
-    /// input is one block narrower than a vector.
-    bwd_cols: Option<Columns>,
+    /// Backward-data with dX's pixels in the vector lanes, taken instead of
+    /// `bwd` where the input is one block narrower than a vector.
+    bwd_narrow: Option<Narrow>,
     upd: Upd,
 }
 
@@ -309,7 +308,7 @@ impl Conv {
         };
         let bwd_plan = PhasePlan::new(pr.n, (kb, t.bk), (cb, t.bc), rows, cols, t.bq);
         let bwd = bwd_plan.build(&t.bwd, Epilogue::default())?;
-        let bwd_cols = Columns::plan(&pr, t.bc, t.bk, t.bq)?;
+        let bwd_narrow = Narrow::plan(&pr, t.bc, t.bk)?;
         let rows = pr.n * p;
         let chunk = if t.upd.chunk == 0 {
             upd_chunk(&pr, t.bc, t.bk)
@@ -419,7 +418,7 @@ impl Conv {
             fwd,
             bwd_plan,
             bwd,
-            bwd_cols,
+            bwd_narrow,
             upd,
         })
     }
@@ -613,8 +612,8 @@ impl Conv {
         self.check_y("dZ", dz)?;
         self.check_f("Wt", wt, true)?;
         self.check_x("dX", dx)?;
-        match &self.bwd_cols {
-            Some(c) => c.run(pool, &dz.data, &wt.data, &mut dx.data),
+        match &self.bwd_narrow {
+            Some(nw) => nw.run(pool, &dz.data, &wt.data, &mut dx.data),
             None => self.bwd.run(pool, &dz.data, &wt.data, &mut dx.data),
         }
         Ok(())

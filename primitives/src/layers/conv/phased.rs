@@ -40,17 +40,18 @@ pub(super) struct Axis {
 /// One phase of one axis: the dX pixels `first + k * stride` (k < `len`)
 /// and the taps that reach them with their dY shifts.
 #[derive(Debug, Clone)]
-struct AxisPhase {
+pub(super) struct AxisPhase {
     /// The first pass output pixel's index in the phase's padded grid.
-    lo: usize,
-    len: usize,
-    first: usize,
+    pub(super) lo: usize,
+    pub(super) len: usize,
+    pub(super) first: usize,
     /// (tap, shift u): the tap reads dY pixel `i - u` for phase pixel i.
-    taps: Vec<(usize, usize)>,
+    pub(super) taps: Vec<(usize, usize)>,
 }
 
 impl Axis {
-    fn phases(&self) -> Vec<AxisPhase> {
+    /// The axis's phases, one per residue modulo the stride.
+    pub(super) fn phases(&self) -> Vec<AxisPhase> {
         let s = self.stride;
         (0..s)
             .map(|a| {
