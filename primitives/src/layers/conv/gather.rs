@@ -371,10 +371,17 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         let out_at = |ni: usize, ob: usize, pr: usize, q0: usize| {
             yv.at([ni, ob, o.first.0 + pr * o.step.0, o.first.1 + q0 * o.step.1])
         };
-        // The next call is looked up only for kernels that prefetch it, and
-        // only where its output block is one run of memory.
-        let pf = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None
-            && o.step.1 == 1;
+        // The next call is looked up only for kernels that prefetch it. A
+        // call brings in the next call's output block where that block is
+        // one run of memory and the call a single pair; and every call of
+        // a phase of backward-data at a stride, whose output pixels lie
+        // `step` apart (the run over them, the other phases' pixels between
+        // included): its few taps make short calls whose stores otherwise
+        // wait on memory at each call's end (3x3 stride-2 layers x1.00-1.05,
+        // Zen 4, alternated in one process). Not a phase that zeroes the
+        // pixels between its own (the 1x1 stride-2 projection: x0.87-0.96).
+        let pf = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
+        let (span, every) = (o.step.1, o.step.1 > 1 && !self.zero_between);
         self.nest.run(pool, |i| {
             let (ni, ob, pr, qb, c0) = (i[0], i[self.out_loop], i[3], i[4], i[self.red_loop]);
             let q0 = qb * g.bq;
@@ -397,16 +404,14 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
                 count: cnt * row.taps.len(),
             };
             let bias = bv.map_or(std::ptr::null(), |b| b.at([ob]));
-            // A single-pair call brings in the output block of the call
-            // after it in the nest's order.
-            let next = match (cnt * row.taps.len(), pf) {
-                (1, true) => self.nest.successor(i),
-                _ => None,
-            };
+            let single = cnt * row.taps.len() == 1 && span == 1;
+            let next = (pf && (single || every))
+                .then(|| self.nest.successor(i))
+                .flatten();
             let (ahead, len) = next.map_or((std::ptr::null(), 0), |n| {
                 (
                     out_at(n[0], n[self.out_loop], n[3], n[4] * g.bq) as *const f32,
-                    g.bq * g.bo,
+                    g.bq * g.bo * span,
                 )
             });
             // SAFETY: buffer sizes were checked at the public entry; the
