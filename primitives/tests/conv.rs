@@ -674,7 +674,9 @@ fn flops_per_activation_counts_input_and_output_elements() {
 
 /// Backward-data with dX's pixels in the vector lanes (3 input channels,
 /// 7x7 at stride 2: the stem; 5x5 and 3x3 too, whose column phases have
-/// other tap counts) over two K blocks and two images, rows of odd width.
+/// other tap counts) over two K blocks and two images, rows of odd width;
+/// then one image (its rows split into bands over the threads), K in three
+/// chunks with the last block's padding channels, and dilated taps.
 #[test]
 fn stem_backward_data_with_pixels_in_the_lanes() {
     for (r, pad) in [(7, 3), (5, 2), (3, 1)] {
@@ -683,5 +685,13 @@ fn stem_backward_data_with_pixels_in_the_lanes() {
         t.bq = 6;
         t.bk = 16;
         check(p, t, Activation::Relu, 33);
+    }
+    for p in [
+        ConvParams::new(1, 3, 40, 17, 19, 5, 5).stride(2).pad(2),
+        ConvParams::new(1, 2, 20, 12, 13, 3, 3).dilation(2).pad(2),
+    ] {
+        let mut t = ConvTuning::heuristic(&p);
+        t.bk = 16;
+        check(p, t, Activation::Relu, 34);
     }
 }

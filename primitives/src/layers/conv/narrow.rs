@@ -302,7 +302,7 @@ impl Narrow {
     fn transpose_row(&self, dy: &[f32], ni: usize, pr: usize, dst: &mut [f32]) {
         let (p, bk, lda) = (&self.p, self.bk, self.lda);
         let (pp, q) = (p.p(), p.q());
-        let width = self.qb - self.qa;
+        let width = self.qb.saturating_sub(self.qa);
         let at = (self.qa as isize - self.x0) as usize;
         for kbi in 0..self.kb {
             let src = &dy[(((ni * self.kb + kbi) * pp + pr) * q + self.qa) * bk..][..width * bk];
