@@ -18,8 +18,9 @@
 //!
 //! It replaced tap columns (`cols[pixel][(r, s, c)] = W^T dY[pixel]`, a
 //! GEMM with m = R*S*C = 147 whose columns were then added into dX): the
-//! stem's backward-data at minibatch 16 from 60-67% to ... of peak (Zen 4,
-//! both in one process; `docs/tuning-notes.md`).
+//! stem's backward-data at minibatch 16 from 58-61% to 86-87% of peak on
+//! one thread, 58-59% to 75-78% on two (Zen 4, bench builds alternated;
+//! `docs/tuning-notes.md`).
 
 use super::params::ConvParams;
 use super::phased::{Axis, AxisPhase};
