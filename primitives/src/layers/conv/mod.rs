@@ -290,21 +290,11 @@ impl Conv {
         )?;
         // Backward-data by phases of dX; pointwise layers as one row, as
         // forward.
-        let axis = |x, y, taps, stride, dil, pad| Axis {
-            x,
-            y,
-            taps,
-            stride,
-            dil,
-            pad,
-        };
         let (rows, cols) = if pr.pointwise() {
-            (axis(1, 1, 1, 1, 1, 0), axis(w, q1, 1, 1, 1, 0))
+            let flat = ConvParams::new(pr.n, pr.c, pr.k, 1, w, 1, 1);
+            (Axis::of(&flat, false), Axis::of(&flat, true))
         } else {
-            (
-                axis(pr.h, p, pr.r, pr.stride_h, pr.dil_h, pr.pad_h),
-                axis(pr.w, q, pr.s, pr.stride_w, pr.dil_w, pr.pad_w),
-            )
+            (Axis::of(&pr, false), Axis::of(&pr, true))
         };
         let bwd_plan = PhasePlan::new(pr.n, (kb, t.bk), (cb, t.bc), rows, cols, t.bq);
         let bwd = bwd_plan.build(&t.bwd, Epilogue::default())?;

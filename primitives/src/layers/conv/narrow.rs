@@ -82,20 +82,9 @@ impl Narrow {
         if p.c > bc || bc >= 16 || p.r * p.s == 1 {
             return Ok(None);
         }
-        let (pp, q) = (p.p(), p.q());
-        let axis = |x, y, taps, stride, dil, pad| {
-            (Axis {
-                x,
-                y,
-                taps,
-                stride,
-                dil,
-                pad,
-            })
-            .phases()
-        };
-        let rows = axis(p.h, pp, p.r, p.stride_h, p.dil_h, p.pad_h);
-        let all = axis(p.w, q, p.s, p.stride_w, p.dil_w, p.pad_w);
+        let q = p.q();
+        let rows = Axis::of(p, false).phases();
+        let all = Axis::of(p, true).phases();
         let live: Vec<&AxisPhase> = (all.iter())
             .filter(|ph| ph.len > 0 && !ph.taps.is_empty())
             .collect();

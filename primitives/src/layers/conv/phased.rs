@@ -17,6 +17,7 @@
 
 use super::gather::{Gather, GatherGeom, Placement, Tap};
 use super::pad_into;
+use super::params::ConvParams;
 use crate::error::Result;
 use crate::layout::SyncPtr;
 use crate::pass::PassConfig;
@@ -50,6 +51,22 @@ pub(super) struct AxisPhase {
 }
 
 impl Axis {
+    /// A layer's rows (`cols` false) or columns as backward-data sees them.
+    pub(super) fn of(p: &ConvParams, cols: bool) -> Axis {
+        let (x, y, taps, stride, dil, pad) = match cols {
+            false => (p.h, p.p(), p.r, p.stride_h, p.dil_h, p.pad_h),
+            true => (p.w, p.q(), p.s, p.stride_w, p.dil_w, p.pad_w),
+        };
+        Axis {
+            x,
+            y,
+            taps,
+            stride,
+            dil,
+            pad,
+        }
+    }
+
     /// The axis's phases, one per residue modulo the stride.
     pub(super) fn phases(&self) -> Vec<AxisPhase> {
         let s = self.stride;
