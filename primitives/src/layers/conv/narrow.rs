@@ -36,8 +36,10 @@ const KC: usize = 16;
 
 /// A column phase that some tap reaches, with its kernel.
 struct ColPhase {
-    ph: AxisPhase,
-    /// m = the phase's pixels in a row.
+    /// The phase's pixels in a row (the kernel's m) and the first one's
+    /// column in dX.
+    len: usize,
+    first: usize,
     kern: Arc<Kernel>,
     /// (tap column s, A's column offset in a ring row for its shift).
     taps: Vec<(usize, usize)>,
@@ -59,6 +61,8 @@ pub(super) struct Narrow {
     /// Per row phase: the taps and dY row shifts that reach it.
     rows: Vec<AxisPhase>,
     cols: Vec<ColPhase>,
+    /// Floats of a thread's C buffer: every column phase's C.
+    c_len: usize,
     /// A ring row: `lda` floats, dY column x at `x - x0`; the columns
     /// `qa..qb` are dY's, the rest zero.
     x0: isize,
@@ -116,7 +120,8 @@ impl Narrow {
                 .map(|&(s, v)| (s, (ph.lo as isize - v as isize - x0) as usize))
                 .collect();
             cols.push(ColPhase {
-                ph: ph.clone(),
+                len: ph.len,
+                first: ph.first,
                 kern: brgemm::dispatch(&desc)?,
                 taps,
                 c_at,
@@ -139,6 +144,7 @@ impl Narrow {
             ring: umax.unwrap_or(0) + 1,
             fill: bc > p.c || all.iter().any(|ph| ph.len > 0 && ph.taps.is_empty()),
             cols,
+            c_len: c_at,
             b: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
             scratch: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
         }))
@@ -163,7 +169,7 @@ impl Narrow {
         }
         let slot = kp * self.lda;
         let ring_len = self.ring * slot;
-        let per_thread = ring_len + self.cols.iter().map(|c| cn * c.ph.len).sum::<usize>();
+        let per_thread = ring_len + self.c_len;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         // Zero once: a ring row's padding columns and its rows past K are
         // never written (the geometry is the plan's, the same every call).
@@ -229,7 +235,7 @@ impl Narrow {
                                 }
                             }
                         }
-                        let len = cp.ph.len;
+                        let len = cp.len;
                         let c = &mut cbuf[cp.c_at..][..cn * len];
                         let batch = RawBatch::Offset {
                             a: ring.as_ptr(),
@@ -251,7 +257,7 @@ impl Narrow {
                                 ahead_len,
                             )
                         };
-                        let at = &mut row[cp.ph.first * bc..];
+                        let at = &mut row[cp.first * bc..];
                         let px = p.stride_w * bc;
                         match cn {
                             3 => scatter::<3>(at, c, px),
