@@ -91,9 +91,11 @@ impl FcTuning {
             bn,
             bc,
             bk,
-            fwd: PassConfig::heuristic_for([('a', nb), ('b', kb)], ('c', cb)),
-            bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb)),
-            upd: PassConfig::heuristic_for([('b', kb), ('c', cb)], ('a', nb)),
+            fwd: PassConfig::heuristic_for([('a', nb), ('b', kb)], ('c', cb), true),
+            // Tuned for `backward_data` (W in place, no next-call prefetch);
+            // `backward_data_wt` at 16 rows would rather chunk (x0.88).
+            bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb), false),
+            upd: PassConfig::heuristic_for([('b', kb), ('c', cb)], ('a', nb), true),
         }
     }
 
