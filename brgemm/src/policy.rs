@@ -108,6 +108,9 @@ pub struct Policy {
     /// Reduction blocks per call of a weight block-row streamed from
     /// memory with the reduction innermost (`BeyondL1` cores).
     pub stream_chunk: usize,
+    /// [`Policy::stream_chunk`] where the calls' minibatch blocks are
+    /// under 32 rows (FC forward at 16 rows).
+    pub stream_chunk_narrow: usize,
     /// The longest block-row, in reduction blocks, not treated as streamed.
     pub stream_row_blocks: usize,
 }
@@ -131,6 +134,7 @@ impl Policy {
         avx512bf16_conv_min_flops_per_elem: 0,
         split_chunk: 8,
         stream_chunk: 16,
+        stream_chunk_narrow: 1,
         stream_row_blocks: 32,
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
@@ -171,6 +175,7 @@ impl Policy {
         avx512bf16_conv_min_flops_per_elem: 0,
         split_chunk: 8,
         stream_chunk: 16,
+        stream_chunk_narrow: 1,
         stream_row_blocks: 32,
     };
     /// Every row.

@@ -44,11 +44,14 @@ impl PassConfig {
     /// [`PassConfig::heuristic`] for a pass whose output loops are the
     /// nest's letters `out[0]` and `out[1]` and whose reduction is `red.0`
     /// (of `red.1` blocks): the heuristic's `a`, `b` and `c` renamed.
-    /// `ahead`: whether the pass prefetches the next call's weight chunk;
-    /// without it, streamed weights are not chunked (see
-    /// [`PassConfig::heuristic_ahead`]).
-    pub(crate) fn heuristic_for(out: [(char, usize); 2], red: (char, usize), ahead: bool) -> Self {
-        let h = PassConfig::heuristic_ahead(out[0].1, out[1].1, red.1, ahead);
+    /// `stream`: the chunk for streamed weights, as in
+    /// [`PassConfig::heuristic_stream`].
+    pub(crate) fn heuristic_for(
+        out: [(char, usize); 2],
+        red: (char, usize),
+        stream: Option<usize>,
+    ) -> Self {
+        let h = PassConfig::heuristic_stream(out[0].1, out[1].1, red.1, stream);
         let rename = |ch: char| {
             let to = [out[0].0, out[1].0, red.0][(ch.to_ascii_lowercase() as u8 - b'a') as usize];
             if ch.is_ascii_uppercase() {
@@ -72,32 +75,34 @@ impl PassConfig {
     /// reduction stays innermost in chunks of `stream_chunk`. The
     /// measurements: `docs/tuning-notes.md`.
     pub fn heuristic(a: usize, b: usize, red: usize) -> Self {
-        PassConfig::heuristic_ahead(a, b, red, true)
+        PassConfig::heuristic_stream(a, b, red, Some(crate::policy().stream_chunk))
     }
 
-    /// [`PassConfig::heuristic`] for a pass that prefetches the next call's
-    /// chunk of streamed weights (`ahead`) or not. The chunks are what make
-    /// that prefetch fit L2; a pass whose next call's weights are not
-    /// contiguous (FC backward-data reading W in place) does not prefetch
-    /// them, and chunking it only stores and reloads its output blocks:
-    /// the whole reduction per call ran x1.22 at 16 rows of 4096 x 4096 on
-    /// two threads, x1.03 at 64-128 (docs/tuning-notes.md).
-    pub fn heuristic_ahead(a: usize, b: usize, red: usize, ahead: bool) -> Self {
+    /// [`PassConfig::heuristic`] with the chunk of streamed weights given:
+    /// `Some(blocks)` for a pass that prefetches the next call's chunk,
+    /// `None` for one that does not, whose streamed reduction is then not
+    /// chunked. The chunks are what make that prefetch fit L2; a pass whose
+    /// next call's weights are not contiguous (FC backward-data reading W
+    /// in place) does not prefetch them, and chunking it only stores and
+    /// reloads its output blocks (docs/tuning-notes.md).
+    pub fn heuristic_stream(a: usize, b: usize, red: usize, stream: Option<usize>) -> Self {
         let outer = if a >= b { "AB" } else { "BA" };
         let pol = crate::policy();
         let split_pays = match pol.stream_prefetch {
             StreamPrefetch::BeyondL2 => true,
             StreamPrefetch::BeyondL1 => a >= b,
         };
-        let streams = ahead && a < b && a <= 2 && red > pol.stream_row_blocks;
+        let streams = a < b && a <= 2 && red > pol.stream_row_blocks;
         if red > pol.split_chunk && split_pays {
             PassConfig {
                 chunk: pol.split_chunk,
                 ..PassConfig::spec(&format!("c{outer}"))
             }
-        } else if pol.stream_prefetch == StreamPrefetch::BeyondL1 && streams {
+        } else if let Some(chunk) =
+            stream.filter(|_| pol.stream_prefetch == StreamPrefetch::BeyondL1 && streams)
+        {
             PassConfig {
-                chunk: pol.stream_chunk,
+                chunk,
                 ..PassConfig::spec(&format!("{outer}c"))
             }
         } else {

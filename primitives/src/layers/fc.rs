@@ -87,15 +87,27 @@ impl FcTuning {
     /// Blocks `[bn, bc, bk]` with the heuristic's loop orders for them.
     fn with_blocks(n: usize, c: usize, k: usize, [bn, bc, bk]: [usize; 3]) -> FcTuning {
         let (nb, cb, kb) = (n.div_ceil(bn), c.div_ceil(bc), k.div_ceil(bk));
+        let pol = crate::policy();
+        // Forward prefetches the next call's W chunk; narrow N blocks want
+        // it a block at a time (docs/tuning-notes.md).
+        let fwd_chunk = if bn < 32 {
+            pol.stream_chunk_narrow
+        } else {
+            pol.stream_chunk
+        };
         FcTuning {
             bn,
             bc,
             bk,
-            fwd: PassConfig::heuristic_for([('a', nb), ('b', kb)], ('c', cb), true),
+            fwd: PassConfig::heuristic_for([('a', nb), ('b', kb)], ('c', cb), Some(fwd_chunk)),
             // Tuned for `backward_data` (W in place, no next-call prefetch);
             // `backward_data_wt` at 16 rows would rather chunk (x0.88).
-            bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb), false),
-            upd: PassConfig::heuristic_for([('b', kb), ('c', cb)], ('a', nb), true),
+            bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb), None),
+            upd: PassConfig::heuristic_for(
+                [('b', kb), ('c', cb)],
+                ('a', nb),
+                Some(pol.stream_chunk),
+            ),
         }
     }
 
