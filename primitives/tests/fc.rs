@@ -244,6 +244,32 @@ fn default_tuning_with_chunked_reductions_matches_reference() {
     }
 }
 
+/// Weights that stream (one N block, over 32 reduction blocks): where the
+/// policy prefetches from L2 (`BeyondL1`), forward reads them in chunks (one block per
+/// call under 32 rows, `stream_chunk` from 32), backward-data whole (it does
+/// not prefetch the next call's blocks); padded tails, against the reference.
+#[test]
+fn default_tuning_for_streamed_weights_matches_reference() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let pol = brgemm::policy().unwrap();
+    let streams = pol.stream_prefetch == brgemm::StreamPrefetch::BeyondL1;
+    for (n, c, k, fwd_chunk) in [
+        (16, 2112, 130, pol.stream_chunk_narrow),
+        (32, 2112, 130, pol.stream_chunk),
+        (16, 130, 2112, 0),
+    ] {
+        let fc = Fc::new(n, c, k, Activation::Relu).unwrap();
+        let t = fc.tuning();
+        // Elsewhere long reductions are split (the test above).
+        if streams {
+            assert_eq!(t.fwd.chunk, fwd_chunk, "{n}x{c}x{k}: {t:?}");
+            assert_eq!(t.bwd.chunk, 0, "{n}x{c}x{k}: {t:?}");
+        }
+        check(&Problem::new(n, c, k, Activation::Relu, 7), &fc, &pool)
+            .unwrap_or_else(|e| panic!("{n}x{c}x{k}: {e}"));
+    }
+}
+
 /// Every valid spec (orders, parallel choices, blocking levels, chunks) of
 /// every pass gives the default spec's result.
 #[test]
