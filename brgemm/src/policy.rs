@@ -43,6 +43,12 @@ pub struct Bf16UpdRule {
     /// The fewest flops per rounded element at which bf16 pays, elements of
     /// the transposed operand counted twice.
     pub min_flops_per_rounded: usize,
+    /// dW above this many bytes: its f32 stores stream to memory and bound
+    /// the bf16 and the f32 pass alike, so [`Bf16UpdRule::min_reduction_streamed`]
+    /// applies.
+    pub streamed_dw_bytes: usize,
+    /// The shortest reduction at which bf16 pays once dW streams.
+    pub min_reduction_streamed: usize,
 }
 
 impl Bf16UpdRule {
@@ -50,6 +56,8 @@ impl Bf16UpdRule {
     pub const ALWAYS: Bf16UpdRule = Bf16UpdRule {
         min_reduction: 0,
         min_flops_per_rounded: 0,
+        streamed_dw_bytes: usize::MAX,
+        min_reduction_streamed: 0,
     };
 }
 
@@ -152,6 +160,8 @@ impl Policy {
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
             min_flops_per_rounded: 100,
+            streamed_dw_bytes: 16 << 20,
+            min_reduction_streamed: 64,
         },
         avx512bf16_fc_min_rows: 64,
         avx512bf16_conv_min_flops_per_elem: 128,
@@ -209,14 +219,26 @@ impl Policy {
 
     /// Whether a backward-weights pass on the bf16 kernel `isa` beats the
     /// f32 pass of its shape: `reduction` rows or pixels summed into each
-    /// dW element, `flops_per_rounded` as in [`Bf16UpdRule`]. AMX: always;
-    /// AVX512-BF16: by [`Policy::avx512bf16_upd`]; a kernel forced by name
+    /// dW element, `flops_per_rounded` as in [`Bf16UpdRule`], `dw_bytes`
+    /// the f32 dW it stores. AMX: always; AVX512-BF16: by
+    /// [`Policy::avx512bf16_upd`]; a kernel forced by name
     /// (`BRGEMM_BF16_ISA`): always, so that it is what runs.
-    pub fn bf16_upd_pays(&self, isa: Bf16Isa, reduction: usize, flops_per_rounded: f64) -> bool {
+    pub fn bf16_upd_pays(
+        &self,
+        isa: Bf16Isa,
+        reduction: usize,
+        flops_per_rounded: f64,
+        dw_bytes: usize,
+    ) -> bool {
         let rule = self.avx512bf16_upd;
+        let min_reduction = if dw_bytes > rule.streamed_dw_bytes {
+            rule.min_reduction.max(rule.min_reduction_streamed)
+        } else {
+            rule.min_reduction
+        };
         isa != Bf16Isa::Avx512Bf16
             || Bf16Isa::is_forced()
-            || (reduction >= rule.min_reduction
+            || (reduction >= min_reduction
                 && flops_per_rounded >= rule.min_flops_per_rounded as f64)
     }
 
@@ -297,13 +319,17 @@ mod tests {
         // FC at 16 rows; 1x1 256->64 and 64->256 convolutions (57 and 85
         // flops per rounded element); a 1x1 512->128 one (114); a 3x3 one;
         // AMX at 16 rows.
-        assert!(!z.bf16_upd_pays(isa, 16, 2730.0));
-        assert!(z.bf16_upd_pays(isa, 32, 2730.0));
-        assert!(!z.bf16_upd_pays(isa, 50176, 56.9));
-        assert!(!z.bf16_upd_pays(isa, 50176, 85.3));
-        assert!(z.bf16_upd_pays(isa, 12544, 113.8));
-        assert!(z.bf16_upd_pays(isa, 50176, 384.0));
-        assert!(z.bf16_upd_pays(Bf16Isa::Amx, 16, 1.0));
+        let (small, large) = (4 << 20, 64 << 20);
+        assert!(!z.bf16_upd_pays(isa, 16, 2730.0, small));
+        assert!(z.bf16_upd_pays(isa, 32, 682.0, small));
+        assert!(!z.bf16_upd_pays(isa, 50176, 56.9, small));
+        assert!(!z.bf16_upd_pays(isa, 50176, 85.3, small));
+        assert!(z.bf16_upd_pays(isa, 12544, 113.8, small));
+        assert!(z.bf16_upd_pays(isa, 50176, 384.0, small));
+        assert!(z.bf16_upd_pays(Bf16Isa::Amx, 16, 1.0, large));
+        // FC 4096 x 4096 (64 MiB of dW): 32 rows stay f32, 64 run bf16.
+        assert!(!z.bf16_upd_pays(isa, 32, 2730.0, large));
+        assert!(z.bf16_upd_pays(isa, 64, 2730.0, large));
         // Linear layers pack their weights every step: 64 rows up.
         assert!(!z.bf16_fc_pays(isa, 32));
         assert!(z.bf16_fc_pays(isa, 64));

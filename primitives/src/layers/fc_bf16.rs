@@ -142,7 +142,8 @@ impl FcBf16 {
         let per_row = (2 * cb * bc + kb * bk) as f64;
         let upd_bf16 = upd.bf16_isa().is_some_and(|isa| {
             let flops = 2.0 * (cb * bc * kb * bk) as f64;
-            crate::policy().bf16_upd_pays(isa, fc.n, flops / per_row)
+            let dw_bytes = 4 * cb * bc * kb * bk;
+            crate::policy().bf16_upd_pays(isa, fc.n, flops / per_row, dw_bytes)
         });
         let nest = |a, b| {
             LoopNest::new(

@@ -235,7 +235,9 @@ impl ConvBf16 {
             let rounded = 2 * p.c * x_px + p.k * p.p() * p.q();
             let flops = 2.0 * (p.k * p.c * p.r * p.s * p.p() * p.q()) as f64;
             let bf16 = isa.is_some_and(|isa| {
-                crate::policy().bf16_upd_pays(isa, p.n * p.p() * p.q(), flops / rounded as f64)
+                let dw_bytes = 4 * p.k * p.c * p.r * p.s;
+                let per_rounded = flops / rounded as f64;
+                crate::policy().bf16_upd_pays(isa, p.n * p.p() * p.q(), per_rounded, dw_bytes)
             });
             let image_bytes = 2 * (kq * t.bk + phases.len() * t.bc * wt);
             Upd {
