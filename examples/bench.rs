@@ -253,20 +253,30 @@ fn bench_brgemm(o: &Opts) {
 }
 
 /// Runs `a` and `b` once each, then `samples` (at least 3) times
-/// alternately: the medians of their times and of the per-pair ratios
+/// alternately, each first in every other pair: the medians of their times and of the per-pair ratios
 /// `a / b` (one process, the same moments, so the ratio holds where two
 /// separate timings would not).
 fn alternate(samples: usize, a: &mut dyn FnMut(), b: &mut dyn FnMut()) -> (f64, f64, f64) {
     a();
     b();
     let (mut ta, mut tb, mut ratio) = (vec![], vec![], vec![]);
-    for _ in 0..samples.max(3) {
+    let time = |f: &mut dyn FnMut()| {
         let t0 = Instant::now();
-        a();
-        let x = t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        b();
-        let y = t0.elapsed().as_secs_f64();
+        f();
+        t0.elapsed().as_secs_f64()
+    };
+    for i in 0..samples.max(3) {
+        // Each goes first in every other pair: the second of a pair runs
+        // on what the first left (dirty lines to write back, a cooler or
+        // warmer core), which on this VM moved the same pass timed twice
+        // by up to 20%.
+        let (x, y) = if i % 2 == 0 {
+            let x = time(a);
+            (x, time(b))
+        } else {
+            let y = time(b);
+            (time(a), y)
+        };
         ta.push(x);
         tb.push(y);
         ratio.push(x / y);
