@@ -347,6 +347,14 @@ impl Bf16Plan {
 
     unsafe fn run<B: BatchSrc<bf16>>(&self, src: &B, count: usize, c: *mut f32, bias: *const f32) {
         let d = &self.desc;
+        // The bias is read only where the epilogue has one (as the f32
+        // kernels do): a chunk before the last of a split reduction passes
+        // the block's bias along with an epilogue without it.
+        let bias = if d.epilogue.bias {
+            bias
+        } else {
+            std::ptr::null()
+        };
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             Bf16Isa::Amx => {

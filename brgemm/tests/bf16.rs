@@ -479,3 +479,41 @@ fn bf16_output_is_the_f32_result_rounded_to_nearest_even() {
         .to_string();
     assert!(e.contains("c_dtype"), "{e}");
 }
+
+/// A bias pointer passed to a kernel whose epilogue has no bias is ignored,
+/// as the f32 kernels do (the chunks before the last of a split reduction
+/// are called with the block's bias): on every bf16 kernel this CPU runs.
+#[test]
+fn a_bias_without_a_bias_epilogue_is_ignored() {
+    let (m, n, k) = (32, 4, 8);
+    let mut seed = 3;
+    let (a, b) = (rnd(&mut seed, m * k), rnd(&mut seed, k * n));
+    let a = pack_a_vnni(&a, m, k, m, m).unwrap();
+    let d = Descriptor::new(m, n, k)
+        .dtype(DataType::Bf16)
+        .batch_form(BatchForm::Stride { a: 0, b: 0 });
+    let bias = vec![1000.0f32; m];
+    for isa in [
+        Bf16Isa::Amx,
+        Bf16Isa::Avx512Bf16,
+        Bf16Isa::Fp32,
+        Bf16Isa::Reference,
+    ] {
+        let Ok(kern) = with_isa(&d, isa) else {
+            continue; // not on this CPU, or not for this shape
+        };
+        let run = |bias: *const f32| {
+            let mut c = vec![0.0f32; m * n];
+            let batch = brgemm::RawBatch::Stride {
+                a: a.as_ptr(),
+                b: b.as_ptr(),
+                count: 1,
+            };
+            // SAFETY: A (packed) and B hold one pair of the descriptor's
+            // shape, C m x n, the bias m floats.
+            unsafe { kern.execute_raw(batch, c.as_mut_ptr(), bias) };
+            c
+        };
+        assert_eq!(run(std::ptr::null()), run(bias.as_ptr()), "{isa:?}");
+    }
+}
