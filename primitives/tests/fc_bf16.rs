@@ -25,6 +25,12 @@ fn forward_and_backward_passes_match_the_rounded_reference() {
         (33, 64, 96, 32),
         // Y longer than a rounding piece of the copies.
         (130, 40, 200, 0),
+        // Weights that stream (one N block, over 32 reduction blocks): on
+        // cores that prefetch from L2, calls of one block under 32 rows,
+        // of 16 blocks (and a last one of 1) from 32.
+        (16, 2112, 130, 0),
+        (16, 130, 2112, 0),
+        (40, 2100, 70, 0),
     ] {
         let mut t = FcTuning::heuristic(n, c, k);
         if b > 0 {

@@ -21,6 +21,7 @@ use crate::error::{shape, Result};
 use crate::fc::Fc;
 use crate::layout::{check_shape, Blocked, Inner, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
+use crate::pass::Chunked;
 use crate::threads::Pool;
 use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::Kernel;
@@ -31,8 +32,12 @@ use std::sync::Mutex;
 
 /// The bf16 forward and backward-data of an [`Fc`] layer.
 pub struct FcBf16 {
-    fwd: Kernel,
-    bwd: Kernel,
+    fwd: Chunked,
+    bwd: Chunked,
+    /// Reduction blocks per forward and backward-data call
+    /// ([`stream_chunk`]).
+    fwd_chunk: usize,
+    bwd_chunk: usize,
     /// Backward-weights: one call per (K block, C block) over every row.
     upd: Kernel,
     /// dZ as VNNI pairs of rows (per K block) and X channel-major (per C
@@ -73,6 +78,56 @@ fn bf16_prefetch(red: usize, bn: usize, bo: usize) -> Prefetch {
     brgemm::Policy::prefetch_if(from.is_some_and(|f| 2 * red * (bn + bo) > f))
 }
 
+/// Pairs per call of the forward and backward-data passes, whose output
+/// blocks each reduce over `red` weight blocks: as the f32 plans do
+/// ([`crate::PassConfig::heuristic_stream`]), weights that stream from
+/// memory (one or two N blocks of `bn` rows, over the CPU policy's
+/// `stream_row_blocks`) go in chunks where the policy prefetches from L2,
+/// a block per call under 32 rows; else the whole reduction per call. A
+/// 16-row call of 64-row output blocks re-reads its chunk of W for its
+/// second column step of tiles, which waits on memory with long chunks.
+/// Zen 4, 16 rows of 4096 x 4096, two threads, backward-data: one block
+/// per call x1.11 (one thread x1.31), at 64 rows chunks of 8 x1.10.
+fn stream_chunk(nb: usize, red: usize, bn: usize) -> usize {
+    let pol = crate::policy();
+    let streams = pol.stream_prefetch == brgemm::StreamPrefetch::BeyondL1
+        && nb <= 2
+        && red > pol.stream_row_blocks;
+    match (streams, bn < 32) {
+        (true, true) => pol.stream_chunk_narrow,
+        (true, false) => pol.stream_chunk,
+        (false, _) => red,
+    }
+    .max(1)
+}
+
+/// One output block: `c` = the reduction of `n` pairs (A_i = `a + i *
+/// sa`, B_i = `b + i * sb`) in calls of `chunk` pairs, the first
+/// overwriting C, the last applying the epilogue (with `bias`).
+///
+/// # Safety
+/// As [`Kernel::execute_raw`] for the whole batch, every chunk in turn.
+unsafe fn run_chunks(
+    k: &Chunked,
+    chunk: usize,
+    [a, b]: [*const bf16; 2],
+    [sa, sb, n]: [usize; 3],
+    c: *mut f32,
+    bias: *const f32,
+) {
+    let mut i = 0;
+    while i < n {
+        let count = chunk.min(n - i);
+        let batch = RawBatch::Stride {
+            a: a.add(i * sa),
+            b: b.add(i * sb),
+            count,
+        };
+        k.pick(i == 0, i + count == n).execute_raw(batch, c, bias);
+        i += count;
+    }
+}
+
 impl FcBf16 {
     /// Plans the bf16 passes for `fc`'s shape and blocking. The blocks bc
     /// and bk must be even (VNNI pairs); GELU is not fused here.
@@ -97,27 +152,28 @@ impl FcBf16 {
             ));
         }
         let (nb, cb, kb) = (fc.n.div_ceil(bn), fc.c.div_ceil(bc), fc.k.div_ceil(bk));
-        let fwd = Kernel::new(
-            &Descriptor::new(bk, bn, bc)
+        let fwd = Chunked::new(
+            Descriptor::new(bk, bn, bc)
                 .dtype(DataType::Bf16)
                 .prefetch(bf16_prefetch(cb * bc, bn, bk))
                 .batch_form(BatchForm::Stride {
                     a: bc * bk,
                     b: bn * bc,
-                })
-                .epilogue(Epilogue {
-                    bias: true,
-                    activation: fc.act,
                 }),
+            Epilogue {
+                bias: true,
+                activation: fc.act,
+            },
         )?;
-        let bwd = Kernel::new(
-            &Descriptor::new(bc, bn, bk)
+        let bwd = Chunked::new(
+            Descriptor::new(bc, bn, bk)
                 .dtype(DataType::Bf16)
                 .prefetch(bf16_prefetch(kb * bk, bn, bc))
                 .batch_form(BatchForm::Stride {
                     a: bc * bk,
                     b: bn * bk,
                 }),
+            Epilogue::default(),
         )?;
         // dW block (bk x bc) = dZ block-column^T X block-column over all
         // rows: A = dZ with pairs of rows interleaved (k = rows), B = X^T.
@@ -155,6 +211,8 @@ impl FcBf16 {
         Ok(FcBf16 {
             fwd,
             bwd,
+            fwd_chunk: stream_chunk(nb, cb, bn),
+            bwd_chunk: stream_chunk(nb, kb, bn),
             upd,
             upd_bf16,
             dzv: buf(),
@@ -176,7 +234,10 @@ impl FcBf16 {
 
     /// The bf16 kernel in use (forward), e.g. `Amx`.
     pub fn isa(&self) -> brgemm::bf16::Bf16Isa {
-        self.fwd.bf16_isa().expect("planned with a bf16 descriptor")
+        self.fwd
+            .pick(true, true)
+            .bf16_isa()
+            .expect("planned with a bf16 descriptor")
     }
 
     /// Whether this layer on bf16, its weights packed every step, beats the
@@ -285,12 +346,14 @@ impl FcBf16 {
             // SAFETY: lengths checked above; block (ni, ki) of Y (and of
             // its bf16 copy) belongs to this item.
             unsafe {
-                self.fwd.execute_raw(
-                    RawBatch::Stride {
-                        a: (wp as *const bf16).add(ki * cb * bc * bk),
-                        b: (xp as *const bf16).add(ni * cb * bn * bc),
-                        count: cb,
-                    },
+                run_chunks(
+                    &self.fwd,
+                    self.fwd_chunk,
+                    [
+                        (wp as *const bf16).add(ki * cb * bc * bk),
+                        (xp as *const bf16).add(ni * cb * bn * bc),
+                    ],
+                    [bc * bk, bn * bc, cb],
                     yp.get().add(at),
                     (bp as *const f32).add(ki * bk),
                 );
@@ -324,12 +387,14 @@ impl FcBf16 {
             let (ni, ci) = (i[0], i[1]);
             // SAFETY: as in forward; block (ni, ci) of dX belongs to this item.
             unsafe {
-                self.bwd.execute_raw(
-                    RawBatch::Stride {
-                        a: (wp as *const bf16).add(ci * kb * bc * bk),
-                        b: (dzp as *const bf16).add(ni * kb * bn * bk),
-                        count: kb,
-                    },
+                run_chunks(
+                    &self.bwd,
+                    self.bwd_chunk,
+                    [
+                        (wp as *const bf16).add(ci * kb * bc * bk),
+                        (dzp as *const bf16).add(ni * kb * bn * bk),
+                    ],
+                    [bc * bk, bn * bk, kb],
                     dxp.get().add((ni * cb + ci) * bn * bc),
                     std::ptr::null(),
                 )
