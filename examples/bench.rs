@@ -253,9 +253,9 @@ fn bench_brgemm(o: &Opts) {
 }
 
 /// Runs `a` and `b` once each, then `samples` (at least 3) times
-/// alternately, each first in every other pair: the medians of their times and of the per-pair ratios
-/// `a / b` (one process, the same moments, so the ratio holds where two
-/// separate timings would not).
+/// alternately, each first in every other pair: the medians of their times
+/// and of the per-pair ratios `a / b` (one process, the same moments, so
+/// the ratio holds where two separate timings would not).
 fn alternate(samples: usize, a: &mut dyn FnMut(), b: &mut dyn FnMut()) -> (f64, f64, f64) {
     a();
     b();

@@ -269,6 +269,18 @@ impl Policy {
                 || flops_per_elem >= self.avx512bf16_conv_min_flops_per_elem as f64)
     }
 
+    /// Reduction blocks per call of weights streamed from memory, for calls
+    /// whose minibatch block has `rows` rows: [`Policy::stream_chunk`],
+    /// [`Policy::stream_chunk_narrow`] under 32 rows.
+    pub fn stream_chunk_for(&self, rows: usize) -> usize {
+        if rows < 32 {
+            self.stream_chunk_narrow
+        } else {
+            self.stream_chunk
+        }
+        .max(1)
+    }
+
     /// [`Prefetch::NextPair`] when `cond`, else [`Prefetch::None`].
     pub fn prefetch_if(cond: bool) -> Prefetch {
         if cond {

@@ -92,15 +92,12 @@ impl PassConfig {
             StreamPrefetch::BeyondL2 => true,
             StreamPrefetch::BeyondL1 => a >= b,
         };
-        let streams = a < b && a <= 2 && red > pol.stream_row_blocks;
         if red > pol.split_chunk && split_pays {
             PassConfig {
                 chunk: pol.split_chunk,
                 ..PassConfig::spec(&format!("c{outer}"))
             }
-        } else if let Some(chunk) =
-            stream.filter(|_| pol.stream_prefetch == StreamPrefetch::BeyondL1 && streams)
-        {
+        } else if let Some(chunk) = stream.filter(|_| streams_weights(a, b, red)) {
             PassConfig {
                 chunk,
                 ..PassConfig::spec(&format!("{outer}c"))
@@ -119,6 +116,18 @@ impl PassConfig {
             blocks_b: vec![],
         }
     }
+}
+
+/// Whether a pass with `a` x `b` output blocks (`a` the smaller loop)
+/// reads block-rows of `red` weight blocks streamed from memory, once or
+/// twice each, on a core whose policy prefetches from L2: where chunked
+/// calls that prefetch the next chunk pay (`Policy::stream_chunk_for`).
+pub(crate) fn streams_weights(a: usize, b: usize, red: usize) -> bool {
+    let pol = crate::policy();
+    pol.stream_prefetch == StreamPrefetch::BeyondL1
+        && a < b
+        && a <= 2
+        && red > pol.stream_row_blocks
 }
 
 /// The calling thread's 64-byte aligned block of at least `len` floats,

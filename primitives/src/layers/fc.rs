@@ -88,18 +88,17 @@ impl FcTuning {
     fn with_blocks(n: usize, c: usize, k: usize, [bn, bc, bk]: [usize; 3]) -> FcTuning {
         let (nb, cb, kb) = (n.div_ceil(bn), c.div_ceil(bc), k.div_ceil(bk));
         let pol = crate::policy();
-        // Forward prefetches the next call's W chunk; narrow N blocks want
-        // it a block at a time (docs/tuning-notes.md).
-        let fwd_chunk = if bn < 32 {
-            pol.stream_chunk_narrow
-        } else {
-            pol.stream_chunk
-        };
         FcTuning {
             bn,
             bc,
             bk,
-            fwd: PassConfig::heuristic_for([('a', nb), ('b', kb)], ('c', cb), Some(fwd_chunk)),
+            // Forward prefetches the next call's W chunk; narrow N blocks
+            // want it a block at a time (docs/tuning-notes.md).
+            fwd: PassConfig::heuristic_for(
+                [('a', nb), ('b', kb)],
+                ('c', cb),
+                Some(pol.stream_chunk_for(bn)),
+            ),
             // Tuned for `backward_data` (W in place, no next-call prefetch);
             // `backward_data_wt` at 16 rows would rather chunk (x0.88).
             bwd: PassConfig::heuristic_for([('a', nb), ('c', cb)], ('b', kb), None),

@@ -21,7 +21,7 @@ use crate::error::{shape, Result};
 use crate::fc::Fc;
 use crate::layout::{check_shape, Blocked, Inner, SyncPtr};
 use crate::loops::{LoopDef, LoopNest};
-use crate::pass::Chunked;
+use crate::pass::{streams_weights, Chunked};
 use crate::threads::Pool;
 use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::Kernel;
@@ -78,27 +78,19 @@ fn bf16_prefetch(red: usize, bn: usize, bo: usize) -> Prefetch {
     brgemm::Policy::prefetch_if(from.is_some_and(|f| 2 * red * (bn + bo) > f))
 }
 
-/// Pairs per call of the forward and backward-data passes, whose output
-/// blocks each reduce over `red` weight blocks: as the f32 plans do
-/// ([`crate::PassConfig::heuristic_stream`]), weights that stream from
-/// memory (one or two N blocks of `bn` rows, over the CPU policy's
-/// `stream_row_blocks`) go in chunks where the policy prefetches from L2,
-/// a block per call under 32 rows; else the whole reduction per call. A
-/// 16-row call of 64-row output blocks re-reads its chunk of W for its
-/// second column step of tiles, which waits on memory with long chunks.
-/// Zen 4, 16 rows of 4096 x 4096, two threads, backward-data: one block
-/// per call x1.11 (one thread x1.31), at 64 rows chunks of 8 x1.10.
-fn stream_chunk(nb: usize, red: usize, bn: usize) -> usize {
-    let pol = crate::policy();
-    let streams = pol.stream_prefetch == brgemm::StreamPrefetch::BeyondL1
-        && nb <= 2
-        && red > pol.stream_row_blocks;
-    match (streams, bn < 32) {
-        (true, true) => pol.stream_chunk_narrow,
-        (true, false) => pol.stream_chunk,
-        (false, _) => red,
+/// Pairs per call of the forward and backward-data passes, `nb` N blocks
+/// of `bn` rows by `out` output blocks, each reducing over `red` weight
+/// blocks: as the f32 forward ([`crate::PassConfig::heuristic_stream`]),
+/// weights that stream from memory go in the policy's chunks, else the
+/// whole reduction per call. A 16-row call of 64-row output blocks re-reads
+/// its chunk of W for its second column step of tiles, which waits on
+/// memory with long chunks (docs/tuning-notes.md).
+fn stream_chunk(nb: usize, out: usize, red: usize, bn: usize) -> usize {
+    if streams_weights(nb, out, red) {
+        crate::policy().stream_chunk_for(bn)
+    } else {
+        red
     }
-    .max(1)
 }
 
 /// One output block: `c` = the reduction of `n` pairs (A_i = `a + i *
@@ -211,8 +203,8 @@ impl FcBf16 {
         Ok(FcBf16 {
             fwd,
             bwd,
-            fwd_chunk: stream_chunk(nb, cb, bn),
-            bwd_chunk: stream_chunk(nb, kb, bn),
+            fwd_chunk: stream_chunk(nb, kb, cb, bn),
+            bwd_chunk: stream_chunk(nb, cb, kb, bn),
             upd,
             upd_bf16,
             dzv: buf(),
