@@ -325,6 +325,9 @@ pub(crate) fn bench_fc(o: &Opts) {
                 // before (weights packed by the forward, a separate step),
                 // fused (the step packs the next step's weights from each
                 // block it updates), and the f32 layer's fused step.
+                // `step_isa`: the fused step's kernel (f32 where the policy
+                // keeps it so); `layer_runs_bf16`: whether a mixed-precision
+                // network runs this layer in bf16 at all.
                 let opt = Optimizer::adam(1e-5);
                 let mut s = [
                     OptState::default(),
@@ -370,8 +373,9 @@ pub(crate) fn bench_fc(o: &Opts) {
                 };
                 let (f, b2, rf) = alternate(samples, &mut f32_step, &mut fused);
                 println!(
-                    r#"{{"bench":"fc","pass":"step","dtype":"bf16","opt":"adam","n":{n},"c":{c},"k":{k},"isa":"{}","threads":{threads},"ms":{:.3},"unfused_ms":{:.3},"vs_unfused":{r:.2},"f32_ms":{:.3},"ms_again":{:.3},"vs_f32":{rf:.2},"layer_runs_bf16":{}}}"#,
+                    r#"{{"bench":"fc","pass":"step","dtype":"bf16","opt":"adam","n":{n},"c":{c},"k":{k},"isa":"{}","step_isa":"{}","threads":{threads},"ms":{:.3},"unfused_ms":{:.3},"vs_unfused":{r:.2},"f32_ms":{:.3},"ms_again":{:.3},"vs_f32":{rf:.2},"layer_runs_bf16":{}}}"#,
                     fb.isa().name(),
+                    fb.step_isa().map_or("fp32 pass", |i| i.name()),
                     b * 1e3,
                     a * 1e3,
                     f * 1e3,

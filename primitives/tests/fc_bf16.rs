@@ -183,6 +183,65 @@ fn odd_blocks_and_gelu_are_refused() {
     assert!(FcBf16::new(&fc).err().unwrap().to_string().contains("Gelu"));
 }
 
+/// Where backward-weights stores a dW too large to stay in cache (over 16
+/// MiB here), the policy may keep that pass f32 while the fused step, which
+/// stores no dW, runs bf16: the step's kernel is bf16 wherever the pass's
+/// is, and its SGD step (no momentum) matches W - lr dW with dW from the
+/// f64 reference on the operands its kernel reads (rounded to bf16 when it
+/// runs bf16); the packed copies are those of the stepped W.
+#[test]
+fn fused_step_on_a_gradient_that_would_stream() {
+    let (n, c, k) = (32, 2048, 2112);
+    let fc = Fc::new(n, c, k, Activation::Relu).unwrap();
+    let fb = FcBf16::new(&fc).unwrap();
+    assert!(fb.upd_isa().is_none() || fb.step_isa().is_some());
+    let (xp, dzp, w0) = (data(n * c, 1), data(n * k, 4), data(k * c, 2));
+    let (mut x, mut dz, mut w) = (fc.x_layout(), fc.y_layout(), fc.w_layout());
+    x.set_plain(&xp).unwrap();
+    dz.set_plain(&dzp).unwrap();
+    w.set_plain(&w0).unwrap();
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let lr = 0.5;
+    let opt = brgemm_primitives::Optimizer::Sgd { lr, momentum: 0.0 };
+    let mut state = brgemm_primitives::optim::OptState::default();
+    let new = || brgemm::AlignedVec::new(brgemm::buffer::ALIGN);
+    let (mut wv, mut wtv) = (new(), new());
+    let mut db = vec![0.0; fc.padded_k()];
+    fb.backward_weights_step(
+        &pool,
+        &fc,
+        &dz,
+        &x,
+        &mut w,
+        &mut db,
+        &opt,
+        &mut state,
+        (&mut wv, &mut wtv),
+    )
+    .unwrap();
+    let bf16_step = fb.step_isa().is_some();
+    let (xr, dzr) = if bf16_step {
+        (round(&xp), round(&dzp))
+    } else {
+        let wide = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<_>>();
+        (wide(&xp), wide(&dzp))
+    };
+    let got = w.to_plain();
+    for (kk, row) in got.chunks(c).enumerate().step_by(97) {
+        for (cc, &g) in row.iter().enumerate() {
+            let dw: f64 = (0..n).map(|i| dzr[i * k + kk] * xr[i * c + cc]).sum();
+            let want = w0[kk * c + cc] as f64 - lr as f64 * dw;
+            assert!(
+                (g as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "W[{kk}][{cc}] {g} vs {want} (bf16 step: {bf16_step})"
+            );
+        }
+    }
+    let (mut wv2, mut wtv2) = (new(), new());
+    fb.pack_weights(&pool, &w, &mut wv2, &mut wtv2).unwrap();
+    assert!(wv[..] == wv2[..] && wtv[..] == wtv2[..]);
+}
+
 /// The bf16 heuristic plans any shape the bf16 passes take: odd feature
 /// blocks grow by one, even ones are the f32 heuristic's.
 #[test]
@@ -244,21 +303,27 @@ fn branch_free_rounding_matches_half() {
 /// steps (moments carried), for SGD with momentum and Adam, one and two
 /// threads, on AMX-sized blocks, tails, small blocks, and a minibatch
 /// short enough that the CPU policy may send backward-weights to the f32
-/// pass (then the f32 fused step and the packing run).
+/// pass (then the f32 fused step packs each block it steps), also with
+/// that pass's reduction split over calls (each block packed after the
+/// whole step).
 #[test]
 fn fused_step_and_packing_equal_the_separate_passes() {
     use brgemm_primitives::optim::{OptState, Optimizer};
     let opts = common::step_rules();
-    for (n, c, k, b) in [
-        (64, 128, 64, 64),
-        (40, 70, 30, 16),
-        (8, 6, 10, 0),
-        (16, 64, 64, 0),
-        (48, 256, 192, 64),
+    for (n, c, k, b, upd_chunk) in [
+        (64, 128, 64, 64, None),
+        (40, 70, 30, 16, None),
+        (8, 6, 10, 0, None),
+        (16, 64, 64, 0, None),
+        (24, 36, 20, 8, Some(1)),
+        (48, 256, 192, 64, None),
     ] {
         let mut t = FcTuning::heuristic(n, c, k);
         if b > 0 {
             (t.bn, t.bc, t.bk) = (b, b, b);
+        }
+        if let Some(chunk) = upd_chunk {
+            t.upd.chunk = chunk;
         }
         let fc = Fc::with_tuning(n, c, k, Activation::Relu, t.clone()).unwrap();
         let fb = FcBf16::new(&fc).unwrap();

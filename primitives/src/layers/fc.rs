@@ -591,19 +591,43 @@ impl Fc {
         opt: &crate::optim::Optimizer,
         state: &mut crate::optim::OptState,
     ) -> Result<()> {
+        self.step_blocks(pool, dz, x, w, db, opt, state, &|_, _, _| {})
+    }
+
+    /// [`Fc::backward_weights_step`], handing each updated W block
+    /// (`[ki][ci]`, `bc x bk`) to `then` on the thread that stepped it,
+    /// while the block is in L1: the bf16 layer rounds it into its packed
+    /// weights there.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn step_blocks(
+        &self,
+        pool: &Pool,
+        dz: &Blocked,
+        x: &Blocked,
+        w: &mut Blocked,
+        db: &mut [f32],
+        opt: &crate::optim::Optimizer,
+        state: &mut crate::optim::OptState,
+        then: &(dyn Fn(usize, usize, &[f32]) + Sync),
+    ) -> Result<()> {
         opt.validate()?;
         self.check("W", w, self.w_shape())?;
+        let blk = self.tuning.bk * self.tuning.bc;
         if !self.upd.one_call_per_output() {
             let mut dw = self.w_layout();
             self.backward_weights(pool, dz, x, &mut dw, db)?;
             state.step(opt, w.data_mut(), dw.data());
+            let cb = self.c.div_ceil(self.tuning.bc);
+            let w = w.data();
+            pool.for_work(self.flops()).for_each(w.len() / blk, |item| {
+                then(item / cb, item % cb, &w[item * blk..][..blk])
+            });
             return Ok(());
         }
         let pool = pool.for_work(self.flops());
         self.check("dZ", dz, self.y_shape())?;
         self.check("X", x, self.x_shape())?;
         check_buf("db", db.len(), self.padded_k())?;
-        let blk = self.tuning.bk * self.tuning.bc;
         let rule = state.begin(opt, w.data().len());
         let wv = w.blocks_mut();
         let w0 = wv.at([0, 0]) as usize;
@@ -618,6 +642,7 @@ impl Fc {
                 let wb = wv.slice([i[1], i[2]], blk);
                 let at = (wb.as_ptr() as usize - w0) / std::mem::size_of::<f32>();
                 rule.apply(at, wb, std::slice::from_raw_parts(op.c, blk));
+                then(i[1], i[2], wb);
             });
         }
         Ok(())

@@ -50,6 +50,9 @@ pub struct FcBf16 {
     /// runs on the same f32 operands (the CPU policy's
     /// [`brgemm::Bf16UpdRule`]).
     upd_bf16: bool,
+    /// Whether the fused step ([`FcBf16::backward_weights_step`]) runs
+    /// the bf16 kernel: as `upd_bf16`, but with no dW stored.
+    step_bf16: bool,
     nest_fwd: LoopNest,
     nest_bwd: LoopNest,
     bn: usize,
@@ -188,11 +191,15 @@ impl FcBf16 {
         }
         // Rounded: X transposed (counted twice) and dZ, per row.
         let per_row = (2 * cb * bc + kb * bk) as f64;
-        let upd_bf16 = upd.bf16_isa().is_some_and(|isa| {
-            let flops = 2.0 * (cb * bc * kb * bk) as f64;
-            let dw_bytes = 4 * cb * bc * kb * bk;
-            crate::policy().bf16_upd_pays(isa, fc.n, flops / per_row, dw_bytes)
-        });
+        // The pass stores dW whole; the fused step keeps each block in L1.
+        let pays = |dw_bytes| {
+            upd.bf16_isa().is_some_and(|isa| {
+                let flops = 2.0 * (cb * bc * kb * bk) as f64;
+                crate::policy().bf16_upd_pays(isa, fc.n, flops / per_row, dw_bytes)
+            })
+        };
+        let upd_bf16 = pays(4 * cb * bc * kb * bk);
+        let step_bf16 = pays(0);
         let nest = |a, b| {
             LoopNest::new(
                 vec![LoopDef::new("N blocks", nb, 1), LoopDef::new(a, b, 1)],
@@ -207,6 +214,7 @@ impl FcBf16 {
             bwd_chunk: stream_chunk(nb, cb, kb, bn),
             upd,
             upd_bf16,
+            step_bf16,
             dzv: buf(),
             xt: buf(),
             n: fc.n,
@@ -246,6 +254,15 @@ impl FcBf16 {
     /// where storing the f32 dW blocks is the pass's cost).
     pub fn upd_isa(&self) -> Option<Bf16Isa> {
         self.upd.bf16_isa().filter(|_| self.upd_bf16)
+    }
+
+    /// The bf16 kernel of the fused step ([`FcBf16::backward_weights_step`]),
+    /// or None where it runs the f32 pass. It can run bf16 where
+    /// backward-weights does not: the step keeps each dW block in L1, so
+    /// the rule's streamed-dW limit does not apply (measured in
+    /// `docs/tuning-notes.md`, `avx512bf16_fc_min_rows`).
+    pub fn step_isa(&self) -> Option<Bf16Isa> {
+        self.upd.bf16_isa().filter(|_| self.step_bf16)
     }
 
     /// An error unless `fc` is the layer this plan was made for.
@@ -437,9 +454,9 @@ impl FcBf16 {
     /// its places in `wv` and `wtv` ([`FcBf16::pack_weights`]'s layouts)
     /// while it is in L1. So dW never goes to memory, and W is read once
     /// per step instead of twice (step, then packing). db is written as by
-    /// `backward_weights`. Where backward-weights runs the f32 pass
-    /// ([`FcBf16::upd_isa`] None), [`Fc::backward_weights_step`] runs, then
-    /// the packing.
+    /// `backward_weights`. Where the step's kernel is f32
+    /// ([`FcBf16::step_isa`] None), [`Fc::backward_weights_step`] runs,
+    /// packing each block it steps the same way.
     ///
     /// Not for data-parallel training, where gradients must be all-reduced
     /// before any step.
@@ -459,23 +476,31 @@ impl FcBf16 {
         self.check_fc(fc)?;
         opt.validate()?;
         let (wv, wtv) = packed;
-        if !self.upd_bf16 {
-            fc.backward_weights_step(pool, dz, x, w, db, opt, state)?;
-            return self.pack_weights(pool, w, wv, wtv);
-        }
-        let pool = pool.for_work(self.work());
         check_shape("W", w, (self.k, self.c, self.bk, self.bc, Inner::ColMajor))?;
-        let (dzv, xt) = self.round_upd_operands(pool, dz, x, db)?;
         let (bc, bk, cb, kb) = (self.bc, self.bk, self.cb, self.kb);
         let blk = bc * bk;
         wv.resize(w.data.len(), bf16::ZERO);
         wtv.resize(w.data.len(), bf16::ZERO);
+        let (pv, pt) = (SyncPtr(wv.as_mut_ptr()), SyncPtr(wtv.as_mut_ptr()));
+        if !self.step_bf16 {
+            // The f32 pass and step, each block packed as it leaves the
+            // step: a separate packing pass re-read all of W.
+            let pack = |ki: usize, ci: usize, wb: &[f32]| {
+                // SAFETY: as below; each block is handed over once.
+                unsafe {
+                    let dv =
+                        std::slice::from_raw_parts_mut(pv.get().add((ki * cb + ci) * blk), blk);
+                    let dt =
+                        std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
+                    pack_block(wb, bc, bk, dv, dt);
+                }
+            };
+            return fc.step_blocks(pool, dz, x, w, db, opt, state, &pack);
+        }
+        let pool = pool.for_work(self.work());
+        let (dzv, xt) = self.round_upd_operands(pool, dz, x, db)?;
         let rule = state.begin(opt, w.data.len());
-        let (wp, pv, pt) = (
-            SyncPtr(w.data.as_mut_ptr()),
-            SyncPtr(wv.as_mut_ptr()),
-            SyncPtr(wtv.as_mut_ptr()),
-        );
+        let wp = SyncPtr(w.data.as_mut_ptr());
         pool.for_each(kb * cb, |item| {
             let (ki, ci) = (item / cb, item % cb);
             let g = crate::pass::thread_block(blk);
