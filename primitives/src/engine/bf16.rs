@@ -279,6 +279,19 @@ pub(crate) struct WeightGrid {
     pub(crate) bo: usize,
 }
 
+/// Sizes a packed weight copy to `len` elements. A buffer that must grow is
+/// made anew on huge pages where large ([`brgemm::buffer::aligned_vec_huge`],
+/// as the f32 weights are): the copies live as long as the layer and every
+/// pass streams them; grown by `resize` they sat on 4 KiB pages
+/// (docs/tuning-notes.md, huge pages).
+pub(crate) fn fit_weights(buf: &mut AlignedVec<bf16>, len: usize) {
+    if buf.capacity() < len {
+        *buf = brgemm::buffer::aligned_vec_huge(len, bf16::ZERO);
+    } else {
+        buf.resize(len, bf16::ZERO);
+    }
+}
+
 /// Rounds the f32 weights `src` (blocks `[outer][inner][taps][bi][bo]`) and
 /// packs them into VNNI A operands: `fwd` in the same block order, pairs
 /// along `bi`; `bwd` the transposed pass's, blocks `[inner][outer][taps]`
@@ -292,8 +305,8 @@ pub(crate) fn pack_vnni(
 ) {
     let (bi, bo, blk) = (g.bi, g.bo, g.bi * g.bo);
     let len = g.outer * g.inner * g.taps * blk;
-    fwd.resize(len, bf16::ZERO);
-    bwd.resize(len, bf16::ZERO);
+    fit_weights(fwd, len);
+    fit_weights(bwd, len);
     let (pv, pt) = (SyncPtr(fwd.as_mut_ptr()), SyncPtr(bwd.as_mut_ptr()));
     pool.for_each(g.outer * g.inner, |b| {
         let (o, i) = (b / g.inner, b % g.inner);

@@ -15,7 +15,7 @@
 //! little time (it is one of three passes).
 
 use crate::engine::bf16::{
-    interleave_round, pack_block, pack_vnni, transpose_round, Twin, WeightGrid,
+    fit_weights, interleave_round, pack_block, pack_vnni, transpose_round, Twin, WeightGrid,
 };
 use crate::error::{shape, Result};
 use crate::fc::Fc;
@@ -479,8 +479,8 @@ impl FcBf16 {
         check_shape("W", w, (self.k, self.c, self.bk, self.bc, Inner::ColMajor))?;
         let (bc, bk, cb, kb) = (self.bc, self.bk, self.cb, self.kb);
         let blk = bc * bk;
-        wv.resize(w.data.len(), bf16::ZERO);
-        wtv.resize(w.data.len(), bf16::ZERO);
+        fit_weights(wv, w.data.len());
+        fit_weights(wtv, w.data.len());
         let (pv, pt) = (SyncPtr(wv.as_mut_ptr()), SyncPtr(wtv.as_mut_ptr()));
         if !self.step_bf16 {
             // The f32 pass and step, each block packed as it leaves the
