@@ -482,19 +482,22 @@ impl FcBf16 {
         fit_weights(wv, w.data.len());
         fit_weights(wtv, w.data.len());
         let (pv, pt) = (SyncPtr(wv.as_mut_ptr()), SyncPtr(wtv.as_mut_ptr()));
+        // Rounds stepped W block (ki, ci), in L1, into its forward VNNI
+        // block and its transposed block (ci, ki).
+        let pack = |ki: usize, ci: usize, wb: &[f32]| {
+            // SAFETY: each W block is stepped, and so handed here, once per
+            // call, by one thread: its two packed blocks are that thread's;
+            // wtv's block starts a multiple of blk (even) elements into a
+            // 64-byte aligned buffer.
+            unsafe {
+                let dv = std::slice::from_raw_parts_mut(pv.get().add((ki * cb + ci) * blk), blk);
+                let dt = std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
+                pack_block(wb, bc, bk, dv, dt);
+            }
+        };
         if !self.step_bf16 {
             // The f32 pass and step, each block packed as it leaves the
             // step: a separate packing pass re-read all of W.
-            let pack = |ki: usize, ci: usize, wb: &[f32]| {
-                // SAFETY: as below; each block is handed over once.
-                unsafe {
-                    let dv =
-                        std::slice::from_raw_parts_mut(pv.get().add((ki * cb + ci) * blk), blk);
-                    let dt =
-                        std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
-                    pack_block(wb, bc, bk, dv, dt);
-                }
-            };
             return fc.step_blocks(pool, dz, x, w, db, opt, state, &pack);
         }
         let pool = pool.for_work(self.work());
@@ -502,21 +505,16 @@ impl FcBf16 {
         let rule = state.begin(opt, w.data.len());
         let wp = SyncPtr(w.data.as_mut_ptr());
         pool.for_each(kb * cb, |item| {
-            let (ki, ci) = (item / cb, item % cb);
             let g = crate::pass::thread_block(blk);
-            // SAFETY: W block `item` (and its moments), its forward VNNI
-            // block and its transposed block (ci, ki) belong to this item;
-            // the thread's gradient block `g` is its own (blk floats); wtv's
-            // block starts a multiple of blk (even) elements into a 64-byte
-            // aligned buffer.
-            unsafe {
+            // SAFETY: W block `item` (and its moments) belongs to this item;
+            // the thread's gradient block `g` is its own (blk floats).
+            let wb = unsafe {
                 self.upd_block(&dzv, &xt, item, g);
                 let wb = std::slice::from_raw_parts_mut(wp.get().add(item * blk), blk);
                 rule.apply(item * blk, wb, std::slice::from_raw_parts(g, blk));
-                let dv = std::slice::from_raw_parts_mut(pv.get().add(item * blk), blk);
-                let dt = std::slice::from_raw_parts_mut(pt.get().add((ci * kb + ki) * blk), blk);
-                pack_block(wb, bc, bk, dv, dt);
-            }
+                wb
+            };
+            pack(item / cb, item % cb, wb);
         });
         Ok(())
     }
