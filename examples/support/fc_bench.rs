@@ -187,7 +187,7 @@ pub(crate) fn bench_fc(o: &Opts) {
             {
                 let opt = Optimizer::adam(1e-5);
                 let (mut s0, mut s1) = (OptState::default(), OptState::default());
-                let (mut w0, mut w1) = (w.clone(), w.clone());
+                let (mut w0, mut w1) = (weights(&fc, &w), weights(&fc, &w));
                 let mut db2 = db.clone();
                 let (mut y1, mut dx1) = (y.clone(), dx.clone());
                 let mut before = || {
@@ -335,13 +335,16 @@ pub(crate) fn bench_fc(o: &Opts) {
                     OptState::default(),
                 ];
                 let [s0, s1, s2] = &mut s;
-                // Each variant its own buffers (the closures live together).
-                let bufs = || (w.clone(), y.clone(), dx.clone(), db.clone());
-                let ((mut w0, mut y0, mut dx0, mut db0), mut dw0) = (bufs(), dw.clone());
+                // Each variant its own buffers (the closures live together);
+                // weights and their packed copies as the layer allocates
+                // them (huge pages), not as clones (small pages).
+                let bufs = || (weights(&fc, &w), y.clone(), dx.clone(), db.clone());
+                let ((mut w0, mut y0, mut dx0, mut db0), mut dw0) = (bufs(), weights(&fc, &dw));
                 let ((mut w1, mut y1, mut dx1, mut db1), mut dzt2) = (bufs(), dzt.clone());
                 let (mut w2, mut y2, mut dx2, mut db2) = bufs();
                 let (mut wv1, mut wtv1, mut xb1, mut dzb1) =
-                    (wv.clone(), wtv.clone(), xb.clone(), dzb.clone());
+                    (new(), new(), xb.clone(), dzb.clone());
+                fb.pack_weights(&pool, &w1, &mut wv1, &mut wtv1).unwrap();
                 let mut unfused = || {
                     fb.pack_weights(&pool, &w0, &mut wv, &mut wtv).unwrap();
                     to_bf16(&pool, x.data(), &mut xb);
@@ -386,4 +389,16 @@ pub(crate) fn bench_fc(o: &Opts) {
         }
         drop(x);
     }
+}
+
+/// A copy of the weights (or weight gradient) `w` in the layer's own
+/// layout, on the huge pages the layer gives its weights: a clone would sit
+/// on small pages and time differently (bc0f252).
+fn weights(
+    fc: &brgemm_primitives::Fc,
+    w: &brgemm_primitives::layout::Blocked,
+) -> brgemm_primitives::layout::Blocked {
+    let mut c = fc.w_layout();
+    c.data_mut().copy_from_slice(w.data());
+    c
 }
