@@ -88,6 +88,10 @@ pub struct Policy {
     /// producing 64-channel output columns, on AVX-512 (`None`: the
     /// blocking model's choice).
     pub single_pair_tile: Option<RegisterTile>,
+    /// The register tile of FC forward and backward-weights calls whose C
+    /// blocks are as tall as the tile (whole 64-row columns on AVX-512) and
+    /// whose width it divides (`None`: the blocking model's choice).
+    pub fc_tile: Option<RegisterTile>,
     /// [`Policy::single_pair_tile`] also for gather calls of several pairs
     /// (taps, channel blocks) producing 64-channel output columns.
     pub pair_tile_any_batch: bool,
@@ -134,6 +138,7 @@ impl Policy {
         conv_upd_prefetch_strided: false,
         conv_upd_prefetch_rows: false,
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
+        fc_tile: None,
         pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
@@ -147,8 +152,8 @@ impl Policy {
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
-    /// 4x4 gather tile for calls of any batch; strided and 1x1 convolution
-    /// updates prefetch; AVX512-BF16 beats f32 except on convolutions bound
+    /// 4x4 gather tile for calls of any batch, and for the FC forward and
+    /// backward-weights calls; strided and 1x1 convolution updates prefetch; AVX512-BF16 beats f32 except on convolutions bound
     /// by memory (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
@@ -156,6 +161,7 @@ impl Policy {
         conv_upd_prefetch_strided: true,
         conv_upd_prefetch_rows: true,
         pair_tile_any_batch: true,
+        fc_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
@@ -177,6 +183,7 @@ impl Policy {
         conv_upd_prefetch_strided: false,
         conv_upd_prefetch_rows: false,
         single_pair_tile: None,
+        fc_tile: None,
         pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
@@ -204,6 +211,11 @@ impl Policy {
     pub fn single_pair_tile(&self) -> Option<RegisterTile> {
         self.single_pair_tile
             .filter(|_| Isa::selected() == Ok(Isa::Avx512))
+    }
+
+    /// [`Policy::fc_tile`] where the kernels run AVX-512.
+    pub fn fc_tile(&self) -> Option<RegisterTile> {
+        self.fc_tile.filter(|_| Isa::selected() == Ok(Isa::Avx512))
     }
 
     /// Whether a pass on the bf16 kernel `isa` beats the f32 pass of the

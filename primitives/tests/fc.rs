@@ -248,6 +248,8 @@ fn default_tuning_with_chunked_reductions_matches_reference() {
 /// policy prefetches from L2 (`BeyondL1`), forward reads them in chunks (one block per
 /// call under 32 rows, `stream_chunk` from 32), backward-data whole (it does
 /// not prefetch the next call's blocks); padded tails, against the reference.
+/// Their 64-row blocks take the policy's FC tile where it names one (4 x 4 on
+/// Zen 4: forward over 16 and 32 rows, backward-weights over 64 columns).
 #[test]
 fn default_tuning_for_streamed_weights_matches_reference() {
     let pool = Pool::new(2).unwrap().always_parallel();

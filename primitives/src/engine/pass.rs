@@ -254,8 +254,9 @@ pub(crate) struct Reduction {
 impl Reduction {
     /// Plans pass `which` over `loops` (steps of 1) whose loop `red_loop`
     /// is the reduction, in `cfg`'s order, with kernels for `desc` (stride
-    /// form) and `ep` on the call that completes an output; prefetching
-    /// kernels bring in the next call's `ahead`.
+    /// form) and `ep` on the call that completes an output, on register
+    /// tile `tile` where given; prefetching kernels bring in the next
+    /// call's `ahead`.
     pub(crate) fn new(
         which: &str,
         cfg: &PassConfig,
@@ -263,6 +264,7 @@ impl Reduction {
         red_loop: usize,
         (desc, ep): (Descriptor, Epilogue),
         ahead: Ahead,
+        tile: Option<brgemm::RegisterTile>,
     ) -> Result<Reduction> {
         let red = loops[red_loop].end;
         let chunk = cfg.chunk_of(red);
@@ -273,7 +275,7 @@ impl Reduction {
         };
         Ok(Reduction {
             nest: cfg.nest(which, loops)?,
-            kernels: Chunked::new(desc, ep)?,
+            kernels: Chunked::with_tile(desc, ep, tile)?,
             red_loop,
             red,
             chunk,

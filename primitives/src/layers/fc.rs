@@ -52,7 +52,7 @@ use crate::threads::Pool;
 use crate::view::View;
 use brgemm::bf16::bf16;
 use brgemm::{Activation, BatchForm, Descriptor, Epilogue, Prefetch};
-use brgemm::{Policy, StreamPrefetch};
+use brgemm::{Policy, RegisterTile, StreamPrefetch};
 
 /// Blocking and loop orders of an FC layer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -159,6 +159,19 @@ fn upd_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
     Policy::prefetch_if(from.is_some_and(|f| n.div_ceil(t.bn) <= 2 && 4 * k * c > f))
 }
 
+/// The register tile of forward and backward-weights calls, whose C blocks
+/// are `m = bk` rows by `n` columns, where the CPU policy names one that
+/// covers whole 64-row columns of C and divides `n` (else the blocking
+/// model's choice): each k step then reads a whole column of A, and
+/// streamed weights (forward) or dZ (backward-weights) come in as
+/// contiguous runs (docs/tuning-notes.md).
+fn fc_tile(m: usize, n: usize) -> Option<RegisterTile> {
+    let lanes = brgemm::Isa::selected().map_or(0, |i| i.f32_lanes());
+    crate::policy()
+        .fc_tile()
+        .filter(|t| t.mv * lanes == m && n.is_multiple_of(t.nr))
+}
+
 /// Whether the forward and backward-data kernels prefetch the next pair
 /// (and the next call's weight block-row, see [`Fc::forward`]). Each call
 /// reduces over a block-row of the weights and one of the activations,
@@ -227,7 +240,8 @@ impl Fc {
                 LoopDef::new("C blocks", cb, 1),
             ]
         };
-        let fwd = Reduction::new("fwd", &t.fwd, loops(), 2, (fdesc, ep), Ahead::A)?;
+        let fwd_tile = fc_tile(bk, bn);
+        let fwd = Reduction::new("fwd", &t.fwd, loops(), 2, (fdesc, ep), Ahead::A, fwd_tile)?;
         // GELU's derivative needs the pre-activation: training writes Z with
         // a bias-only epilogue and applies GELU on the hot block.
         let pre = Epilogue {
@@ -235,18 +249,26 @@ impl Fc {
             activation: Activation::Identity,
         };
         let fwd_pre = (act == Activation::Gelu)
-            .then(|| Chunked::new(fdesc, pre))
+            .then(|| Chunked::with_tile(fdesc, pre, fwd_tile))
             .transpose()?;
         // dX^T[nb][cb] = sum_kb dZt[nb][kb] (bn x bk) * W[kb][cb] (bk x bc).
         let bdesc = Descriptor::new(bn, bc, bk)
             .batch_form(stride(bk * bn, cb * bc * bk))
             .prefetch(pf);
         let none = Epilogue::default();
-        let bwd = Reduction::new("bwd", &t.bwd, loops(), 1, (bdesc, none), Ahead::Nothing)?;
+        let bwd = Reduction::new(
+            "bwd",
+            &t.bwd,
+            loops(),
+            1,
+            (bdesc, none),
+            Ahead::Nothing,
+            None,
+        )?;
         let tdesc = Descriptor::new(bc, bn, bk)
             .batch_form(stride(bc * bk, bn * bk))
             .prefetch(pf);
-        let bwd_wt = Reduction::new("bwd", &t.bwd, loops(), 1, (tdesc, none), Ahead::A)?;
+        let bwd_wt = Reduction::new("bwd", &t.bwd, loops(), 1, (tdesc, none), Ahead::A, None)?;
         // X blocks are [bn][bc]: read in place as a row-major B (k = bn rows).
         // Prefetching kernels bring in the next dW block.
         let udesc = Descriptor::new(bk, bc, bn)
@@ -254,7 +276,8 @@ impl Fc {
             .ldb(bc)
             .batch_form(stride(kb * bn * bk, cb * bn * bc))
             .prefetch(upd_prefetch(n, c, k, &t));
-        let upd = Reduction::new("upd", &t.upd, loops(), 0, (udesc, none), Ahead::C)?;
+        let upd_tile = fc_tile(bk, bc);
+        let upd = Reduction::new("upd", &t.upd, loops(), 0, (udesc, none), Ahead::C, upd_tile)?;
         Ok(Fc {
             n,
             c,
