@@ -23,6 +23,7 @@
 //! ([`crate::Kernel::execute_bf16_out`]).
 
 use crate::batch::{AddrSrc, BatchSrc, OffsetSrc, RawBatch, StrideSrc};
+use crate::blocking::RegisterTile;
 use crate::buffer::{aligned_vec, AlignedVec};
 use crate::desc::{Activation, BatchForm, Beta, DataType, Descriptor};
 use crate::error::{invalid, Error, Result};
@@ -161,30 +162,93 @@ pub(crate) struct Bf16Plan {
     f32_twin: Option<Box<Bf16Plan>>,
     /// For [`Bf16Isa::Fp32`]: the f32 kernel over the widened, packed batch.
     fp32: Option<std::sync::Arc<crate::Kernel>>,
+    /// For [`Bf16Isa::Avx512Bf16`]: its main register tile.
+    tile: Option<RegisterTile>,
 }
 
 impl Bf16Plan {
-    /// Plans `desc` (its `dtype` must be [`DataType::Bf16`]) for the first
-    /// kernel of the CPU policy's [`crate::Policy::bf16_order`] that runs
-    /// here and fits the shape, or `BRGEMM_BF16_ISA`.
-    pub(crate) fn new(desc: &Descriptor) -> Result<Bf16Plan> {
-        let isa = match Bf16Isa::forced()? {
-            Some(i) => i,
-            None => crate::policy()?
+    /// Plans `desc` (its `dtype` must be [`DataType::Bf16`]) for `isa`, else
+    /// for the first kernel of the CPU policy's [`crate::Policy::bf16_order`]
+    /// that runs here and fits the shape, or `BRGEMM_BF16_ISA`; the
+    /// AVX512-BF16 kernel on `tile`, else on the policy's
+    /// [`crate::Policy::avx512bf16_tile`] where C's rows are whole tiles of
+    /// it, else on 2 x 12. Errors name a kernel that does not run here, a
+    /// shape it cannot take, or a tile it does not have.
+    pub(crate) fn with_options(
+        desc: &Descriptor,
+        isa: Option<Bf16Isa>,
+        tile: Option<RegisterTile>,
+    ) -> Result<Bf16Plan> {
+        let isa = match (isa, Bf16Isa::forced()?) {
+            (Some(i), _) | (None, Some(i)) => i,
+            (None, None) => crate::policy()?
                 .bf16_order
                 .into_iter()
                 .find(|&i| i.is_supported() && (i != Bf16Isa::Amx || Self::amx_fits(desc)))
                 .unwrap_or(Bf16Isa::Fp32),
         };
-        Self::with_isa(desc, isa)
+        let mut plan = Self::with_isa(desc, isa)?;
+        plan.tile = Self::tile(&plan.desc, isa, tile)?;
+        if let Some(twin) = plan.f32_twin.as_mut() {
+            twin.tile = plan.tile;
+        }
+        Ok(plan)
+    }
+
+    /// The AVX512-BF16 kernel's main tile for `d` (see
+    /// [`Bf16Plan::with_options`]); `None` for the other kernels.
+    fn tile(
+        d: &Descriptor,
+        isa: Bf16Isa,
+        forced: Option<RegisterTile>,
+    ) -> Result<Option<RegisterTile>> {
+        let name = |t: RegisterTile| format!("{}x{}", t.mv, t.nr);
+        if isa != Bf16Isa::Avx512Bf16 {
+            return match forced {
+                Some(t) => Err(invalid(
+                    "tile",
+                    name(t),
+                    format!(
+                        "the {} bf16 kernel has no register tile to choose",
+                        isa.name()
+                    ),
+                )),
+                None => Ok(None),
+            };
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::avx512bf16_bf16 as k;
+            match forced {
+                Some(t) if !k::has_tile(t) => Err(invalid(
+                    "tile",
+                    name(t),
+                    "not a tile of the AVX512-BF16 kernel (1-2 x 1-12 or 3-4 x 1-4)",
+                )),
+                Some(t) => Ok(Some(t)),
+                None => Ok(Some(
+                    crate::policy()?
+                        .avx512bf16_tile
+                        .filter(|t| d.m.is_multiple_of(16 * t.mv))
+                        .unwrap_or(k::DEFAULT_TILE),
+                )),
+            }
+        }
+        // with_isa refused AVX512-BF16 off x86-64.
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (d, forced, name);
+            Ok(None)
+        }
     }
 
     fn amx_fits(d: &Descriptor) -> bool {
         d.m.is_multiple_of(32) && d.k.is_multiple_of(32)
     }
 
-    /// Plans `desc` for `isa` (error if unsupported or if the shape does not fit it).
-    pub(crate) fn with_isa(desc: &Descriptor, isa: Bf16Isa) -> Result<Bf16Plan> {
+    /// Plans `desc` for `isa` (error if unsupported or if the shape does not
+    /// fit it), without a tile yet ([`Bf16Plan::with_options`] sets it).
+    fn with_isa(desc: &Descriptor, isa: Bf16Isa) -> Result<Bf16Plan> {
         if desc.dtype != DataType::Bf16 {
             return Err(invalid(
                 "dtype",
@@ -223,6 +287,7 @@ impl Bf16Plan {
                     isa,
                     f32_twin: None,
                     fp32: Self::fp32_kernel(&t, isa)?,
+                    tile: None,
                 }))
             })
             .transpose()?;
@@ -231,6 +296,7 @@ impl Bf16Plan {
             isa,
             f32_twin,
             fp32: Self::fp32_kernel(&d, isa)?,
+            tile: None,
         })
     }
 
@@ -254,6 +320,9 @@ impl Bf16Plan {
 
     pub(crate) fn isa(&self) -> Bf16Isa {
         self.isa
+    }
+    pub(crate) fn register_tile(&self) -> Option<RegisterTile> {
+        self.tile
     }
     pub(crate) fn descriptor(&self) -> &Descriptor {
         &self.desc
@@ -383,7 +452,8 @@ impl Bf16Plan {
             #[cfg(target_arch = "x86_64")]
             Bf16Isa::Avx512Bf16 => {
                 use crate::kernels::avx512bf16_bf16 as k;
-                k::run(&k::Call { d, count, c, bias }, src)
+                let main = self.tile.unwrap_or(k::DEFAULT_TILE);
+                k::run(&k::Call { d, count, c, bias }, src, main)
             }
             Bf16Isa::Fp32 => {
                 thread_local! {

@@ -101,10 +101,7 @@ impl Kernel {
     pub fn with_options(desc: &Descriptor, opts: KernelOptions) -> Result<Kernel> {
         let plan = match desc.dtype {
             DataType::F32 => Plan::F32(F32Plan::with_options(desc, opts)?),
-            DataType::Bf16 => Plan::Bf16(match opts.bf16 {
-                Some(isa) => Bf16Plan::with_isa(desc, isa)?,
-                None => Bf16Plan::new(desc)?,
-            }),
+            DataType::Bf16 => Plan::Bf16(Bf16Plan::with_options(desc, opts.bf16, opts.tile)?),
             DataType::F16 => {
                 return Err(invalid(
                     "dtype",
@@ -143,12 +140,12 @@ impl Kernel {
             Plan::Bf16(p) => Some(p.isa()),
         }
     }
-    /// The register tile of the main f32 tiles (`None` for the reference
-    /// kernel and for bf16).
+    /// The register tile of the main tiles: of the f32 kernels but the
+    /// reference, and of the AVX512-BF16 kernel (`None` for the others).
     pub fn register_tile(&self) -> Option<RegisterTile> {
         match &self.plan {
             Plan::F32(p) => p.register_tile(),
-            Plan::Bf16(_) => None,
+            Plan::Bf16(p) => p.register_tile(),
         }
     }
     /// Floating-point operations of one call with `count` batch elements.

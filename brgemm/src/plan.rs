@@ -17,7 +17,9 @@ pub struct KernelOptions {
     /// Force this ISA instead of [`Isa::selected`] (error if unsupported).
     pub isa: Option<Isa>,
     /// Force this register tile instead of the model's choice (tuning
-    /// experiments; error if the ISA has no such tile).
+    /// experiments; error if the ISA has no such tile). For a bf16
+    /// descriptor, the AVX512-BF16 kernel's main tile (error on the other
+    /// bf16 kernels, which have none to choose).
     pub tile: Option<RegisterTile>,
     /// For a bf16 descriptor: force this bf16 kernel instead of the CPU
     /// policy's order (error if unsupported or the shape does not fit).

@@ -92,6 +92,9 @@ pub struct Policy {
     /// blocks are as tall as the tile (whole 64-row columns on AVX-512) and
     /// whose width it divides (`None`: the blocking model's choice).
     pub fc_tile: Option<RegisterTile>,
+    /// The AVX512-BF16 kernel's main register tile for C blocks whose rows
+    /// are whole tiles of it (`None`: 2 x 12 everywhere).
+    pub avx512bf16_tile: Option<RegisterTile>,
     /// [`Policy::single_pair_tile`] also for gather calls of several pairs
     /// (taps, channel blocks) producing 64-channel output columns.
     pub pair_tile_any_batch: bool,
@@ -139,6 +142,7 @@ impl Policy {
         conv_upd_prefetch_rows: false,
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         fc_tile: None,
+        avx512bf16_tile: None,
         pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,
@@ -152,8 +156,8 @@ impl Policy {
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
-    /// 4x4 gather tile for calls of any batch, and for the FC forward and
-    /// backward-weights calls; strided and 1x1 convolution updates prefetch; AVX512-BF16 beats f32 except on convolutions bound
+    /// 4x4 gather tile for calls of any batch, for the FC forward and
+    /// backward-weights calls and for the AVX512-BF16 kernel; strided and 1x1 convolution updates prefetch; AVX512-BF16 beats f32 except on convolutions bound
     /// by memory (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
@@ -162,6 +166,7 @@ impl Policy {
         conv_upd_prefetch_rows: true,
         pair_tile_any_batch: true,
         fc_tile: Some(RegisterTile { mv: 4, nr: 4 }),
+        avx512bf16_tile: Some(RegisterTile { mv: 4, nr: 4 }),
         avx512bf16_beats_f32: true,
         avx512bf16_upd: Bf16UpdRule {
             min_reduction: 32,
@@ -184,6 +189,7 @@ impl Policy {
         conv_upd_prefetch_rows: false,
         single_pair_tile: None,
         fc_tile: None,
+        avx512bf16_tile: None,
         pair_tile_any_batch: false,
         bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
         avx512bf16_beats_f32: false,

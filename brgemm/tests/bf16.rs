@@ -3,13 +3,20 @@
 use brgemm::bf16::{bf16, pack_a_vnni, Bf16Isa};
 use brgemm::{
     Activation, Batch, BatchForm, Beta, DataType, Descriptor, Epilogue, Kernel, KernelOptions,
-    Offsets, Prefetch,
+    Offsets, Prefetch, RegisterTile,
 };
 
 /// `d` (dtype Bf16) planned on the bf16 kernel `isa`.
 fn with_isa(d: &Descriptor, isa: Bf16Isa) -> brgemm::Result<Kernel> {
+    with_tile(d, isa, None)
+}
+
+/// `d` (dtype Bf16) planned on the bf16 kernel `isa` with main tile `tile`
+/// where given.
+fn with_tile(d: &Descriptor, isa: Bf16Isa, tile: Option<RegisterTile>) -> brgemm::Result<Kernel> {
     let opts = KernelOptions {
         bf16: Some(isa),
+        tile,
         ..KernelOptions::default()
     };
     Kernel::with_options(d, opts)
@@ -27,6 +34,7 @@ fn rnd(seed: &mut u64, n: usize) -> Vec<bf16> {
         .collect()
 }
 
+#[derive(Clone)]
 struct Case {
     m: usize,
     n: usize,
@@ -38,6 +46,8 @@ struct Case {
     b: Vec<Vec<bf16>>,
     c0: Vec<f32>,
     bias: Vec<f32>,
+    /// The AVX512-BF16 kernel's main tile, where forced.
+    tile: Option<RegisterTile>,
 }
 
 impl Case {
@@ -63,6 +73,7 @@ impl Case {
             b,
             c0,
             bias,
+            tile: None,
         }
     }
 
@@ -108,7 +119,7 @@ impl Case {
         match form {
             0 => {
                 let d = d.batch_form(BatchForm::Stride { a: asz, b: bsz });
-                let kern = with_isa(&d, isa).unwrap();
+                let kern = with_tile(&d, isa, self.tile).unwrap();
                 kern.execute(
                     Batch::Stride {
                         a: &flat_a,
@@ -122,7 +133,7 @@ impl Case {
             }
             1 => {
                 let d = d.batch_form(BatchForm::Offset);
-                let kern = with_isa(&d, isa).unwrap();
+                let kern = with_tile(&d, isa, self.tile).unwrap();
                 // Reversed order: offsets really are followed.
                 let offs = Offsets::new(
                     (0..self.count).rev().map(|i| i * asz).collect(),
@@ -142,7 +153,7 @@ impl Case {
             }
             _ => {
                 let d = d.batch_form(BatchForm::Address);
-                let kern = with_isa(&d, isa).unwrap();
+                let kern = with_tile(&d, isa, self.tile).unwrap();
                 let a: Vec<&[bf16]> = self.a_vnni.iter().map(|v| &v[..]).collect();
                 let b: Vec<&[bf16]> = self.b.iter().map(|v| &v[..]).collect();
                 kern.execute(Batch::Address { a: &a, b: &b }, &mut c, bias)
@@ -213,6 +224,27 @@ proptest! {
             if isa.is_supported() {
                 c.check(&d, isa, form).map_err(TestCaseError::fail)?;
             }
+        }
+    }
+
+    /// AVX512-BF16 on C blocks of whole 64-row columns (rows 64-192, a
+    /// last tile of 1-4 columns, odd k, padded lda, zero batch, every form
+    /// and epilogue): forced 4 x 4 and 3 x 2 main tiles, and the CPU
+    /// policy's (4 x 4 on Zen 4, else 2 x 12).
+    #[test]
+    fn avx512bf16_whole_column_tiles_match_f64(mt in 1usize..=3, n in 1usize..=13, k in 1usize..=40,
+                             count in 0usize..=4, pad in 0usize..=3, form in 0u8..3, beta1 in any::<bool>(),
+                             relu in any::<bool>(), pf in any::<bool>(), seed in any::<u64>()) {
+        if !Bf16Isa::Avx512Bf16.is_supported() {
+            return Ok(());
+        }
+        let c = Case::new(64 * mt, n, k, count.max(1), pad, seed).with_count(count);
+        let ep = Epilogue { bias: relu, activation: if relu { Activation::Relu } else { Activation::Identity } };
+        let d = desc(&c, if beta1 { Beta::One } else { Beta::Zero }, 0.75, ep)
+            .prefetch(if pf { Prefetch::NextPair } else { Prefetch::None });
+        for tile in [Some(RegisterTile { mv: 4, nr: 4 }), Some(RegisterTile { mv: 3, nr: 2 }), None] {
+            let c = Case { tile, ..c.clone() };
+            c.check(&d, Bf16Isa::Avx512Bf16, form).map_err(TestCaseError::fail)?;
         }
     }
 
@@ -357,6 +389,18 @@ fn bad_bf16_plans_name_the_value() {
     };
     let e = k16.execute(batch, &mut c, None).unwrap_err().to_string();
     assert!(e.contains("dtype") && e.contains("planned for Bf16"), "{e}");
+    // A tile the AVX512-BF16 kernel lacks, and a tile for a kernel with
+    // none to choose, are refused by name.
+    let d16 = d.dtype(DataType::Bf16);
+    let tiled = |isa, mv, nr| with_tile(&d16, isa, Some(RegisterTile { mv, nr }));
+    if Bf16Isa::Avx512Bf16.is_supported() {
+        let e = tiled(Bf16Isa::Avx512Bf16, 4, 6).unwrap_err().to_string();
+        assert!(e.contains("tile") && e.contains("4x6"), "{e}");
+        let k = tiled(Bf16Isa::Avx512Bf16, 3, 4).unwrap();
+        assert_eq!(k.register_tile(), Some(RegisterTile { mv: 3, nr: 4 }));
+    }
+    let e = tiled(Bf16Isa::Reference, 2, 4).unwrap_err().to_string();
+    assert!(e.contains("2x4") && e.contains("no register tile"), "{e}");
     if Bf16Isa::Amx.is_supported() {
         let d = Descriptor::new(30, 32, 32).dtype(DataType::Bf16);
         let e = with_isa(&d, Bf16Isa::Amx).unwrap_err().to_string();

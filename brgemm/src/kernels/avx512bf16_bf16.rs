@@ -8,6 +8,11 @@
 //!   A1 zmm  [c1 ][c3 ] ...                   MV <= 2, NR <= 12: 24 acc + 2 A + 1 B
 //! ```
 //!
+//! The main tile is 2 x 12 unless the plan gives another: the CPU policy's
+//! `avx512bf16_tile` (4 x 4 on Zen 4, for C blocks of whole 64-row columns:
+//! each k-pair step then reads whole 256-byte rows of packed A, and the
+//! tile stores whole columns; docs/tuning-notes.md).
+//!
 //! Measured on Sapphire Rapids: `vdpbf16ps` issues once per two cycles (an
 //! asm probe with 12 chains: ~70 GFLOP/s, about the fp32 FMA rate), and the
 //! kernel reaches 57-68 GFLOP/s, 85-95% of that; there it is the fallback
@@ -31,6 +36,7 @@
 //! the end of B is read.
 
 use crate::batch::BatchSrc;
+use crate::blocking::RegisterTile;
 use crate::desc::{Activation, Beta, Descriptor, Prefetch};
 use core::arch::x86_64::*;
 use half::bf16;
@@ -194,35 +200,52 @@ macro_rules! pick {
     };
 }
 
-/// The `(mv, nr)` tile for batch form `B` (mv in 1..=2, nr in 1..=12),
+/// The `(mv, nr)` tile for batch form `B` (mv in 1..=2 with nr in 1..=12,
+/// mv in 3..=4 with nr in 1..=4),
 /// prefetching the next pair's A when `pf`.
 pub(crate) fn tile_fn<B: BatchSrc<bf16>>(mv: usize, nr: usize, pf: bool) -> Option<TileFn<B>> {
     pick!(B, mv, nr, pf;
         1 => [1 2 3 4 5 6 7 8 9 10 11 12],
-        2 => [1 2 3 4 5 6 7 8 9 10 11 12])
+        2 => [1 2 3 4 5 6 7 8 9 10 11 12],
+        3 => [1 2 3 4],
+        4 => [1 2 3 4])
 }
 
-/// Covers C with 32x12 tiles and their edges.
+/// The tile [`run`] covers C with unless told otherwise: 32 rows by 12
+/// columns.
+pub(crate) const DEFAULT_TILE: RegisterTile = RegisterTile { mv: 2, nr: 12 };
+
+/// Whether [`run`] takes `t` as its main tile (every smaller edge tile of
+/// it is instantiated too).
+pub(crate) fn has_tile(t: RegisterTile) -> bool {
+    match t.mv {
+        1 | 2 => (1..=12).contains(&t.nr),
+        3 | 4 => (1..=4).contains(&t.nr),
+        _ => false,
+    }
+}
+
+/// Covers C with `main` tiles ([`has_tile`]) and their edges.
 ///
 /// # Safety
 /// As [`tile`], for the whole of C.
-pub(crate) unsafe fn run<B: BatchSrc<bf16>>(t: &Call<'_>, src: &B) {
+pub(crate) unsafe fn run<B: BatchSrc<bf16>>(t: &Call<'_>, src: &B, main: RegisterTile) {
     let (m, n) = (t.d.m, t.d.n);
-    const NR: usize = 12;
+    let (rows_max, nr_max) = (16 * main.mv, main.nr);
     let pf = t.d.prefetch == Prefetch::NextPair;
     let mut n0 = 0;
     while n0 < n {
-        let nr = NR.min(n - n0);
+        let nr = nr_max.min(n - n0);
         let mut m0 = 0;
         while m0 < m {
-            let rows = (m - m0).min(32);
+            let rows = (m - m0).min(rows_max);
             let mv = rows.div_ceil(16);
             let last_rows = rows - (mv - 1) * 16;
-            let f = tile_fn::<B>(mv, nr, pf).expect("1..=2 x 1..=12 are all instantiated");
+            let f = tile_fn::<B>(mv, nr, pf).expect("a main tile's edges are all instantiated");
             f(t, src, m0, n0, last_rows);
-            m0 += 32;
+            m0 += rows_max;
         }
-        n0 += NR;
+        n0 += nr_max;
     }
 }
 
