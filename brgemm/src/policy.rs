@@ -175,7 +175,7 @@ impl Policy {
             min_reduction_streamed: 64,
         },
         avx512bf16_fc_min_rows: 64,
-        avx512bf16_conv_min_flops_per_elem: 128,
+        avx512bf16_conv_min_flops_per_elem: 64,
         ..Policy::ZEN5
     };
     /// Intel Sapphire Rapids, and every core not measured.
@@ -364,10 +364,12 @@ mod tests {
         assert!(!z.bf16_fc_pays(isa, 32));
         assert!(z.bf16_fc_pays(isa, 64));
         assert!(!Policy::DEFAULT.bf16_fc_pays(isa, 1024));
-        // Convolutions at 56x56: 1x1 64->64 (64 flops per activation
-        // element), 64->256 (102), 256->128 (171); a 3x3 64->64 (576).
-        assert!(!z.bf16_conv_pays(isa, 64.0));
-        assert!(!z.bf16_conv_pays(isa, 102.4));
+        // Convolutions at 56x56: 1x1 64->32 (43 flops per activation
+        // element), 64->64 (64), 64->256 (102), 256->128 (171); a 3x3
+        // 64->64 (576).
+        assert!(!z.bf16_conv_pays(isa, 42.7));
+        assert!(z.bf16_conv_pays(isa, 64.0));
+        assert!(z.bf16_conv_pays(isa, 102.4));
         assert!(z.bf16_conv_pays(isa, 170.7));
         assert!(z.bf16_conv_pays(isa, 576.0));
         assert!(z.bf16_conv_pays(Bf16Isa::Amx, 1.0));

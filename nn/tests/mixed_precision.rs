@@ -52,7 +52,7 @@ fn avx512bf16_pays() -> bool {
 /// Whether a convolution of `flops_per_elem` forward flops per input and
 /// output element, too narrow for AMX, runs bf16 here: on AVX512-BF16 where
 /// the CPU policy measured it faster than f32 for layers of that much work
-/// (Zen 4: 128 flops and up).
+/// (Zen 4: 64 flops and up).
 fn avx512bf16_pays_for_conv(flops_per_elem: f64) -> bool {
     use brgemm::bf16::Bf16Isa;
     let isa = Bf16Isa::Avx512Bf16;
