@@ -172,7 +172,7 @@ impl Policy {
             min_reduction: 32,
             min_flops_per_rounded: 100,
             streamed_dw_bytes: 16 << 20,
-            min_reduction_streamed: 64,
+            min_reduction_streamed: 32,
         },
         avx512bf16_fc_min_rows: 64,
         avx512bf16_conv_min_flops_per_elem: 64,
@@ -357,9 +357,9 @@ mod tests {
         assert!(z.bf16_upd_pays(isa, 12544, 113.8, small));
         assert!(z.bf16_upd_pays(isa, 50176, 384.0, small));
         assert!(z.bf16_upd_pays(Bf16Isa::Amx, 16, 1.0, large));
-        // FC 4096 x 4096 (64 MiB of dW): 32 rows stay f32, 64 run bf16.
-        assert!(!z.bf16_upd_pays(isa, 32, 2730.0, large));
-        assert!(z.bf16_upd_pays(isa, 64, 2730.0, large));
+        // FC 4096 x 4096 (64 MiB of dW): 16 rows stay f32, 32 run bf16.
+        assert!(!z.bf16_upd_pays(isa, 16, 2730.0, large));
+        assert!(z.bf16_upd_pays(isa, 32, 2730.0, large));
         // Linear layers pack their weights every step: 64 rows up.
         assert!(!z.bf16_fc_pays(isa, 32));
         assert!(z.bf16_fc_pays(isa, 64));
