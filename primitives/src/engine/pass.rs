@@ -7,7 +7,8 @@
 use crate::error::Result;
 use crate::loops::{LoopDef, LoopNest};
 use crate::threads::Pool;
-use brgemm::{BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch, StreamPrefetch};
+use brgemm::StreamPrefetch;
+use brgemm::{BatchForm, Beta, Descriptor, Epilogue, Kernel, Prefetch, RawBatch, RegisterTile};
 use std::sync::Arc;
 
 /// Loop order and blocking of one pass.
@@ -160,6 +161,35 @@ pub(crate) fn pick_block(x: usize, cands: &[usize]) -> usize {
     cands[0]
 }
 
+/// The kernel for `d`, on register tile `tile` where given (planned apart
+/// from the dispatch cache), else the shared one of the dispatch cache.
+pub(crate) fn plan_kernel(d: &Descriptor, tile: Option<RegisterTile>) -> Result<Arc<Kernel>> {
+    match tile {
+        None => Ok(brgemm::dispatch(d)?),
+        Some(t) => {
+            let opts = brgemm::KernelOptions {
+                tile: Some(t),
+                ..Default::default()
+            };
+            Ok(Arc::new(Kernel::with_options(d, opts)?))
+        }
+    }
+}
+
+/// The register tile of f32 calls whose C blocks are `m` rows by `n`
+/// columns, where the CPU policy's [`brgemm::Policy::fc_tile`] covers whole
+/// columns of C (m = 64 on AVX-512) and divides `n`; else None (the
+/// blocking model's choice). Each k step then reads a whole column of A, so
+/// weights streaming from memory (FC forward, the LSTM's recurrent blocks)
+/// or dZ (FC backward-weights) come in as contiguous runs
+/// (docs/tuning-notes.md, `fc_tile`).
+pub(crate) fn column_tile(m: usize, n: usize) -> Option<RegisterTile> {
+    let lanes = brgemm::Isa::selected().map_or(0, |i| i.f32_lanes());
+    crate::policy()
+        .fc_tile()
+        .filter(|t| t.mv * lanes == m && n.is_multiple_of(t.nr))
+}
+
 /// Kernels for the positions of a chunk in the reduction.
 pub(crate) struct Chunked {
     /// The whole reduction in one call (or the last chunk): epilogue on.
@@ -178,23 +208,9 @@ impl Chunked {
     pub(crate) fn with_tile(
         base: Descriptor,
         ep: Epilogue,
-        tile: Option<brgemm::RegisterTile>,
+        tile: Option<RegisterTile>,
     ) -> Result<Chunked> {
-        let k = |beta, ep| {
-            let d = base.beta(beta).epilogue(ep);
-            match tile {
-                None => brgemm::dispatch(&d),
-                Some(t) => Kernel::with_options(
-                    &d,
-                    brgemm::KernelOptions {
-                        isa: None,
-                        tile: Some(t),
-                        bf16: None,
-                    },
-                )
-                .map(Arc::new),
-            }
-        };
+        let k = |beta, ep| plan_kernel(&base.beta(beta).epilogue(ep), tile);
         Ok(Chunked {
             only: k(Beta::Zero, ep)?,
             first: k(Beta::Zero, Epilogue::default())?,
@@ -264,7 +280,7 @@ impl Reduction {
         red_loop: usize,
         (desc, ep): (Descriptor, Epilogue),
         ahead: Ahead,
-        tile: Option<brgemm::RegisterTile>,
+        tile: Option<RegisterTile>,
     ) -> Result<Reduction> {
         let red = loops[red_loop].end;
         let chunk = cfg.chunk_of(red);

@@ -47,12 +47,12 @@ use crate::error::{check_buf, shape, Result};
 use crate::layout::{check_shape, Blocked, Inner, Shape};
 use crate::loops::LoopDef;
 use crate::math::add_rows;
-use crate::pass::{pick_block, Ahead, Chunked, Operands, PassConfig, Reduction};
+use crate::pass::{column_tile, pick_block, Ahead, Chunked, Operands, PassConfig, Reduction};
 use crate::threads::Pool;
 use crate::view::View;
 use brgemm::bf16::bf16;
 use brgemm::{Activation, BatchForm, Descriptor, Epilogue, Prefetch};
-use brgemm::{Policy, RegisterTile, StreamPrefetch};
+use brgemm::{Policy, StreamPrefetch};
 
 /// Blocking and loop orders of an FC layer.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -159,19 +159,6 @@ fn upd_prefetch(n: usize, c: usize, k: usize, t: &FcTuning) -> Prefetch {
     Policy::prefetch_if(from.is_some_and(|f| n.div_ceil(t.bn) <= 2 && 4 * k * c > f))
 }
 
-/// The register tile of forward and backward-weights calls, whose C blocks
-/// are `m = bk` rows by `n` columns, where the CPU policy names one that
-/// covers whole 64-row columns of C and divides `n` (else the blocking
-/// model's choice): each k step then reads a whole column of A, and
-/// streamed weights (forward) or dZ (backward-weights) come in as
-/// contiguous runs (docs/tuning-notes.md).
-fn fc_tile(m: usize, n: usize) -> Option<RegisterTile> {
-    let lanes = brgemm::Isa::selected().map_or(0, |i| i.f32_lanes());
-    crate::policy()
-        .fc_tile()
-        .filter(|t| t.mv * lanes == m && n.is_multiple_of(t.nr))
-}
-
 /// Whether the forward and backward-data kernels prefetch the next pair
 /// (and the next call's weight block-row, see [`Fc::forward`]). Each call
 /// reduces over a block-row of the weights and one of the activations,
@@ -240,7 +227,7 @@ impl Fc {
                 LoopDef::new("C blocks", cb, 1),
             ]
         };
-        let fwd_tile = fc_tile(bk, bn);
+        let fwd_tile = column_tile(bk, bn);
         let fwd = Reduction::new("fwd", &t.fwd, loops(), 2, (fdesc, ep), Ahead::A, fwd_tile)?;
         // GELU's derivative needs the pre-activation: training writes Z with
         // a bias-only epilogue and applies GELU on the hot block.
@@ -276,7 +263,7 @@ impl Fc {
             .ldb(bc)
             .batch_form(stride(kb * bn * bk, cb * bn * bc))
             .prefetch(upd_prefetch(n, c, k, &t));
-        let upd_tile = fc_tile(bk, bc);
+        let upd_tile = column_tile(bk, bc);
         let upd = Reduction::new("upd", &t.upd, loops(), 0, (udesc, none), Ahead::C, upd_tile)?;
         Ok(Fc {
             n,

@@ -43,7 +43,7 @@ use crate::error::{shape, Result};
 use crate::fc::{Fc, FcTuning};
 use crate::layout::{check_shape, Blocked, Inner, Shape};
 use crate::loops::{LoopDef, LoopNest};
-use crate::pass::PassConfig;
+use crate::pass::{column_tile, plan_kernel, PassConfig};
 use crate::threads::Pool;
 use crate::view::View;
 use crate::view::ViewMut;
@@ -264,7 +264,10 @@ impl Rnn {
         // from beyond the level where the core's prefetchers keep up.
         let r_bytes = 4 * kind.gates() * kp * kp;
         let pf = brgemm::Policy::prefetch_if(r_bytes > crate::policy().rnn_prefetch_from);
-        let rec_kernel = brgemm::dispatch(
+        // The recurrent blocks are FC forward calls (C = bk x bn): the
+        // policy's whole-column tile where it has one.
+        let tile = column_tile(bk, bn);
+        let rec_kernel = plan_kernel(
             &Descriptor::new(bk, bn, bk)
                 .beta(Beta::One)
                 .prefetch(pf)
@@ -272,6 +275,7 @@ impl Rnn {
                     a: bk * bk,
                     b: bn * bk,
                 }),
+            tile,
         )?;
         // R^T blocks: [K/bk][g*Kp/bk][bk][bk] (FC wt layout of R).
         let rt_desc = Descriptor::new(bk, bn, bk)
@@ -292,8 +296,8 @@ impl Rnn {
             input,
             recur,
             rec_kernel,
-            rec_t_kernel: brgemm::dispatch(&rt_desc.beta(Beta::One))?,
-            rec_t_kernel0: brgemm::dispatch(&rt_desc)?,
+            rec_t_kernel: plan_kernel(&rt_desc.beta(Beta::One), tile)?,
+            rec_t_kernel0: plan_kernel(&rt_desc, tile)?,
         })
     }
 
