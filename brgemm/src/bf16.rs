@@ -187,12 +187,8 @@ impl Bf16Plan {
                 .find(|&i| i.is_supported() && (i != Bf16Isa::Amx || Self::amx_fits(desc)))
                 .unwrap_or(Bf16Isa::Fp32),
         };
-        let mut plan = Self::with_isa(desc, isa)?;
-        plan.tile = Self::tile(&plan.desc, isa, tile)?;
-        if let Some(twin) = plan.f32_twin.as_mut() {
-            twin.tile = plan.tile;
-        }
-        Ok(plan)
+        let tile = Self::tile(desc, isa, tile)?;
+        Self::with_isa(desc, isa, tile)
     }
 
     /// The AVX512-BF16 kernel's main tile for `d` (see
@@ -246,9 +242,9 @@ impl Bf16Plan {
         d.m.is_multiple_of(32) && d.k.is_multiple_of(32)
     }
 
-    /// Plans `desc` for `isa` (error if unsupported or if the shape does not
-    /// fit it), without a tile yet ([`Bf16Plan::with_options`] sets it).
-    fn with_isa(desc: &Descriptor, isa: Bf16Isa) -> Result<Bf16Plan> {
+    /// Plans `desc` for `isa` on main tile `tile` ([`Bf16Plan::tile`]; error
+    /// if `isa` is unsupported or the shape does not fit it).
+    fn with_isa(desc: &Descriptor, isa: Bf16Isa, tile: Option<RegisterTile>) -> Result<Bf16Plan> {
         if desc.dtype != DataType::Bf16 {
             return Err(invalid(
                 "dtype",
@@ -287,7 +283,7 @@ impl Bf16Plan {
                     isa,
                     f32_twin: None,
                     fp32: Self::fp32_kernel(&t, isa)?,
-                    tile: None,
+                    tile,
                 }))
             })
             .transpose()?;
@@ -296,7 +292,7 @@ impl Bf16Plan {
             isa,
             f32_twin,
             fp32: Self::fp32_kernel(&d, isa)?,
-            tile: None,
+            tile,
         })
     }
 

@@ -156,9 +156,10 @@ impl Policy {
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
-    /// 4x4 gather tile for calls of any batch, for the FC forward and
-    /// backward-weights calls and for the AVX512-BF16 kernel; strided and 1x1 convolution updates prefetch; AVX512-BF16 beats f32 except on convolutions bound
-    /// by memory (docs/tuning-notes.md).
+    /// 4x4 tile for gather calls of any batch, for FC forward and
+    /// backward-weights calls and for the AVX512-BF16 kernel; strided and
+    /// 1x1 convolution updates prefetch; AVX512-BF16 beats f32 except on
+    /// convolutions bound by memory (docs/tuning-notes.md).
     pub const ZEN4: Policy = Policy {
         name: "zen4",
         bf16_prefetch_from: None,

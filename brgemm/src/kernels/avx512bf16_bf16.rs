@@ -215,14 +215,10 @@ pub(crate) fn tile_fn<B: BatchSrc<bf16>>(mv: usize, nr: usize, pf: bool) -> Opti
 /// columns.
 pub(crate) const DEFAULT_TILE: RegisterTile = RegisterTile { mv: 2, nr: 12 };
 
-/// Whether [`run`] takes `t` as its main tile (every smaller edge tile of
-/// it is instantiated too).
+/// Whether [`run`] takes `t` as its main tile: it is instantiated (and so
+/// is every smaller edge tile of it, the lists above being 1..=N).
 pub(crate) fn has_tile(t: RegisterTile) -> bool {
-    match t.mv {
-        1 | 2 => (1..=12).contains(&t.nr),
-        3 | 4 => (1..=4).contains(&t.nr),
-        _ => false,
-    }
+    tile_fn::<crate::batch::StrideSrc<bf16>>(t.mv, t.nr, false).is_some()
 }
 
 /// Covers C with `main` tiles ([`has_tile`]) and their edges.
