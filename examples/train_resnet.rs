@@ -115,7 +115,8 @@ fn main() {
     let save = args.save_path();
     let mut g = models::small_resnet(bs, tr.data.classes, seed).unwrap_or_else(|e| fail(e));
     // No gradient check runs here, so nothing waits for whole gradients.
-    g.set_fused_update(args.flag("fused-update"));
+    g.set_fused_update(args.flag("fused-update"))
+        .unwrap_or_else(|e| fail(e));
     if let Some(path) = args.get::<String>("load") {
         g.load(&path).unwrap_or_else(|e| fail(e));
     }

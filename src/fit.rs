@@ -229,7 +229,7 @@ pub fn fit(
                 .into(),
         ));
     }
-    g.set_fused_update(cfg.fused_update);
+    g.set_fused_update(cfg.fused_update)?;
     check_fits(g, train)?;
     check_fits(g, test)?;
     let mut x = Tensor::zeros(g.input_shape());

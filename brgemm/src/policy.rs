@@ -112,6 +112,10 @@ pub struct Policy {
     /// beats f32 once it packs its weights to bf16 every step (a pass
     /// over W that the f32 layer does not make).
     pub avx512bf16_fc_min_rows: usize,
+    /// As [`Policy::avx512bf16_fc_min_rows`] where the optimizer step is
+    /// fused into backward-weights, which then packs each block as it
+    /// steps it (no packing pass, no dW stored).
+    pub avx512bf16_fc_min_rows_fused: usize,
     /// The fewest flops per activation element (the layer's input and
     /// output elements) at which a convolution on AVX512-BF16 beats f32:
     /// below it the layer is bound by memory, and rounding its input in a
@@ -148,6 +152,7 @@ impl Policy {
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
         avx512bf16_fc_min_rows: 0,
+        avx512bf16_fc_min_rows_fused: 0,
         avx512bf16_conv_min_flops_per_elem: 0,
         split_chunk: 8,
         stream_chunk: 16,
@@ -176,6 +181,7 @@ impl Policy {
             min_reduction_streamed: 32,
         },
         avx512bf16_fc_min_rows: 64,
+        avx512bf16_fc_min_rows_fused: 48,
         avx512bf16_conv_min_flops_per_elem: 64,
         ..Policy::ZEN5
     };
@@ -196,6 +202,7 @@ impl Policy {
         avx512bf16_beats_f32: false,
         avx512bf16_upd: Bf16UpdRule::ALWAYS,
         avx512bf16_fc_min_rows: 0,
+        avx512bf16_fc_min_rows_fused: 0,
         avx512bf16_conv_min_flops_per_elem: 0,
         split_chunk: 8,
         stream_chunk: 16,
@@ -262,16 +269,21 @@ impl Policy {
     }
 
     /// Whether a linear layer of `rows` minibatch rows on the bf16 kernel
-    /// `isa` beats the f32 layer, its weights packed every step: where
-    /// [`Policy::bf16_beats_f32`] holds and, on AVX512-BF16, from
-    /// [`Policy::avx512bf16_fc_min_rows`] rows; a kernel forced by name
+    /// `isa` beats the f32 layer, its weights packed every step (by the
+    /// fused optimizer step where `fused_step`, else in a pass of their
+    /// own): where [`Policy::bf16_beats_f32`] holds and, on AVX512-BF16,
+    /// from [`Policy::avx512bf16_fc_min_rows`] rows (or
+    /// [`Policy::avx512bf16_fc_min_rows_fused`]); a kernel forced by name
     /// (`BRGEMM_BF16_ISA`) always.
-    pub fn bf16_fc_pays(&self, isa: Bf16Isa, rows: usize) -> bool {
+    pub fn bf16_fc_pays(&self, isa: Bf16Isa, rows: usize, fused_step: bool) -> bool {
         if Bf16Isa::is_forced() {
             return true;
         }
-        self.bf16_beats_f32(isa)
-            && (isa != Bf16Isa::Avx512Bf16 || rows >= self.avx512bf16_fc_min_rows)
+        let min_rows = match fused_step {
+            true => self.avx512bf16_fc_min_rows_fused,
+            false => self.avx512bf16_fc_min_rows,
+        };
+        self.bf16_beats_f32(isa) && (isa != Bf16Isa::Avx512Bf16 || rows >= min_rows)
     }
 
     /// Whether a convolution on the bf16 kernel `isa` beats its f32 passes,
@@ -361,10 +373,13 @@ mod tests {
         // FC 4096 x 4096 (64 MiB of dW): 16 rows stay f32, 32 run bf16.
         assert!(!z.bf16_upd_pays(isa, 16, 2730.0, large));
         assert!(z.bf16_upd_pays(isa, 32, 2730.0, large));
-        // Linear layers pack their weights every step: 64 rows up.
-        assert!(!z.bf16_fc_pays(isa, 32));
-        assert!(z.bf16_fc_pays(isa, 64));
-        assert!(!Policy::DEFAULT.bf16_fc_pays(isa, 1024));
+        // Linear layers pack their weights every step: 64 rows up, 48
+        // where the fused step packs them.
+        assert!(!z.bf16_fc_pays(isa, 48, false));
+        assert!(z.bf16_fc_pays(isa, 64, false));
+        assert!(!z.bf16_fc_pays(isa, 32, true));
+        assert!(z.bf16_fc_pays(isa, 48, true));
+        assert!(!Policy::DEFAULT.bf16_fc_pays(isa, 1024, true));
         // Convolutions at 56x56: 1x1 64->32 (43 flops per activation
         // element), 64->64 (64), 64->256 (102), 256->128 (171); a 3x3
         // 64->64 (576).

@@ -327,7 +327,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                 // block it updates), and the f32 layer's fused step.
                 // `step_isa`: the fused step's kernel (f32 where the policy
                 // keeps it so); `layer_runs_bf16`: whether a mixed-precision
-                // network runs this layer in bf16 at all.
+                // network with fused steps runs this layer in bf16 at all.
                 let opt = Optimizer::adam(1e-5);
                 let mut s = [
                     OptState::default(),
@@ -383,7 +383,7 @@ pub(crate) fn bench_fc(o: &Opts) {
                     a * 1e3,
                     f * 1e3,
                     b2 * 1e3,
-                    fb.pays(),
+                    fb.pays(true),
                 );
             }
         }

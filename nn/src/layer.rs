@@ -87,6 +87,16 @@ pub trait Layer: std::any::Any + Send {
         false
     }
 
+    /// Told by [`crate::Graph::set_fused_update`] whether the optimizer
+    /// step will be fused into backward ([`Layer::backward_step`]), for a
+    /// layer whose choice of precision depends on it (a bf16 linear layer
+    /// pays from fewer rows when the fused step packs its weights).
+    /// Ok(true) when the layer was planned again, which may move its
+    /// parameters; false (the default) when nothing changed.
+    fn plan_fused_update(&mut self, _on: bool) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Backward with the optimizer step fused in ([`crate::Graph::set_fused_update`]):
     /// dL/dx when `input` (computed before any weight moves), and every
     /// parameter stepped by `opt` with its state in `states` (in

@@ -148,6 +148,38 @@ fn the_fused_bf16_step_packs_the_weights_the_forward_would() {
     }
 }
 
+/// The fused step packs the bf16 weights as it steps them (no packing
+/// pass), so a bf16 linear layer pays from fewer rows there
+/// (`Policy::avx512bf16_fc_min_rows_fused`, Zen 4: 48 against 64):
+/// `set_fused_update` plans the layers again by that rule, and back; the
+/// graph then trains on the new plans (its moments started afresh).
+#[test]
+fn fused_steps_plan_bf16_linear_layers_by_their_own_row_limit() {
+    use brgemm::bf16::Bf16Isa;
+    let pool = Pool::new(2).unwrap();
+    let (n, c, classes) = (48, 96, 5);
+    let (x, labels) = toy(n, c, classes);
+    let mut g = mlp(c, n, &specs(128, classes), 6).unwrap();
+    g.set_bf16(true).unwrap();
+    let unfused = linears_in_bf16(&g);
+    train(&mut g, &pool, &x, &labels, 2);
+    g.set_fused_update(true).unwrap();
+    let fused = linears_in_bf16(&g);
+    let loss = train(&mut g, &pool, &x, &labels, 3);
+    assert!(loss.is_finite(), "{loss}");
+    g.set_fused_update(false).unwrap();
+    assert_eq!(linears_in_bf16(&g), unfused);
+    assert!(fused >= unfused, "{fused} fused, {unfused} unfused");
+    // Where AVX512-BF16 is the kernel these blocks get, the policy's rule
+    // decides both counts.
+    let isa = Bf16Isa::Avx512Bf16;
+    if !forced() && isa.is_supported() && !Bf16Isa::Amx.is_supported() {
+        let policy = brgemm::policy().unwrap();
+        let want = |f: bool| 2 * usize::from(policy.bf16_fc_pays(isa, n, f));
+        assert_eq!((unfused, fused), (want(false), want(true)));
+    }
+}
+
 #[test]
 fn bf16_gradients_are_the_f32_ones_to_bf16_rounding() {
     let pool = Pool::new(2).unwrap();

@@ -192,8 +192,31 @@ impl Graph {
     /// single-process training without a gradient check:
     /// [`Graph::compute_gradients_with`] (data-parallel, the finite guard)
     /// is unaffected and stays unfused.
-    pub fn set_fused_update(&mut self, on: bool) {
+    ///
+    /// Each layer hears of it ([`Layer::plan_fused_update`]): a bf16
+    /// linear layer may then run bf16 from fewer rows (the fused step packs
+    /// its weights: `brgemm::Policy::avx512bf16_fc_min_rows_fused`). Where
+    /// a layer is planned again the optimizer's moments start afresh, as
+    /// after [`Graph::set_bf16`]; best set before training. An error where
+    /// a layer cannot be planned again (it keeps its plan).
+    pub fn set_fused_update(&mut self, on: bool) -> Result<()> {
         self.fused_update = on;
+        let mut planned = false;
+        let mut told = Ok(());
+        for n in &mut self.nodes {
+            if let Op::Layer(l) = &mut n.op {
+                match l.plan_fused_update(on) {
+                    Ok(p) => planned |= p,
+                    Err(e) => told = told.and(Err(e)),
+                }
+            }
+        }
+        if planned {
+            self.opt.clear();
+            self.stale = true;
+            self.link_bf16();
+        }
+        told
     }
 
     /// One training step on a minibatch: forward, softmax cross-entropy

@@ -35,6 +35,9 @@ pub struct Linear {
     /// The input arrives in a blocked NCHW layout ([`Layer::input_block`]),
     /// whose bf16 copy this layer cannot read in place.
     blocked_input: bool,
+    /// The optimizer step is fused into backward
+    /// ([`Layer::plan_fused_update`]): bf16 pays from fewer rows.
+    fused: bool,
     /// Blocking and loop orders (None: the heuristic for the shape).
     tuning: Option<FcTuning>,
     state: State<Plan>,
@@ -169,6 +172,7 @@ impl Linear {
             bf16: false,
             bf16_out: false,
             blocked_input: false,
+            fused: false,
             tuning: None,
             state: State::Plain(w, vec![0.0; outputs]),
         }
@@ -243,6 +247,20 @@ impl Linear {
         }
         Ok(())
     }
+
+    /// Plans a built layer again after a setting changed (the blocks and
+    /// the precision may change with it); where the new plan is refused,
+    /// `undo` restores the setting and the old plan is made again.
+    fn replan(&mut self, undo: impl FnOnce(&mut Linear)) -> Result<()> {
+        if let Some(input) = self.state.built().map(|p| p.input) {
+            if let Err(e) = self.build(input) {
+                undo(self);
+                self.build(input)?;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Layer for Linear {
@@ -297,7 +315,7 @@ impl Layer for Linear {
         // Mixed precision only where its kernel beats f32 here, the
         // weights packed every step counted (else the layer stays f32,
         // planned for it).
-        if bf.as_ref().is_some_and(|b| !b.fc.pays()) {
+        if bf.as_ref().is_some_and(|b| !b.fc.pays(self.fused)) {
             (fc, bf) = plan(false)?;
         }
         // The values move over only once the new plan stands: a refused
@@ -466,16 +484,19 @@ impl Layer for Linear {
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {
         let was = std::mem::replace(&mut self.bf16, on);
-        // Planned again: the blocks may change with the precision.
-        if let Some(input) = self.state.built().map(|p| p.input) {
-            if let Err(e) = self.build(input) {
-                self.bf16 = was;
-                self.build(input)?;
-                return Err(e);
-            }
-            return Ok(self.bf16_isa().is_some());
+        self.replan(|l| l.bf16 = was)?;
+        match self.state.built() {
+            Some(_) => Ok(self.bf16_isa().is_some()),
+            None => Ok(on),
         }
-        Ok(on)
+    }
+
+    fn plan_fused_update(&mut self, on: bool) -> Result<bool> {
+        let was = std::mem::replace(&mut self.fused, on);
+        if was == on || !self.bf16 || self.state.built().is_none() {
+            return Ok(false);
+        }
+        self.replan(|l| l.fused = was).map(|_| true)
     }
 
     fn param_count(&mut self) -> usize {

@@ -108,7 +108,7 @@ pub fn fused_steps_match(
     all_weights_fused: bool,
     what: &str,
 ) {
-    b.set_fused_update(true);
+    b.set_fused_update(true).unwrap();
     for step in 0..3 {
         let la = a.train_step(pool, x, labels, opt).unwrap();
         let lb = b.train_step(pool, x, labels, opt).unwrap();

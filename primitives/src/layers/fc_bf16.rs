@@ -242,10 +242,12 @@ impl FcBf16 {
 
     /// Whether this layer on bf16, its weights packed every step, beats the
     /// f32 layer on this CPU ([`brgemm::Policy::bf16_fc_pays`] at its
-    /// minibatch rows). A mixed-precision network keeps the layers where
-    /// this is false in f32.
-    pub fn pays(&self) -> bool {
-        crate::policy().bf16_fc_pays(self.isa(), self.n)
+    /// minibatch rows): with `fused_step`, where the step is
+    /// [`FcBf16::backward_weights_step`] (which packs each block as it
+    /// steps it), else [`FcBf16::pack_weights`] and a separate step. A
+    /// mixed-precision network keeps the layers where this is false in f32.
+    pub fn pays(&self, fused_step: bool) -> bool {
+        crate::policy().bf16_fc_pays(self.isa(), self.n, fused_step)
     }
 
     /// The bf16 kernel of backward-weights, or None where that pass runs
