@@ -5,6 +5,7 @@
 //! cargo run --release --example bench -- fc [--quick]
 //! cargo run --release --example bench -- conv [--quick] [--layer NAME]
 //! cargo run --release --example bench -- lstm [--quick]
+//! cargo run --release --example bench -- mlp [--quick]
 //! cargo run --release --example bench -- loops
 //! cargo run --release --example bench -- resnet50 [--quick] [--batch B] [--dtype bf16] [--layers] [--fusion] [--unfused]
 //! cargo run --release --features cuda --example bench -- gpu [--device cuda|opencl] [--quick]
@@ -48,6 +49,8 @@ mod conv_bench;
 mod fc_bench;
 #[path = "support/fill.rs"]
 mod fill;
+#[path = "support/mlp_bench.rs"]
+mod mlp_bench;
 #[path = "support/resnet_bench.rs"]
 mod resnet_bench;
 
@@ -116,7 +119,7 @@ fn main() {
     };
     if what
         .iter()
-        .any(|w| ["brgemm", "fc", "conv", "lstm", "resnet50"].contains(w))
+        .any(|w| ["brgemm", "fc", "conv", "lstm", "mlp", "resnet50"].contains(w))
     {
         machine_line();
     }
@@ -129,6 +132,7 @@ fn main() {
             "fc" => fc_bench::bench_fc(&opts),
             "conv" => conv_bench::bench_conv(&opts),
             "lstm" => bench_lstm(&opts),
+            "mlp" => mlp_bench::bench_mlp(&opts),
             "loops" => bench_loops(),
             "resnet50" => resnet_bench::bench_resnet50(&opts, &args),
             "mpi" => bench_mpi(&args),
@@ -141,7 +145,7 @@ fn main() {
             }
             other => {
                 eprintln!(
-                    "unknown bench {other:?}; known: brgemm, fc, conv, lstm, loops, resnet50, mpi, gpu"
+                    "unknown bench {other:?}; known: brgemm, fc, conv, lstm, mlp, loops, resnet50, mpi, gpu"
                 );
                 std::process::exit(2);
             }
