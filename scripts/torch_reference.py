@@ -5,13 +5,16 @@ Prints one JSON line per measurement, shaped like the bench's lines:
 
     python3 scripts/torch_reference.py conv [--dtype f32|bf16] [--threads T] [--batch N]
     python3 scripts/torch_reference.py fc [--threads T]
+    python3 scripts/torch_reference.py lstm [--dtype f32|bf16] [--threads T]
     python3 scripts/torch_reference.py resnet50 [--dtype f32|bf16] [--threads T] [--batch N]
 
 `conv`: forward, backward-data and backward-weights of the `bench conv` layers
 (ResNet-50's) at minibatch 16, channels-last tensors (PyTorch runs them on
 oneDNN), each pass alone through `aten::convolution_backward`; bf16 reads bf16
 tensors. `fc`: the `bench fc` shapes as `torch.mm` (PyTorch's BLAS: MKL in the
-PyPI wheels). `resnet50`: ResNet-50 v1.5 (stride in the 3x3 convolutions), a
+PyPI wheels). `lstm`: `nn.LSTM` over the `bench lstm` shapes, forward and
+forward + backward (dX, dW, dR, db) less the forward, FLOPs counted as the
+bench counts them; bf16 under `torch.autocast`. `resnet50`: ResNet-50 v1.5 (stride in the 3x3 convolutions), a
 training step of softmax cross-entropy and SGD with momentum on synthetic
 224x224 input, and inference; bf16 under `torch.autocast`. Medians of
 repeated calls after warm-up calls.
@@ -134,6 +137,43 @@ def fc(args):
                 print(json.dumps(line), flush=True)
 
 
+# (T, N, C, K), as in examples/bench.rs
+LSTM_SHAPES = [(50, 64, 512, 512), (25, 64, 1024, 1024), (50, 16, 256, 256)]
+
+
+def lstm(args):
+    ctx = autocast(args)
+    for t, n, c, k in LSTM_SHAPES:
+        torch.manual_seed(0)
+        cell = nn.LSTM(c, k)
+        x = torch.randn(t, n, c, requires_grad=True)
+        flops = 2.0 * t * n * 4 * k * (c + k)
+
+        def fwd():
+            with torch.no_grad(), ctx():
+                cell(x)
+
+        def train():
+            with ctx():
+                y, _ = cell(x)
+            y.float().sum().backward()
+
+        f = median_secs(fwd, args.reps)
+        both = median_secs(train, args.reps)
+        for p, secs, fl in [("fwd", f, flops), ("bwd_upd", max(both - f, 1e-9), 2 * flops)]:
+            line = {"bench": "torch_lstm", "pass": p, "dtype": args.dtype, "t": t, "n": n,
+                    "c": c, "k": k, "gflops": round(fl / secs / 1e9, 1)}
+            line.update(common(args))
+            print(json.dumps(line), flush=True)
+
+
+def autocast(args):
+    """A context running its block in bf16 under `--dtype bf16`."""
+    if args.dtype == "bf16":
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext
+
+
 class Bottleneck(nn.Module):
     def __init__(self, cin, mid, stride):
         super().__init__()
@@ -172,11 +212,7 @@ def resnet50(args):
     opt = torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
     x = torch.randn(batch, 3, 224, 224).to(memory_format=torch.channels_last)
     labels = torch.tensor([(i * 37) % 1000 for i in range(batch)])
-    if args.dtype == "bf16":
-        def ctx():
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-    else:
-        ctx = contextlib.nullcontext
+    ctx = autocast(args)
 
     def step():
         opt.zero_grad(set_to_none=False)
@@ -202,7 +238,7 @@ def resnet50(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["conv", "fc", "resnet50"])
+    ap.add_argument("what", choices=["conv", "fc", "lstm", "resnet50"])
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=16)
@@ -211,7 +247,7 @@ def main():
     if args.what == "fc" and args.dtype != "f32":
         ap.error("fc compares the f32 passes only (torch.mm)")
     torch.set_num_threads(args.threads)
-    {"conv": conv, "fc": fc, "resnet50": resnet50}[args.what](args)
+    {"conv": conv, "fc": fc, "lstm": lstm, "resnet50": resnet50}[args.what](args)
 
 
 if __name__ == "__main__":
