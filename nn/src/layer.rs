@@ -91,8 +91,8 @@ pub trait Layer: std::any::Any + Send {
     /// step will be fused into backward ([`Layer::backward_step`]), for a
     /// layer whose choice of precision depends on it (a bf16 linear layer
     /// pays from fewer rows when the fused step packs its weights).
-    /// Ok(true) when the layer was planned again, which may move its
-    /// parameters; false (the default) when nothing changed.
+    /// Ok(true) when its plan changed, which moves its parameters' layout;
+    /// false (the default) when it did not.
     fn plan_fused_update(&mut self, _on: bool) -> Result<bool> {
         Ok(false)
     }

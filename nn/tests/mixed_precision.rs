@@ -180,6 +180,24 @@ fn fused_steps_plan_bf16_linear_layers_by_their_own_row_limit() {
     }
 }
 
+/// A layer says its plan changed (and the graph then restarts the
+/// optimizer's moments) only where its precision did: at rows where bf16
+/// pays with and without the fused step, the flag changes nothing.
+#[test]
+fn a_linear_layer_reports_a_new_plan_only_where_its_precision_changed() {
+    use brgemm_nn::Layer;
+    for rows in [16, 48, 128] {
+        let mut l = Linear::new(256, 256, Activation::Relu, 1);
+        l.build(Shape::flat(rows, 256)).unwrap();
+        assert!(l.set_bf16(true).is_ok());
+        for on in [true, false, false] {
+            let before = l.bf16_isa();
+            let changed = l.plan_fused_update(on).unwrap();
+            assert_eq!(changed, l.bf16_isa() != before, "{rows} rows, fused {on}");
+        }
+    }
+}
+
 #[test]
 fn bf16_gradients_are_the_f32_ones_to_bf16_rounding() {
     let pool = Pool::new(2).unwrap();

@@ -196,7 +196,7 @@ impl Graph {
     /// Each layer hears of it ([`Layer::plan_fused_update`]): a bf16
     /// linear layer may then run bf16 from fewer rows (the fused step packs
     /// its weights: `brgemm::Policy::avx512bf16_fc_min_rows_fused`). Where
-    /// a layer is planned again the optimizer's moments start afresh, as
+    /// a layer's plan changes the optimizer's moments start afresh, as
     /// after [`Graph::set_bf16`]; best set before training. An error where
     /// a layer cannot be planned again (it keeps its plan).
     pub fn set_fused_update(&mut self, on: bool) -> Result<()> {

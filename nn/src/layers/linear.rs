@@ -496,7 +496,12 @@ impl Layer for Linear {
         if was == on || !self.bf16 || self.state.built().is_none() {
             return Ok(false);
         }
-        self.replan(|l| l.fused = was).map(|_| true)
+        // Only a change of precision moves the parameters' layout (and
+        // the optimizer's moments with it); the same plan made again
+        // keeps them.
+        let before = self.bf16_isa();
+        self.replan(|l| l.fused = was)?;
+        Ok(self.bf16_isa() != before)
     }
 
     fn param_count(&mut self) -> usize {
