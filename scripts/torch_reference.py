@@ -78,7 +78,7 @@ def median_secs(f, reps, warm=2):
     return ts[len(ts) // 2]
 
 
-def common(args):
+def common():
     return {
         "threads": torch.get_num_threads(),
         "torch": torch.__version__.split("+")[0],
@@ -114,7 +114,7 @@ def conv(args):
                 line = {"bench": "torch_conv", "pass": p, "dtype": args.dtype, "layer": name,
                         "n": n, "c": c, "k": k, "h": hw, "w": hw, "r": r, "s": r, "stride": s,
                         "gflops": round(flops / secs / 1e9, 1)}
-                line.update(common(args))
+                line.update(common())
                 print(json.dumps(line), flush=True)
 
 
@@ -133,7 +133,7 @@ def fc(args):
                 secs = median_secs(f, 3 * args.reps, warm=3)
                 line = {"bench": "torch_fc", "pass": p, "n": n, "c": c, "k": k,
                         "gflops": round(flops / secs / 1e9, 1)}
-                line.update(common(args))
+                line.update(common())
                 print(json.dumps(line), flush=True)
 
 
@@ -163,7 +163,7 @@ def lstm(args):
         for p, secs, fl in [("fwd", f, flops), ("bwd_upd", max(both - f, 1e-9), 2 * flops)]:
             line = {"bench": "torch_lstm", "pass": p, "dtype": args.dtype, "t": t, "n": n,
                     "c": c, "k": k, "gflops": round(fl / secs / 1e9, 1)}
-            line.update(common(args))
+            line.update(common())
             print(json.dumps(line), flush=True)
 
 
@@ -232,7 +232,7 @@ def resnet50(args):
     line = {"bench": "torch_resnet50", "dtype": args.dtype, "batch": batch,
             "train_images_per_s": round(batch / train, 2),
             "infer_images_per_s": round(batch / inf, 2)}
-    line.update(common(args))
+    line.update(common())
     print(json.dumps(line), flush=True)
 
 

@@ -65,8 +65,10 @@ pub(crate) fn bench_mlp(o: &Opts) {
             let kernel = bf16_net.layers_of::<Linear>()[0]
                 .bf16_isa()
                 .map_or("fp32 pass", |i| i.name());
-            let flops: f64 = 3.0 * f32_net.layer_flops().iter().map(|(_, f)| f).sum::<f64>()
-                - f32_net.layer_flops()[0].1;
+            // Forward, backward-data and backward-weights, less the first
+            // layer's backward-data (not needed).
+            let layer_flops = f32_net.layer_flops();
+            let flops = 3.0 * layer_flops.iter().map(|(_, f)| f).sum::<f64>() - layer_flops[0].1;
             for threads in [1usize, 2] {
                 let pool = Pool::new(threads).expect("pool");
                 let step = |g: &mut Graph| {
