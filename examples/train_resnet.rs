@@ -122,11 +122,12 @@ fn main() {
     }
     let in_bf16 = g.set_bf16(bf16).unwrap_or_else(|e| fail(e));
     println!(
-        "fashion-mnist: {} train / {} test images; small ResNet ({} layers, {in_bf16} in bf16, {} bf16 handoffs); batch {bs}, {} thread(s), {dtype}",
+        "fashion-mnist: {} train / {} test images; small ResNet ({} layers, {in_bf16} in bf16, {} bf16 handoffs, {} outputs in bf16 alone); batch {bs}, {} thread(s), {dtype}",
         tr.data.len(),
         te.data.len(),
         g.layer_names().len(),
         g.bf16_handoffs(),
+        g.bf16_only_outputs(),
         pool.threads()
     );
     let mut rng = Rng::new(seed);

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 /// `--fusion` the step with and without the graph's fusions; `--unfused`
 /// measures the graph built without them; `--dtype bf16` adds the mixed
 /// precision step (`Graph::set_bf16`), timed between two f32 steps, with
-/// how many layers run bf16 and how many outputs and input gradients are
-/// handed to them in bf16 (`Graph::bf16_handoffs`).
+/// how many layers run bf16, how many outputs and input gradients are
+/// handed to them in bf16 (`Graph::bf16_handoffs`) and how many outputs
+/// exist in bf16 alone (`Graph::bf16_only_outputs`).
 pub(crate) fn bench_resnet50(o: &Opts, args: &[String]) {
     use brgemm_dl::nn::{models, Mode, Tensor};
     use brgemm_primitives::optim::Optimizer;
@@ -92,7 +93,7 @@ pub(crate) fn bench_resnet50(o: &Opts, args: &[String]) {
             };
             let f0 = step(&mut g);
             let layers = g.set_bf16(true).expect("bf16");
-            let handoffs = g.bf16_handoffs();
+            let (handoffs, alone) = (g.bf16_handoffs(), g.bf16_only_outputs());
             let b = step(&mut g);
             let bi = measure_pool(
                 || {
@@ -110,7 +111,7 @@ pub(crate) fn bench_resnet50(o: &Opts, args: &[String]) {
             let f1 = step(&mut g);
             let f = (f0 + f1) / 2.0;
             println!(
-                r#"{{"bench":"resnet50","dtype":"bf16","batch":{batch},"threads":{threads},"bf16_layers":{layers},"bf16_handoffs":{handoffs},"train_images_per_s":{:.2},"infer_images_per_s":{:.2},"train_gflops":{:.1},"f32_train_images_per_s":{:.2},"train_vs_f32":{:.2}}}"#,
+                r#"{{"bench":"resnet50","dtype":"bf16","batch":{batch},"threads":{threads},"bf16_layers":{layers},"bf16_handoffs":{handoffs},"bf16_only_outputs":{alone},"train_images_per_s":{:.2},"infer_images_per_s":{:.2},"train_gflops":{:.1},"f32_train_images_per_s":{:.2},"train_vs_f32":{:.2}}}"#,
                 batch as f64 / b,
                 batch as f64 / bi,
                 train_flops / b / 1e9,

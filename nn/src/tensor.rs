@@ -90,6 +90,9 @@ enum Layout {
     /// A flat tensor's rows in a linear layer's FC layout (the next linear
     /// layer reads them as they are).
     Rows(Arc<Blocked>),
+    /// A layer's blocked NCHW buffer in bf16 alone (a bf16 convolution's
+    /// output, for the batch norm after it): f32 readers get it widened.
+    NchwBf16(Arc<Tensor4<bf16>>),
 }
 
 impl fmt::Debug for Tensor {
@@ -140,6 +143,7 @@ impl Tensor {
         self.plain.get_or_init(|| match &self.layout {
             Layout::Nchw(t) => t.to_nchw(),
             Layout::Rows(r) => r.to_plain(),
+            Layout::NchwBf16(t) => t.to_nchw(),
             Layout::Plain => unreachable!("a plain tensor is made with its values"),
         })
     }
@@ -158,7 +162,10 @@ impl Tensor {
     /// The channel block of the blocked layout the values travel in, if
     /// any (a detail of the layers' planning, shown for diagnostics).
     pub fn block(&self) -> Option<usize> {
-        self.blocked().map(|t| t.dims().4)
+        match &self.layout {
+            Layout::NchwBf16(t) => Some(t.dims().4),
+            _ => self.blocked().map(|t| t.dims().4),
+        }
     }
     /// The same values under another shape of equal size (a flatten).
     pub(crate) fn reshaped(self, shape: Shape) -> Tensor {
@@ -197,6 +204,25 @@ impl Tensor {
             bf16: None,
         }
     }
+    /// A tensor over a layer's blocked bf16 buffer (shared, not copied):
+    /// its values exist in bf16 alone.
+    pub(crate) fn from_blocked_bf16(t: Arc<Tensor4<bf16>>) -> Tensor {
+        let (n, c, h, w, _) = t.dims();
+        Tensor {
+            shape: Shape::new(n, c, h, w),
+            plain: OnceLock::new(),
+            layout: Layout::NchwBf16(t),
+            bf16: None,
+        }
+    }
+    /// The blocked values with channel block `bc` when they exist in bf16
+    /// alone ([`Tensor::from_blocked_bf16`]).
+    pub(crate) fn bf16_only_as(&self, bc: usize) -> Option<&Arc<Tensor4<bf16>>> {
+        match &self.layout {
+            Layout::NchwBf16(t) if t.dims().4 == bc => Some(t),
+            _ => None,
+        }
+    }
     /// The tensor with `twin`, when given, as its bf16 copy: the layer
     /// that wrote the layout's values wrote `twin` from them in the same
     /// pass.
@@ -208,10 +234,18 @@ impl Tensor {
     /// Whether the values travel in bf16 too (written by their layer for
     /// a bf16 layer after it).
     pub fn has_bf16(&self) -> bool {
-        self.bf16.is_some()
+        self.bf16.is_some() || matches!(self.layout, Layout::NchwBf16(_))
+    }
+    /// Whether the values exist in bf16 alone (written so for a reader
+    /// that takes bf16; f32 readers widen them).
+    pub fn is_bf16_only(&self) -> bool {
+        matches!(self.layout, Layout::NchwBf16(_))
     }
     /// The bf16 copy of the blocked values with channel block `bc`.
     pub(crate) fn bf16_blocked_as(&self, bc: usize) -> Option<&[bf16]> {
+        if let Some(t) = self.bf16_only_as(bc) {
+            return Some(t.data());
+        }
         self.blocked_as(bc)
             .and(self.bf16.as_deref().map(|v| &v[..]))
     }
@@ -253,7 +287,8 @@ impl Tensor {
         match &self.layout {
             Layout::Nchw(src) => reblock(pool, src, dst),
             Layout::Rows(r) => brgemm_primitives::eltwise::unflatten(pool, r, dst)?,
-            Layout::Plain => from_nchw(pool, self.data(), dst),
+            Layout::NchwBf16(src) if src.dims().4 == bc => widen(pool, src, dst),
+            Layout::NchwBf16(_) | Layout::Plain => from_nchw(pool, self.data(), dst),
         }
         Ok(())
     }
@@ -276,6 +311,8 @@ pub(crate) type Buf = Shared<Tensor4>;
 pub(crate) type RowBuf = Shared<Blocked>;
 /// A layer's bf16 copy of its output (or input gradient) buffer.
 pub(crate) type TwinBuf = Shared<AlignedVec<bf16>>;
+/// A layer's blocked NCHW buffer in bf16 alone.
+pub(crate) type BfBuf = Shared<Tensor4<bf16>>;
 
 impl<T> Shared<T> {
     /// The buffer, to write: the old one when no one else holds it and
@@ -330,6 +367,22 @@ impl Buf {
     /// A tensor sharing the buffer.
     pub(crate) fn tensor(&self) -> Tensor {
         Tensor::from_blocked(self.arc())
+    }
+}
+
+impl BfBuf {
+    /// The buffer, to write, with dims `(s, bc)` (a new zero one unless the
+    /// old one is free and has them).
+    pub(crate) fn get_mut(&mut self, s: Shape, bc: usize) -> Result<&mut Tensor4<bf16>> {
+        let want = (s.n, s.c, s.h, s.w, bc);
+        self.get_mut_or(
+            |t| t.dims() == want,
+            || Ok(Tensor4::zeros_bf16(s.n, s.c, s.h, s.w, bc)?),
+        )
+    }
+    /// A tensor sharing the buffer.
+    pub(crate) fn tensor(&self) -> Tensor {
+        Tensor::from_blocked_bf16(self.arc())
     }
 }
 
@@ -431,6 +484,16 @@ pub(crate) fn channels_to_nchw(src: &Tensor4, total: usize, c0: usize, dst: &mut
             }
         }
     }
+}
+
+/// A bf16 blocked tensor widened into an f32 one of the same dims.
+fn widen(pool: &Pool, src: &Tensor4<bf16>, dst: &mut Tensor4) {
+    let s = src.data();
+    pool.for_slices(dst.data_mut(), |lo, o| {
+        o.iter_mut()
+            .zip(&s[lo..])
+            .for_each(|(o, v)| *o = v.to_f32());
+    });
 }
 
 /// One blocked layout into another of the same logical shape.

@@ -467,6 +467,9 @@ fn bf16_handoffs_between_layers_change_no_bit() {
         g
     };
     let (mut on, mut off) = (net(), net());
+    // Outputs in bf16 alone round what batch norm sees: a test of their own.
+    on.set_bf16_only_outputs(false);
+    off.set_bf16_only_outputs(false);
     off.set_bf16_handoff(false);
     assert_eq!(off.bf16_handoffs(), 0);
     if forced() {
@@ -494,4 +497,103 @@ fn bf16_handoffs_between_layers_change_no_bit() {
     // Off again: nothing is handed over.
     on.set_bf16(false).unwrap();
     assert_eq!(on.bf16_handoffs(), 0);
+}
+
+/// A bf16 convolution whose only reader is a batch norm writes its output
+/// in bf16 alone, which the batch norm reads in forward and backward
+/// (with its fused ReLU, and with the residual join): half the bytes on
+/// that edge. Without ReLUs the gradients stay those of the graph that
+/// hands the output over in f32, to bf16 rounding (behind a ReLU the
+/// rounding flips units near zero: 6% on the second norm's scale here,
+/// as in the test above); a convolution that feeds a non-norm layer keeps
+/// f32; inference, with the norms folded in, gives the same bits either
+/// way; training brings the loss down.
+#[test]
+fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
+    use brgemm::bf16::Bf16Isa;
+    use brgemm_nn::{BatchNorm2d, Conv2d, GlobalAvgPool, Mode, Relu};
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let s = Shape::new(4, 32, 8, 8);
+    let x = Lcg(9).tensor(s);
+    let labels = [0, 1, 2, 1];
+    let net = |alone: bool, relu: bool| {
+        let id = Activation::Identity;
+        let act = |b: &mut GraphBuilder, from| match relu {
+            true => b.layer(from, Relu::new()).unwrap(),
+            false => from,
+        };
+        let mut b = GraphBuilder::new(s);
+        let c1 = b.layer(b.input(), Conv2d::new(32, 64, (3, 3), 1, 1, id, 1));
+        let n1 = b.layer(c1.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let r1 = act(&mut b, n1);
+        let c2 = b.layer(r1, Conv2d::new(64, 64, (3, 3), 1, 1, id, 2));
+        let n2 = b.layer(c2.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let j = b.add(n2, r1).unwrap();
+        let j = act(&mut b, j);
+        // Read by the pooling, not a norm: stays f32.
+        let c3 = b.layer(j, Conv2d::new(64, 64, (3, 3), 1, 1, id, 3));
+        let p = b.layer(c3.unwrap(), GlobalAvgPool::new()).unwrap();
+        let out = b.layer(p, Linear::new(64, 3, id, 5)).unwrap();
+        let mut g = b.build(out).unwrap();
+        g.set_bf16(true).unwrap();
+        g.set_bf16_only_outputs(alone);
+        g
+    };
+    let amx = Bf16Isa::Amx.is_supported()
+        && std::env::var("BRGEMM_BF16_ISA").map_or(true, |v| v.trim().is_empty() || v == "amx");
+    // 576 flops per activation element: bf16 wherever a bf16 kernel runs.
+    let convs_bf16 = amx || forced() || avx512bf16_pays_for_conv(576.0);
+    let (mut on, mut off) = (net(true, false), net(false, false));
+    assert_eq!(off.bf16_only_outputs(), 0);
+    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 2 } else { 0 });
+    let grads = |g: &mut Graph| {
+        let loss = g
+            .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
+            .unwrap();
+        let gs: Vec<Vec<f32>> = g.params().into_iter().map(|p| p.grad.to_vec()).collect();
+        (loss, gs)
+    };
+    let (l_on, g_on) = grads(&mut on);
+    let (l_off, g_off) = grads(&mut off);
+    assert!(
+        (l_on - l_off).abs() < 1e-2 * l_off.abs(),
+        "loss {l_on} vs {l_off}"
+    );
+    assert_eq!(g_on.len(), 12);
+    // (A convolution's bias before a norm has no gradient but rounding
+    // noise: 1e-7 against gradients of 0.1-10.)
+    for (i, (a, b)) in g_on.iter().zip(&g_off).enumerate() {
+        let (diff, norm) = diff_and_norm(a, b);
+        assert!(
+            diff <= 1e-2 * norm + 1e-5,
+            "parameter {i}: |diff| {diff}, |grad| {norm}"
+        );
+    }
+    // With ReLUs (fused into the first norm, after the join of the
+    // second): inference folds the norms into the convolutions, f32
+    // outputs, the same bits; training brings the loss down.
+    let (mut on, mut off) = (net(true, true), net(false, true));
+    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 2 } else { 0 });
+    let y_on = on.forward(&pool, &x, Mode::Eval).unwrap().clone();
+    let y_off = off.forward(&pool, &x, Mode::Eval).unwrap().clone();
+    assert_eq!(y_on.data(), y_off.data());
+    let opt = Optimizer::Sgd {
+        lr: 0.01,
+        momentum: 0.9,
+    };
+    let (mut first, mut last) = (0.0, [0.0; 2]);
+    for step in 0..15 {
+        last = [
+            on.train_step(&pool, &x, &labels, &opt).unwrap(),
+            off.train_step(&pool, &x, &labels, &opt).unwrap(),
+        ];
+        if step == 0 {
+            first = last[0];
+        }
+    }
+    assert!(last[0] < 0.2 * first, "loss {first} -> {last:?}");
+    assert!(last[1] < 0.2 * first, "loss {first} -> {last:?}");
+    // Mixed precision off: no output in bf16 alone.
+    on.set_bf16(false).unwrap();
+    assert_eq!(on.bf16_only_outputs(), 0);
 }

@@ -506,3 +506,54 @@ fn batch_norm_writes_bf16_copies_in_its_own_pass() {
         assert!(e.to_string().contains("bf16 y"), "{e}");
     }
 }
+
+/// Batch norm reading its input in bf16 (a bf16 convolution's output)
+/// gives the bits it gives on that input widened to f32: statistics, y,
+/// the running statistics, dx and the parameter gradients, with and
+/// without the fused ReLU and the residual join.
+#[test]
+fn batch_norm_reads_a_bf16_input_as_its_widened_values() {
+    let pool = Pool::new(2).unwrap().always_parallel();
+    let (n, c, h, w, bc) = (2, 70, 9, 37, 64);
+    let x32 = Tensor4::from_nchw(&data(n * c * h * w, 61), n, c, h, w, bc).unwrap();
+    let xb = Tensor4::rounded(&pool, &x32);
+    let x = xb.widened();
+    assert_ne!(x.data(), x32.data(), "the rounding must change values");
+    let r = Tensor4::from_nchw(&data(n * c * h * w, 62), n, c, h, w, bc).unwrap();
+    let g = Tensor4::from_nchw(&data(n * c * h * w, 63), n, c, h, w, bc).unwrap();
+    let bits = |t: &Tensor4| -> Vec<u32> { t.data().iter().map(|v| v.to_bits()).collect() };
+    for (relu, res) in [(false, None), (true, None), (false, Some((&r, true)))] {
+        let what = format!("relu {relu}, residual {}", res.is_some());
+        let mut a = BatchNorm::new(c, bc).unwrap();
+        a.relu = relu;
+        let mut b = a.clone();
+        let (mut y, mut yt) = (x.clone(), x.clone());
+        a.forward_train_to(&pool, &x, res, &mut y, None).unwrap();
+        b.forward_train_to(&pool, &xb, res, &mut yt, None).unwrap();
+        assert_eq!(bits(&y), bits(&yt), "train y, {what}");
+        assert_eq!(a.running_mean(), b.running_mean(), "{what}");
+        assert_eq!(a.running_var(), b.running_var(), "{what}");
+        a.forward_infer_to(&pool, &x, res, &mut y, None).unwrap();
+        b.forward_infer_to(&pool, &xb, res, &mut yt, None).unwrap();
+        assert_eq!(bits(&y), bits(&yt), "inference y, {what}");
+        a.forward_train_to(&pool, &x, res, &mut y, None).unwrap();
+        b.forward_train_to(&pool, &xb, res, &mut yt, None).unwrap();
+        let pc = a.gamma().len();
+        let (mut dx, mut dxt) = (x.clone(), x.clone());
+        let mut sums = [vec![0.0; pc], vec![0.0; pc], vec![0.0; pc], vec![0.0; pc]];
+        let [dg, db, dg2, db2] = &mut sums;
+        let yy = relu.then_some(&y);
+        a.backward_to(&pool, &x, yy, &g, (&mut dx, None), dg, db)
+            .unwrap();
+        b.backward_to(&pool, &xb, yy, &g, (&mut dxt, None), dg2, db2)
+            .unwrap();
+        assert_eq!(bits(&dx), bits(&dxt), "dx, {what}");
+        assert_eq!((&dg, &db), (&dg2, &db2), "dgamma, dbeta, {what}");
+        // A bf16 input of other dims is an error naming it.
+        let other = Tensor4::rounded(&pool, &Tensor4::zeros(n, c, h + 1, w, bc).unwrap());
+        let e = b
+            .backward_to(&pool, &other, yy, &g, (&mut dxt, None), dg2, db2)
+            .unwrap_err();
+        assert!(e.to_string().contains("must match x"), "{e}");
+    }
+}

@@ -272,6 +272,15 @@ fn every_valid_spec_gives_the_same_result() {
                 ..t.fwd.clone()
             };
             check(q, t, Activation::Relu, seed);
+            // bf16: a forward whose output is bf16 alone keeps a block's
+            // sums where the nest comes back to them (c outermost too).
+            let mut t = base(&q);
+            t.fwd = PassConfig {
+                chunk: 1,
+                blocks_a: vec![1],
+                ..PassConfig::spec(spec)
+            };
+            check_bf16(q, t, Activation::Relu, seed);
         }
     }
     for (spec, chunk) in [
@@ -396,6 +405,23 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     assert!(same_bits(y.data(), y2.data()), "{what}: from bf16 X");
     let e = cb.forward(&pool, &conv, &x, Some(&xb[1..]), &wv, &bias, &mut y2);
     assert!(e.unwrap_err().to_string().contains("bf16 X"));
+    // The output in bf16 alone, from f32 or bf16 X: the f32 output's bits
+    // rounded, whether each block's reduction is one call or several.
+    for xb in [None, Some(&xb[..])] {
+        let mut yb = Tensor4::zeros_bf16(p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
+        yb.data_mut().fill(bf16::NAN);
+        cb.forward_bf16(&pool, &conv, &x, xb, &wv, &bias, &mut yb)
+            .unwrap();
+        let got = yb.widened();
+        assert!(
+            same_bits(got.data(), &rounded(y.data())),
+            "{what}: bf16 output (chunk {})",
+            tn.fwd.chunk
+        );
+    }
+    let mut short = Tensor4::zeros_bf16(p.n, p.k + 1, p.p(), p.q(), tn.bk).unwrap();
+    let e = cb.forward_bf16(&pool, &conv, &x, None, &wv, &bias, &mut short);
+    assert!(e.unwrap_err().to_string().contains("Y"));
     let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
     let mut dx = conv.x_tensor();
     dx.data_mut().fill(f32::NAN);
@@ -570,12 +596,16 @@ proptest! {
         bc in 1usize..4,
         bk in 1usize..4,
         bq in 1usize..9,
+        fwd_chunk in 0usize..3,
         seed in 0u64..1000,
     ) {
         let mut t = ConvTuning::heuristic(&p);
         t.bc = 2 * bc;
         t.bk = 2 * bk;
         t.bq = bq;
+        // C blocks per forward call (0: all): a bf16 output's blocks then
+        // sum over several calls.
+        t.fwd.chunk = fwd_chunk;
         check_bf16(p, t, Activation::Relu, seed);
     }
 }

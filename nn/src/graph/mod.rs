@@ -215,6 +215,8 @@ impl GraphBuilder {
             fused_update: false,
             handoff: true,
             handoffs: 0,
+            bf16_alone: true,
+            bf16_only: 0,
         };
         g.link_bf16();
         Ok(g)
@@ -309,6 +311,10 @@ pub struct Graph {
     /// many such pairs there are now.
     handoff: bool,
     handoffs: usize,
+    /// Layers write their output in bf16 alone where every reader takes
+    /// it so ([`Graph::set_bf16_only_outputs`]), and how many do now.
+    bf16_alone: bool,
+    bf16_only: usize,
 }
 
 /// The callback of a backward that reports each parameter group's
@@ -748,6 +754,27 @@ impl Graph {
         self.handoffs
     }
 
+    /// Whether a layer whose readers all take its output in bf16 alone
+    /// writes only that ([`Layer::reads_bf16_only`],
+    /// [`Layer::write_bf16_only`]): a bf16 convolution before its batch
+    /// norm writes half the bytes, and the batch norm reads half in
+    /// forward and backward. On by default. Unlike the copies of
+    /// [`Graph::set_bf16_handoff`] it changes what the readers see: the
+    /// batch norm normalises the convolution's output rounded to bf16 (as
+    /// PyTorch's autocast hands it over). Off keeps that output f32.
+    pub fn set_bf16_only_outputs(&mut self, on: bool) {
+        self.bf16_alone = on;
+        self.link_bf16();
+    }
+
+    /// How many layers write their output in bf16 alone, as the graph is
+    /// planned now: where every reader takes it so ([`Layer::reads_bf16_only`],
+    /// [`Layer::write_bf16_only`]; a bf16 convolution before its batch
+    /// norm), so that no f32 output is written or read.
+    pub fn bf16_only_outputs(&self) -> usize {
+        self.bf16_only
+    }
+
     /// Tells each layer which bf16 copies its readers want
     /// ([`Layer::reads_bf16`], [`Layer::write_bf16`]): its output, where a
     /// reader takes bf16 input (through a fused ReLU, or an add the layer
@@ -786,11 +813,26 @@ impl Graph {
                 sole && layer && reads(j).1 && self.handoff
             })
             .collect();
+        // Node j's output in bf16 alone where every reader takes it so
+        // (a batch norm after a bf16 convolution): no reader is fused into
+        // j or joins it, and there is one (not the graph's output).
+        let mut only = vec![self.bf16_alone; n];
+        only[0] = false;
+        for node in self.nodes.iter().skip(1) {
+            let takes = match &node.op {
+                Op::Layer(l) => !node.fused && l.reads_bf16_only(),
+                _ => false,
+            };
+            node.inputs.iter().for_each(|&j| only[j] &= takes);
+        }
         self.handoffs = 0;
+        self.bf16_only = 0;
         for (i, node) in self.nodes.iter_mut().enumerate() {
             if let Op::Layer(l) = &mut node.op {
                 let (o, d) = l.write_bf16(out[i], dx[i]);
                 self.handoffs += usize::from(o) + usize::from(d);
+                let on = only[i] && readers[i] > 0;
+                self.bf16_only += usize::from(l.write_bf16_only(on));
             }
         }
     }

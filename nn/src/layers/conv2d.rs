@@ -5,7 +5,7 @@
 use super::{expect_values, need_training, Bf16Operands, State};
 use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
-use crate::tensor::{channels_from_nchw, channels_to_nchw, Buf, Shape, Tensor};
+use crate::tensor::{channels_from_nchw, channels_to_nchw, BfBuf, Buf, Shape, Tensor};
 use brgemm::Activation;
 use brgemm_primitives::conv::{AddResidual, ConvBf16};
 use brgemm_primitives::init::{weights, Init, Rng};
@@ -57,6 +57,9 @@ pub struct Conv2d {
     /// The input arrives blocked ([`Layer::input_block`]): a bf16 copy of
     /// it would be in a layout this layer reads.
     blocked_input: bool,
+    /// Every reader takes the output in bf16 alone
+    /// ([`Layer::write_bf16_only`]).
+    bf16_out: bool,
     /// The weights and bias in PyTorch's order until built; then one plan
     /// per group.
     state: State<Vec<Plan>>,
@@ -118,6 +121,8 @@ struct Plan {
     /// came in this layer's layout).
     x: Buf,
     y: Buf,
+    /// The output in bf16 alone, where the readers take it so.
+    yb: BfBuf,
     dy: Buf,
     /// dL/d(pre-activation); unused without an activation (dZ = dY).
     dz: Buf,
@@ -158,6 +163,7 @@ impl Conv2d {
             act,
             bf16: false,
             blocked_input: false,
+            bf16_out: false,
             state: State::Plain(Vec::new(), vec![0.0; out_c]),
             fold: None,
         };
@@ -349,6 +355,7 @@ impl Conv2d {
         let ps = self.state.plan("forward")?;
         let single = ps.len() == 1;
         let mut out = (!single).then(|| vec![0.0; ps[0].output.len() * ps.len()]);
+        let mut bf16_only = false;
         for (j, p) in ps.iter_mut().enumerate() {
             let (bc, bk) = p.blocks();
             if single {
@@ -357,10 +364,10 @@ impl Conv2d {
                 let t = p.x.get_mut(p.input, bc)?;
                 channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
             }
-            let y = p.y.get_mut(p.output, bk)?;
             let add = res.map(|(r, relu)| AddResidual { r, relu });
             // Inference runs the convolution with the batch norm folded in
             // where there is one; the bf16 passes where the layer has them.
+            let folded = self.fold.is_some() && mode == Mode::Eval;
             let (conv, w, bias, bf) = match &mut self.fold {
                 Some(f) if mode == Mode::Eval => (&f.conv, &f.w, &f.bias[..], &mut f.bf),
                 _ => (&p.conv, &p.w, &p.bias[..], &mut p.bf),
@@ -375,18 +382,30 @@ impl Conv2d {
                         b.conv.pack_filter(pool, w, &mut o.wv, &mut o.wtv)?;
                         o.packed = true;
                     }
-                    match add {
-                        Some(a) => b.conv.forward_add(pool, conv, x, xb, &o.wv, bias, a, y)?,
-                        None => b.conv.forward(pool, conv, x, xb, &o.wv, bias, y)?,
+                    // The output in bf16 alone for readers that take it so
+                    // (not the folded layer's: the batch norm is skipped).
+                    bf16_only = self.bf16_out && single && add.is_none() && !folded;
+                    if bf16_only {
+                        let yb = p.yb.get_mut(p.output, bk)?;
+                        b.conv.forward_bf16(pool, conv, x, xb, &o.wv, bias, yb)?;
+                    } else {
+                        let y = p.y.get_mut(p.output, bk)?;
+                        match add {
+                            Some(a) => b.conv.forward_add(pool, conv, x, xb, &o.wv, bias, a, y)?,
+                            None => b.conv.forward(pool, conv, x, xb, &o.wv, bias, y)?,
+                        }
                     }
                 }
-                None => match add {
-                    Some(a) => conv.forward_add(pool, x, w, bias, a, y)?,
-                    None => conv.forward(pool, x, w, bias, y)?,
-                },
+                None => {
+                    let y = p.y.get_mut(p.output, bk)?;
+                    match add {
+                        Some(a) => conv.forward_add(pool, x, w, bias, a, y)?,
+                        None => conv.forward(pool, x, w, bias, y)?,
+                    }
+                }
             }
             if let Some(out) = &mut out {
-                channels_to_nchw(y, k_all, j * p.output.c, out);
+                channels_to_nchw(p.y.get(), k_all, j * p.output.c, out);
             }
             p.trained = mode == Mode::Train;
             if !p.trained {
@@ -398,6 +417,7 @@ impl Conv2d {
                 let s = ps[0].output;
                 Tensor::from_vec(Shape::new(s.n, k_all, s.h, s.w), v)
             }
+            None if bf16_only => Ok(ps[0].yb.tensor()),
             None => Ok(ps[0].y.tensor()),
         }
     }
@@ -471,6 +491,7 @@ impl Layer for Conv2d {
                 db: vec![0.0; conv.padded_k()],
                 x: Buf::default(),
                 y: Buf::default(),
+                yb: BfBuf::default(),
                 dy: Buf::default(),
                 dz: Buf::default(),
                 dx: Buf::default(),
@@ -606,6 +627,15 @@ impl Layer for Conv2d {
             }),
             _ => (false, false),
         }
+    }
+
+    fn write_bf16_only(&mut self, on: bool) -> bool {
+        let able = match self.state.built().map(|ps| &ps[..]) {
+            Some([p]) => p.bf.is_some() && self.act == Activation::Identity,
+            _ => false,
+        };
+        self.bf16_out = on && able;
+        self.bf16_out
     }
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {

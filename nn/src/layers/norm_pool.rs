@@ -4,7 +4,7 @@
 use super::{expect_values, need_training, unbuilt};
 use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
-use crate::tensor::{Buf, Shape, Tensor, TwinBuf};
+use crate::tensor::{BfBuf, Buf, Shape, Tensor, TwinBuf};
 use brgemm_primitives::{BatchNorm, Pool, Pool2d, PoolKind, Tensor4};
 
 /// The channel block when no producer names one (the graph's input).
@@ -30,6 +30,9 @@ struct BnPlan {
     shape: Shape,
     bc: usize,
     x: Buf,
+    /// The input when it came in bf16 alone (then `x` is not used).
+    xb: BfBuf,
+    x_bf16: bool,
     y: Buf,
     dy: Buf,
     dx: Buf,
@@ -64,16 +67,32 @@ impl BatchNorm2d {
         mode: Mode,
     ) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("forward"))?;
-        x.blocked_into(pool, p.bc, &mut p.x)?;
+        // An input in bf16 alone (a bf16 convolution's output) is read as
+        // it is, here and in backward.
+        p.x_bf16 = match x.bf16_only_as(p.bc) {
+            Some(t) => {
+                p.xb.share(t);
+                p.x.release();
+                true
+            }
+            None => {
+                x.blocked_into(pool, p.bc, &mut p.x)?;
+                p.xb.release();
+                false
+            }
+        };
         let y = p.y.get_mut(p.shape, p.bc)?;
         let yb = p.yb.get_mut_if(self.bf16.0, y.data().len())?;
-        match mode {
-            Mode::Train => p.bn.forward_train_to(pool, p.x.get(), res, y, yb)?,
-            Mode::Eval => p.bn.forward_infer_to(pool, p.x.get(), res, y, yb)?,
+        match (mode, p.x_bf16) {
+            (Mode::Train, false) => p.bn.forward_train_to(pool, p.x.get(), res, y, yb)?,
+            (Mode::Train, true) => p.bn.forward_train_to(pool, p.xb.get(), res, y, yb)?,
+            (Mode::Eval, false) => p.bn.forward_infer_to(pool, p.x.get(), res, y, yb)?,
+            (Mode::Eval, true) => p.bn.forward_infer_to(pool, p.xb.get(), res, y, yb)?,
         }
         p.trained = mode == Mode::Train;
         if !p.trained {
             p.x.release();
+            p.xb.release();
         }
         Ok(p.y.tensor().with_bf16(self.bf16.0.then_some(&p.yb)))
     }
@@ -157,6 +176,8 @@ impl Layer for BatchNorm2d {
             shape: input,
             bc,
             x: Buf::default(),
+            xb: BfBuf::default(),
+            x_bf16: false,
             y: Buf::default(),
             dy: Buf::default(),
             dx: Buf::default(),
@@ -195,11 +216,19 @@ impl Layer for BatchNorm2d {
         dy.blocked_into(pool, p.bc, &mut p.dy)?;
         let dx = p.dx.get_mut(p.shape, p.bc)?;
         let dxb = p.dxb.get_mut_if(self.bf16.1, dx.data().len())?;
-        let (x, dy, g) = (p.x.get(), p.dy.get(), (&mut p.dgamma, &mut p.dbeta));
+        let (dy, g) = (p.dy.get(), (&mut p.dgamma, &mut p.dbeta));
         let y = p.bn.relu.then(|| p.y.get());
-        p.bn.backward_to(pool, x, y, dy, (dx, dxb), g.0, g.1)?;
+        match p.x_bf16 {
+            true => {
+                p.bn.backward_to(pool, p.xb.get(), y, dy, (dx, dxb), g.0, g.1)?
+            }
+            false => {
+                p.bn.backward_to(pool, p.x.get(), y, dy, (dx, dxb), g.0, g.1)?
+            }
+        }
         // The input was kept for this backward only.
         p.x.release();
+        p.xb.release();
         p.dy.release();
         p.trained = false;
         Ok(p.dx.tensor().with_bf16(self.bf16.1.then_some(&p.dxb)))
@@ -207,6 +236,9 @@ impl Layer for BatchNorm2d {
     fn write_bf16(&mut self, out: bool, dx: bool) -> (bool, bool) {
         self.bf16 = (out, dx);
         self.bf16
+    }
+    fn reads_bf16_only(&self) -> bool {
+        true
     }
     fn input_block(&mut self, block: Option<usize>) {
         self.block = block;

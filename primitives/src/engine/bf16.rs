@@ -22,6 +22,36 @@ pub fn round_bf16(x: f32) -> bf16 {
     })
 }
 
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for brgemm::bf16::bf16 {}
+}
+
+/// An activation element that a pass reads as f32: f32 itself, or bf16
+/// widened (exactly: the bf16 bits are the top half of the f32's). A pass
+/// generic over it reads a tensor in either precision with the same
+/// arithmetic (e.g. [`crate::BatchNorm::forward_train_to`] on a bf16
+/// convolution's output).
+pub trait Widen: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// The value as f32.
+    fn f32(self) -> f32;
+}
+
+impl Widen for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl Widen for bf16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
 /// Rounds `src` to bf16 (nearest even) into `dst`, split over the pool.
 /// `dst` is 64-byte aligned so that the bf16 kernels' tile rows are whole
 /// cache lines (x1.4 on AMX against the 16-byte offset a `Vec` gets).

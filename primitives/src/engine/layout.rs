@@ -49,23 +49,30 @@ macro_rules! getters {
 }
 pub(crate) use getters;
 
-/// A tensor type: private `Copy` shape fields with [`getters`], and its
-/// storage (`data`, sized by the constructors) as slices: the length of the
+/// A tensor type: private `Copy` shape fields with getters, and its
+/// storage (`data`, sized by the constructors; f32 unless the element type
+/// says otherwise) as slices: the length of the
 /// buffer is fixed by the constructor, so safe code can change values but
 /// never hand a pass a buffer shorter than its shape.
 macro_rules! tensor_type {
     ($(#[$m:meta])* $name:ident { $($field:ident: $ft:ty = $doc:literal),* $(,)? }) => {
         $(#[$m])*
         #[derive(Debug, Clone, PartialEq)]
-        pub struct $name {
+        pub struct $name<T = f32> {
             $(pub(crate) $field: $ft,)*
-            pub(crate) data: brgemm::AlignedVec<f32>,
+            pub(crate) data: brgemm::AlignedVec<T>,
         }
-        crate::layout::getters!($name { $($field: $ft = $doc),* });
-        impl $name {
+        impl<T> $name<T> {
+            $(
+                #[doc = $doc]
+                #[inline]
+                pub fn $field(&self) -> $ft {
+                    self.$field
+                }
+            )*
             /// The storage, padding included.
             #[inline]
-            pub fn data(&self) -> &[f32] {
+            pub fn data(&self) -> &[T] {
                 &self.data
             }
             /// The storage, padding included, to write values in place (its
@@ -73,7 +80,7 @@ macro_rules! tensor_type {
             /// makes the padding no longer neutral; the plain setters never
             /// do.
             #[inline]
-            pub fn data_mut(&mut self) -> &mut [f32] {
+            pub fn data_mut(&mut self) -> &mut [T] {
                 &mut self.data
             }
         }

@@ -16,7 +16,8 @@
 
 use crate::error::{check_buf, shape, Result};
 use crate::threads::Pool;
-use brgemm::aligned_vec;
+use brgemm::bf16::bf16;
+use brgemm::{aligned_vec, AlignedVec};
 
 crate::layout::tensor_type! {
     /// A blocked activation tensor `[N][C/bc][H][W][bc]`.
@@ -38,25 +39,30 @@ crate::layout::tensor_type! {
     }
 }
 
+/// The padded storage length of an `n x c x h x w` tensor in channel
+/// blocks of `bc`; an error names a zero size or an overflow.
+fn storage_len(n: usize, c: usize, h: usize, w: usize, bc: usize) -> Result<usize> {
+    for (what, v) in [("n", n), ("c", c), ("h", h), ("w", w), ("bc", bc)] {
+        if v == 0 {
+            return Err(shape(what, v, "must be at least 1"));
+        }
+    }
+    [n, c.div_ceil(bc), h, w, bc]
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| shape("tensor", format!("{n}x{c}x{h}x{w}"), "too large"))
+}
+
 impl Tensor4 {
     /// A zero tensor.
     pub fn zeros(n: usize, c: usize, h: usize, w: usize, bc: usize) -> Result<Tensor4> {
-        for (what, v) in [("n", n), ("c", c), ("h", h), ("w", w), ("bc", bc)] {
-            if v == 0 {
-                return Err(shape(what, v, "must be at least 1"));
-            }
-        }
-        let len = [n, c.div_ceil(bc), h, w, bc]
-            .iter()
-            .try_fold(1usize, |a, &b| a.checked_mul(b))
-            .ok_or_else(|| shape("tensor", format!("{n}x{c}x{h}x{w}"), "too large"))?;
         Ok(Tensor4 {
             n,
             c,
             h,
             w,
             bc,
-            data: aligned_vec(len, 0.0),
+            data: aligned_vec(storage_len(n, c, h, w, bc)?, 0.0),
         })
     }
 
@@ -108,7 +114,9 @@ impl Tensor4 {
         }
         out
     }
+}
 
+impl<T> Tensor4<T> {
     /// Channel blocks.
     pub fn c_blocks(&self) -> usize {
         self.c.div_ceil(self.bc)
@@ -129,6 +137,58 @@ impl Tensor4 {
     /// (n, c, h, w, bc): what a primitive compares a buffer against.
     pub fn dims(&self) -> (usize, usize, usize, usize, usize) {
         (self.n, self.c, self.h, self.w, self.bc)
+    }
+}
+
+/// A bf16 tensor in the same layout: activations that travel between bf16
+/// layers at half the bytes (a bf16 convolution's output, read by the batch
+/// norm after it; [`crate::BatchNorm::forward_train_to`]).
+impl Tensor4<bf16> {
+    /// A zero tensor (the bf16 zero is all bits clear, as f32's).
+    pub fn zeros_bf16(n: usize, c: usize, h: usize, w: usize, bc: usize) -> Result<Tensor4<bf16>> {
+        Ok(Tensor4 {
+            n,
+            c,
+            h,
+            w,
+            bc,
+            data: aligned_vec(storage_len(n, c, h, w, bc)?, bf16::ZERO),
+        })
+    }
+
+    /// `t`'s values rounded to bf16 (to nearest even), padding included.
+    pub fn rounded(pool: &Pool, t: &Tensor4) -> Tensor4<bf16> {
+        let mut data = AlignedVec::new(brgemm::buffer::ALIGN);
+        crate::engine::bf16::to_bf16(pool, &t.data, &mut data);
+        Tensor4 {
+            n: t.n,
+            c: t.c,
+            h: t.h,
+            w: t.w,
+            bc: t.bc,
+            data,
+        }
+    }
+
+    /// The values widened to f32 (exactly), in the same layout.
+    pub fn widened(&self) -> Tensor4 {
+        let mut data = aligned_vec(self.data.len(), 0.0);
+        data.iter_mut()
+            .zip(self.data.iter())
+            .for_each(|(o, v)| *o = v.to_f32());
+        Tensor4 {
+            n: self.n,
+            c: self.c,
+            h: self.h,
+            w: self.w,
+            bc: self.bc,
+            data,
+        }
+    }
+
+    /// The logical part as a plain NCHW f32 tensor.
+    pub fn to_nchw(&self) -> Vec<f32> {
+        self.widened().to_nchw()
     }
 }
 

@@ -14,7 +14,7 @@
 //! passes also write it rounded to bf16, piece by piece as it is computed.
 
 use crate::eltwise::pass;
-use crate::engine::bf16::Twin;
+use crate::engine::bf16::{Twin, Widen};
 use crate::error::{check_buf, shape, Result};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
@@ -55,7 +55,7 @@ pub struct BatchNorm {
 }
 
 /// An error naming `what` unless `t` has the dims of `x`.
-fn same_dims(what: &str, t: &Tensor4, x: &Tensor4) -> Result<()> {
+fn same_dims<A, B>(what: &str, t: &Tensor4<A>, x: &Tensor4<B>) -> Result<()> {
     if t.dims() != x.dims() {
         return Err(shape(
             what,
@@ -144,7 +144,7 @@ impl BatchNorm {
         })
     }
 
-    fn check(&self, what: &str, t: &Tensor4) -> Result<()> {
+    fn check<T>(&self, what: &str, t: &Tensor4<T>) -> Result<()> {
         if t.c != self.c || t.bc != self.bc {
             return Err(shape(
                 what,
@@ -177,9 +177,9 @@ impl BatchNorm {
     }
 
     /// The checks of a forward's operands; the bf16 copy of y.
-    fn forward_checks<'a>(
+    fn forward_checks<'a, X>(
         &self,
-        x: &Tensor4,
+        x: &Tensor4<X>,
         res: Option<(&Tensor4, bool)>,
         y: &Tensor4,
         yb: Option<&'a mut [bf16]>,
@@ -193,7 +193,7 @@ impl BatchNorm {
     }
 
     /// An error unless `r` can join the output of `x`.
-    fn check_residual(&self, r: &Tensor4, x: &Tensor4) -> Result<()> {
+    fn check_residual<X>(&self, r: &Tensor4, x: &Tensor4<X>) -> Result<()> {
         same_dims("residual", r, x)?;
         if self.relu {
             return Err(shape(
@@ -208,10 +208,10 @@ impl BatchNorm {
     /// [`BatchNorm::forward_train`], or [`BatchNorm::forward_train_add`]
     /// with `res`, also writing `y` rounded to bf16 into `yb` (of y's
     /// length) when given: the input of a bf16 layer, made in this pass.
-    pub fn forward_train_to(
+    pub fn forward_train_to<X: Widen>(
         &mut self,
         pool: &Pool,
-        x: &Tensor4,
+        x: &Tensor4<X>,
         res: Option<(&Tensor4, bool)>,
         y: &mut Tensor4,
         yb: Option<&mut [bf16]>,
@@ -222,7 +222,7 @@ impl BatchNorm {
         // The first image's first pixel per channel: the shift that keeps
         // the one-pass variance free of cancellation.
         let shift: Vec<f32> = (0..pc)
-            .map(|ch| x.data[plane(x, 0, ch / bc) + ch % bc])
+            .map(|ch| x.data[plane(x, 0, ch / bc) + ch % bc].f32())
             .collect();
         let sums = plane_sums(pool, x, |i, out| {
             let k = &shift[(i % x.c_blocks()) * bc..][..bc];
@@ -285,10 +285,10 @@ impl BatchNorm {
     /// [`BatchNorm::forward_infer`] (with `res`, the residual join) also
     /// writing `y` rounded to bf16 into `yb` when given
     /// ([`BatchNorm::forward_train_to`]).
-    pub fn forward_infer_to(
+    pub fn forward_infer_to<X: Widen>(
         &self,
         pool: &Pool,
-        x: &Tensor4,
+        x: &Tensor4<X>,
         res: Option<(&Tensor4, bool)>,
         y: &mut Tensor4,
         yb: Option<&mut [bf16]>,
@@ -308,10 +308,10 @@ impl BatchNorm {
     /// y = x * scale + offset per channel (+ the residual), then ReLU when
     /// fused or asked with the residual; the padding channels have scale
     /// and offset 0 (and a zero residual), so they stay zero.
-    fn apply(
+    fn apply<X: Widen>(
         &self,
         pool: &Pool,
-        x: &Tensor4,
+        x: &Tensor4<X>,
         res: Option<(&Tensor4, bool)>,
         (y, yb): (&mut Tensor4, Twin<'_>),
         scale: &[f32],
@@ -333,7 +333,7 @@ impl BatchNorm {
                         let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
                         for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
                             for j in 0..bc {
-                                let v = s[j] * k[j] + o[j] + r[j];
+                                let v = s[j].f32() * k[j] + o[j] + r[j];
                                 d[j] = if relu && v < 0.0 { 0.0 } else { v };
                             }
                         }
@@ -341,7 +341,7 @@ impl BatchNorm {
                     None => {
                         for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
                             for j in 0..bc {
-                                let v = s[j] * k[j] + o[j];
+                                let v = s[j].f32() * k[j] + o[j];
                                 d[j] = if relu && v < 0.0 { 0.0 } else { v };
                             }
                         }
@@ -393,10 +393,10 @@ impl BatchNorm {
     /// offset (the same bits), so neither sweep reads y: two streams of
     /// eight (`docs/tuning-notes.md`). `y` is still checked.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_to(
+    pub fn backward_to<X: Widen>(
         &self,
         pool: &Pool,
-        x: &Tensor4,
+        x: &Tensor4<X>,
         y: Option<&Tensor4>,
         dy: &Tensor4,
         (dx, dxb): (&mut Tensor4, Option<&mut [bf16]>),
@@ -448,9 +448,9 @@ impl BatchNorm {
             let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
             let ops = ops(i, i * len, len);
             match mask {
-                NO_MASK => grad_sums::<NO_MASK>(bc, planes, ops, mean, inv, out),
-                Y_MASK => grad_sums::<Y_MASK>(bc, planes, ops, mean, inv, out),
-                _ => grad_sums::<X_MASK>(bc, planes, ops, mean, inv, out),
+                NO_MASK => grad_sums::<NO_MASK, X>(bc, planes, ops, mean, inv, out),
+                Y_MASK => grad_sums::<Y_MASK, X>(bc, planes, ops, mean, inv, out),
+                _ => grad_sums::<X_MASK, X>(bc, planes, ops, mean, inv, out),
             }
         });
         dgamma.fill(0.0);
@@ -475,9 +475,9 @@ impl BatchNorm {
                 let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
                 let ops = ops(i, at, d.len());
                 match mask {
-                    NO_MASK => grad_apply::<NO_MASK>(bc, planes, ops, k, d),
-                    Y_MASK => grad_apply::<Y_MASK>(bc, planes, ops, k, d),
-                    _ => grad_apply::<X_MASK>(bc, planes, ops, k, d),
+                    NO_MASK => grad_apply::<NO_MASK, X>(bc, planes, ops, k, d),
+                    Y_MASK => grad_apply::<Y_MASK, X>(bc, planes, ops, k, d),
+                    _ => grad_apply::<X_MASK, X>(bc, planes, ops, k, d),
                 }
                 // SAFETY: plane i is this thread's.
                 unsafe { dxb.round(at, d) };
@@ -525,9 +525,9 @@ fn masked<const M: u8>(g: f32, x: f32, y: f32, sc: f32, of: f32) -> f32 {
 
 /// The sums of g and g * xhat over a plane, per lane, where g is dy where
 /// the fused ReLU passed it (mask `M`, its operands `ops`).
-fn grad_sums<const M: u8>(
+fn grad_sums<const M: u8, X: Widen>(
     bc: usize,
-    (x, dy): (&[f32], &[f32]),
+    (x, dy): (&[X], &[f32]),
     ops: [&[f32]; 3],
     mean: &[f32],
     inv: &[f32],
@@ -541,9 +541,10 @@ fn grad_sums<const M: u8>(
             let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
             let [ys, sc, of] = lanes::<M>(ops, gs, p, bc);
             for j in 0..bc {
-                let g = masked::<M>(gs[j], xs[j], ys[j], sc[j], of[j]);
+                let x = xs[j].f32();
+                let g = masked::<M>(gs[j], x, ys[j], sc[j], of[j]);
                 a[j] += g;
-                b[j] += g * (xs[j] - mean[j]) * inv[j];
+                b[j] += g * (x - mean[j]) * inv[j];
             }
         }
         for j in 0..bc {
@@ -557,9 +558,9 @@ fn grad_sums<const M: u8>(
 
 /// dx of one piece; `k` is (gamma*inv, mean(g), mean(g*xhat), mean, inv)
 /// of the plane's lanes, `ops` the mask's operands ([`masked`]).
-fn grad_apply<const M: u8>(
+fn grad_apply<const M: u8, X: Widen>(
     bc: usize,
-    (x, dy): (&[f32], &[f32]),
+    (x, dy): (&[X], &[f32]),
     ops: [&[f32]; 3],
     k: [&[f32]; 5],
     d: &mut [f32],
@@ -569,26 +570,27 @@ fn grad_apply<const M: u8>(
         let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
         let [ys, sc, of] = lanes::<M>(ops, gs, p, bc);
         for j in 0..bc {
-            let g = masked::<M>(gs[j], xs[j], ys[j], sc[j], of[j]);
-            let xhat = (xs[j] - mean[j]) * inv[j];
+            let x = xs[j].f32();
+            let g = masked::<M>(gs[j], x, ys[j], sc[j], of[j]);
+            let xhat = (x - mean[j]) * inv[j];
             o[j] = k1[j] * (g - k2[j] - xhat * k3[j]);
         }
     }
 }
 
 /// Offset of the plane of image `n`, channel block `b`.
-fn plane(x: &Tensor4, n: usize, b: usize) -> usize {
+fn plane<T>(x: &Tensor4<T>, n: usize, b: usize) -> usize {
     (n * x.c_blocks() + b) * plane_len(x)
 }
 
 /// Values in one (image, channel block) plane.
-fn plane_len(x: &Tensor4) -> usize {
+fn plane_len<T>(x: &Tensor4<T>) -> usize {
     x.h * x.w * x.bc
 }
 
 /// For every plane `i` (image `i / c_blocks`, block `i % c_blocks`),
 /// `f(i, sums)` fills `2 * bc` sums; returns them all, planes in order.
-fn plane_sums(pool: &Pool, x: &Tensor4, f: impl Fn(usize, &mut [f64]) + Sync) -> Vec<f64> {
+fn plane_sums<T>(pool: &Pool, x: &Tensor4<T>, f: impl Fn(usize, &mut [f64]) + Sync) -> Vec<f64> {
     let mut out = vec![0f64; x.n * x.c_blocks() * 2 * x.bc];
     pool.for_slices_of(&mut out, 2 * x.bc, f);
     out
@@ -597,12 +599,17 @@ fn plane_sums(pool: &Pool, x: &Tensor4, f: impl Fn(usize, &mut [f64]) + Sync) ->
 /// Sums `f(lane, value) = (a, b)` over the pixels of a plane, lane by lane,
 /// into `out[..bc]` (a) and `out[bc..]` (b): in f32 over runs of 64 pixels,
 /// in f64 across runs.
-fn runs(bc: usize, plane: &[f32], out: &mut [f64], mut f: impl FnMut(usize, f32) -> (f32, f32)) {
+fn runs<X: Widen>(
+    bc: usize,
+    plane: &[X],
+    out: &mut [f64],
+    mut f: impl FnMut(usize, f32) -> (f32, f32),
+) {
     let (mut a, mut b) = (vec![0f32; bc], vec![0f32; bc]);
     for run in plane.chunks(64 * bc) {
         for px in run.chunks_exact(bc) {
             for j in 0..bc {
-                let (u, v) = f(j, px[j]);
+                let (u, v) = f(j, px[j].f32());
                 a[j] += u;
                 b[j] += v;
             }
@@ -617,7 +624,7 @@ fn runs(bc: usize, plane: &[f32], out: &mut [f64], mut f: impl FnMut(usize, f32)
 }
 
 /// The two sums of channel `ch` over every image.
-fn channel_sum(x: &Tensor4, sums: &[f64], ch: usize) -> (f64, f64) {
+fn channel_sum<T>(x: &Tensor4<T>, sums: &[f64], ch: usize) -> (f64, f64) {
     let (cb, bc) = (x.c_blocks(), x.bc);
     (0..x.n).fold((0.0, 0.0), |(s, q), n| {
         let at = (n * cb + ch / bc) * 2 * bc + ch % bc;

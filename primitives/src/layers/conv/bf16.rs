@@ -40,7 +40,7 @@
 //! with fewer than two items per thread the images are split into partial
 //! sums instead.
 
-use super::gather::{Gather, Residual};
+use super::gather::{Gather, Out, Residual};
 use super::phased::Phased;
 use super::{AddResidual, Conv, ConvParams};
 use crate::engine::bf16::{interleave_round, pack_vnni, round_slice, transpose_round, WeightGrid};
@@ -108,6 +108,9 @@ struct UpdTap {
 /// The bf16 forward and (stride-1) backward-data of a [`Conv`] layer.
 pub struct ConvBf16 {
     fwd: Gather<bf16>,
+    /// The f32 sums of a bf16 forward output whose blocks' reductions span
+    /// calls ([`ConvBf16::forward_bf16`]).
+    acc: Mutex<AlignedVec<f32>>,
     bwd: Phased<bf16>,
     upd: Upd,
     params: ConvParams,
@@ -257,6 +260,7 @@ impl ConvBf16 {
         };
         Ok(ConvBf16 {
             fwd: Gather::new("fwd", conv.fwd.g, &conv.fwd.taps, &t.fwd, ep)?,
+            acc: Mutex::new(AlignedVec::new(brgemm::buffer::ALIGN)),
             bwd,
             upd,
             params: conv.params,
@@ -346,7 +350,7 @@ impl ConvBf16 {
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.forward_with(pool, conv, (x, xb), wv, bias, None, y)
+        self.forward_f32(pool, conv, (x, xb), wv, bias, None, y)
     }
 
     /// As [`ConvBf16::forward`], then `+ R` and a ReLU when `add.relu`, on
@@ -365,7 +369,56 @@ impl ConvBf16 {
     ) -> Result<()> {
         conv.check_y("residual", add.r)?;
         let res = Some((&add.r.data[..], add.relu));
-        self.forward_with(pool, conv, (x, xb), wv, bias, res, y)
+        self.forward_f32(pool, conv, (x, xb), wv, bias, res, y)
+    }
+
+    /// The forward into the f32 `y`, with the residual `res`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_f32(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        x: (&Tensor4, Option<&[bf16]>),
+        wv: &[bf16],
+        bias: &[f32],
+        res: Residual<'_>,
+        y: &mut Tensor4,
+    ) -> Result<()> {
+        conv.check_y("Y", y)?;
+        self.forward_with(pool, conv, x, wv, bias, res, Out::F32(&mut y.data))?;
+        conv.clear_channel_tail(pool, y);
+        Ok(())
+    }
+
+    /// As [`ConvBf16::forward`], with the output in bf16 alone: each output
+    /// block is rounded from its f32 sums while they sit in L1 (the same
+    /// bits as rounding the f32 output), so the output costs half the
+    /// bytes and no f32 output exists (the input of a batch norm reading
+    /// bf16, [`crate::BatchNorm::forward_train_to`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_bf16(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        x: &Tensor4,
+        xb: Option<&[bf16]>,
+        wv: &[bf16],
+        bias: &[f32],
+        y: &mut Tensor4<bf16>,
+    ) -> Result<()> {
+        conv.check_y("Y", y)?;
+        let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
+        let acc = match self.fwd.whole_blocks() {
+            true => &mut [][..],
+            false => {
+                acc.resize(y.data.len(), 0.0);
+                &mut acc[..]
+            }
+        };
+        let out = Out::Bf16(&mut y.data, acc);
+        self.forward_with(pool, conv, (x, xb), wv, bias, None, out)?;
+        conv.clear_channel_tail(pool, y);
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -377,26 +430,24 @@ impl ConvBf16 {
         wv: &[bf16],
         bias: &[f32],
         res: Residual<'_>,
-        y: &mut Tensor4,
+        y: Out<'_>,
     ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         conv.check_x("X", x)?;
         check_buf("packed W", wv.len(), conv.filter_len())?;
         check_buf("bias", bias.len(), conv.padded_k())?;
-        conv.check_y("Y", y)?;
         match xb {
             Some(xb) => {
                 check_buf("bf16 X", xb.len(), x.data.len())?;
-                self.fwd.run(pool, xb, wv, Some(bias), res, &mut y.data)
+                self.fwd.run(pool, xb, wv, Some(bias), res, y)
             }
             None => {
                 let f = round_slice;
                 self.fwd
-                    .run_converted(pool, &x.data, f, wv, Some(bias), res, &mut y.data)
+                    .run_converted(pool, &x.data, f, wv, Some(bias), res, y)
             }
         }
-        conv.clear_channel_tail(pool, y);
         Ok(())
     }
 

@@ -2,11 +2,13 @@
 //! [`super::phased`]), as BRGEMMs over input-channel blocks and filter taps
 //! (the offset batch form).
 
+use crate::engine::bf16::round_slice;
 use crate::error::Result;
 use crate::loops::{LoopDef, LoopNest};
 use crate::pass::{Chunked, PassConfig};
 use crate::threads::Pool;
 use crate::view::{View, ViewMut};
+use brgemm::bf16::bf16;
 use brgemm::{AlignedVec, BatchForm, DataType, Descriptor, Element, Epilogue, RawBatch};
 use std::sync::Mutex;
 
@@ -106,6 +108,24 @@ impl Placement {
 /// The residual a forward adds after the epilogue, and whether a ReLU
 /// follows it.
 pub(super) type Residual<'a> = Option<(&'a [f32], bool)>;
+
+/// Where a gather pass writes its output.
+pub(super) enum Out<'a> {
+    /// The f32 output.
+    F32(&'a mut [f32]),
+    /// The output rounded to bf16 alone: each completed block is rounded
+    /// from f32 sums that the kernel forms in a thread's L1 block where
+    /// the block's whole reduction is one call ([`Gather::whole_blocks`];
+    /// the second slice is then empty), else in the second slice, f32
+    /// sums of the output's length.
+    Bf16(&'a mut [bf16], &'a mut [f32]),
+}
+
+thread_local! {
+    /// A thread's f32 output block for [`Out::Bf16`] (16 KiB at 64 x 64).
+    static BLOCK: std::cell::RefCell<AlignedVec<f32>> =
+        std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+}
 
 crate::math::widest! {
     /// `y += r`, then `max(y, 0)` when `relu` (NaN stays NaN).
@@ -288,7 +308,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         a: &[T],
         bias: Option<&[f32]>,
         res: Residual<'_>,
-        y: &mut [f32],
+        y: Out<'_>,
     ) {
         let g = self.g;
         if g.ph == 0 && g.pw == 0 {
@@ -317,7 +337,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         a: &[T],
         bias: Option<&[f32]>,
         res: Residual<'_>,
-        y: &mut [f32],
+        y: Out<'_>,
     ) {
         let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.pad(pool, x, conv, &mut xs);
@@ -346,6 +366,18 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         );
     }
 
+    /// Whether each output block's calls follow one another on one thread
+    /// (the whole reduction in one call, or the reduction the nest's
+    /// innermost loop), so that [`Out::Bf16`] can keep a block's f32 sums
+    /// in L1 until it is complete, and needs none of the output's size.
+    pub(super) fn whole_blocks(&self) -> bool {
+        let red = char::from(b'a' + self.red_loop as u8);
+        let inner = self.nest.spec().chars().last();
+        (self.chunk >= self.g.in_blocks || inner.is_some_and(|c| c.eq_ignore_ascii_case(&red)))
+            && self.g.out.step == (1, 1)
+            && !self.zero_between
+    }
+
     /// [`Gather::run`] on the zero-padded input `xs`.
     pub(super) fn run_padded(
         &self,
@@ -354,7 +386,7 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         a: &[T],
         bias: Option<&[f32]>,
         res: Residual<'_>,
-        y: &mut [f32],
+        out: Out<'_>,
     ) {
         let g = self.g;
         debug_assert!(res.is_none() || g.out.step == (1, 1));
@@ -367,20 +399,23 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         let av = View::new(a, [g.in_blocks * rs * g.bi * g.bo, rs * g.bi * g.bo]);
         let bv = bias.map(|b| View::new(b, [g.bo]));
         let (o, plane) = (g.out, g.out.rows * g.out.cols * g.bo);
-        let yv = ViewMut::new(y, [g.out_blocks * plane, plane, o.cols * g.bo, g.bo]);
+        let strides = [g.out_blocks * plane, plane, o.cols * g.bo, g.bo];
+        // With a bf16 output, its f32 sums: in `acc`, or per block in L1.
+        let (y, yb, in_l1) = match out {
+            Out::F32(y) => (y, None, false),
+            Out::Bf16(yb, acc) => {
+                debug_assert!(acc.len() == yb.len() || (acc.is_empty() && self.whole_blocks()));
+                debug_assert!(o.step == (1, 1) && o.first == (0, 0));
+                let in_l1 = acc.is_empty();
+                (acc, Some(ViewMut::new(yb, strides)), in_l1)
+            }
+        };
+        let yv = ViewMut::new(y, strides);
         let out_at = |ni: usize, ob: usize, pr: usize, q0: usize| {
             yv.at([ni, ob, o.first.0 + pr * o.step.0, o.first.1 + q0 * o.step.1])
         };
-        // The next call is looked up only for kernels that prefetch it. A
-        // call brings in the next call's output block where that block is
-        // one run of memory and the call a single pair; and every call of
-        // a phase of backward-data at a stride, whose output pixels lie
-        // `step` apart (the run over them, the other phases' pixels between
-        // included): its few taps make short calls whose stores otherwise
-        // wait on memory at each call's end (3x3 stride-2 layers x1.00-1.05,
-        // Zen 4, alternated in one process). Not a phase that zeroes the
-        // pixels between its own (the 1x1 stride-2 projection: x0.87-0.96).
-        let pf = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
+        let pf = yb.is_none()
+            && self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
         let (span, every) = (o.step.1, o.step.1 > 1 && !self.zero_between);
         self.nest.run(pool, |i| {
             let (ni, ob, pr, qb, c0) = (i[0], i[self.out_loop], i[3], i[4], i[self.red_loop]);
@@ -418,7 +453,15 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             // offsets stay inside the padded input and the filter; the
             // output block (ni, ob, pr, qb) belongs to one thread.
             let last = c0 + cnt == g.in_blocks;
-            let c = out_at(ni, ob, pr, q0);
+            let mut c = out_at(ni, ob, pr, q0);
+            if in_l1 {
+                c = BLOCK.with_borrow_mut(|b| {
+                    if b.len() < g.bq * g.bo {
+                        b.resize(g.bq * g.bo, 0.0);
+                    }
+                    b.as_mut_ptr()
+                });
+            }
             unsafe {
                 ks.pick(c0 == 0, last)
                     .execute_raw_ahead(batch, c, bias, ahead, len)
@@ -436,8 +479,18 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
                 // SAFETY: as above; R has Y's layout (checked at the entry).
                 unsafe {
                     let y = std::slice::from_raw_parts_mut(c, n);
-                    let off = c.offset_from(yv.at([0, 0, 0, 0])) as usize;
+                    let off = out_at(ni, ob, pr, q0).offset_from(yv.at([0, 0, 0, 0])) as usize;
                     add_residual(y, &r[off..off + n], relu);
+                }
+            }
+            if let (Some(yb), true) = (yb, last) {
+                // Dense placement: the block is one run of the output.
+                let n = g.bq.min(g.q - q0) * g.bo;
+                // SAFETY: the block's f32 sums are complete (its last call)
+                // and its bf16 run is this thread's, as the f32 block above.
+                unsafe {
+                    let src = std::slice::from_raw_parts(c, n);
+                    round_slice(yb.slice([ni, ob, pr, q0], n), src);
                 }
             }
         });

@@ -75,7 +75,7 @@ mod params;
 mod phased;
 
 pub use bf16::ConvBf16;
-use gather::{Gather, GatherGeom, Placement, Residual, Tap};
+use gather::{Gather, GatherGeom, Out, Placement, Residual, Tap};
 use narrow::Narrow;
 use params::upd_chunk;
 pub use params::{ConvParams, ConvTuning};
@@ -446,10 +446,10 @@ impl Conv {
         Filter::zeros(p.c, p.k, p.r, p.s, self.tuning.bc, self.tuning.bk).unwrap()
     }
 
-    fn check_t(
+    fn check_t<T>(
         &self,
         what: &str,
-        t: &Tensor4,
+        t: &Tensor4<T>,
         (c, h, w, b): (usize, usize, usize, usize),
     ) -> Result<()> {
         let want = (self.params.n, c, h, w, b);
@@ -466,7 +466,7 @@ impl Conv {
         let p = &self.params;
         self.check_t(what, t, (p.c, p.h, p.w, self.tuning.bc))
     }
-    fn check_y(&self, what: &str, t: &Tensor4) -> Result<()> {
+    fn check_y<T>(&self, what: &str, t: &Tensor4<T>) -> Result<()> {
         let p = &self.params;
         self.check_t(what, t, (p.k, p.p(), p.q(), self.tuning.bk))
     }
@@ -540,21 +540,27 @@ impl Conv {
         self.check_f("W", w, false)?;
         self.check_y("Y", y)?;
         check_buf("bias", bias.len(), self.padded_k())?;
-        self.fwd
-            .run(pool, &x.data, &w.data, Some(bias), res, &mut y.data);
+        self.fwd.run(
+            pool,
+            &x.data,
+            &w.data,
+            Some(bias),
+            res,
+            Out::F32(&mut y.data),
+        );
         self.clear_channel_tail(pool, y);
         Ok(())
     }
 
     /// Sigmoid(0) = 0.5 would fill the channel padding of Y: keeps it at zero.
-    fn clear_channel_tail(&self, pool: &Pool, y: &mut Tensor4) {
+    fn clear_channel_tail<T: Copy + Default + Send>(&self, pool: &Pool, y: &mut Tensor4<T>) {
         let (k, bk) = (self.params.k, self.tuning.bk);
         if !k.is_multiple_of(bk) && self.act.apply(0.0) != 0.0 {
             let kb = k.div_ceil(bk);
-            let hw = y.h * y.w;
-            par_images(pool, y, |_, img| {
+            let (hw, len) = (y.h * y.w, y.image_len());
+            pool.for_slices_of(&mut y.data, len, |_, img| {
                 for px in img[(kb - 1) * hw * bk..].chunks_exact_mut(bk) {
-                    px[k % bk..].fill(0.0);
+                    px[k % bk..].fill(T::default());
                 }
             });
         }

@@ -15,7 +15,7 @@
 //! pixel adding `W^T dY` into a zero-filled padded dX, then cropped) ran
 //! the ResNet-50 stride-2 layers at 40-60% of peak.
 
-use super::gather::{Gather, GatherGeom, Placement, Tap};
+use super::gather::{Gather, GatherGeom, Out, Placement, Tap};
 use super::pad_into;
 use super::params::ConvParams;
 use crate::error::Result;
@@ -295,7 +295,7 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
 
     fn run_padded(&self, pool: &Pool, dy: &[T], wt: &[T], dx: &mut [f32]) {
         for g in &self.phases {
-            g.run_padded(pool, dy, wt, None, None, dx);
+            g.run_padded(pool, dy, wt, None, None, Out::F32(dx));
         }
         if !self.phases.iter().any(|g| g.zero_between) {
             self.zero_holes(pool, dx);
