@@ -144,23 +144,25 @@ pub trait Layer: std::any::Any + Send {
         (false, false)
     }
 
-    /// Whether the layer reads its input in bf16 alone (a tensor whose
-    /// values exist only in bf16, [`Tensor::is_bf16_only`]) in forward and
-    /// backward as fast as f32 and with the same arithmetic on the
-    /// widened values: batch norm. Other layers get such an input widened.
-    /// False by default.
+    /// Whether the layer reads its input in forward, and its output
+    /// gradient in backward, in bf16 alone (a tensor whose values exist
+    /// only in bf16, [`Tensor::is_bf16_only`]) as fast as f32 and with the
+    /// same arithmetic on the widened values: batch norm. Other layers get
+    /// such a tensor widened. False by default.
     fn reads_bf16_only(&self) -> bool {
         false
     }
 
-    /// Asked by the graph where every reader of the output reads bf16
-    /// alone ([`Layer::reads_bf16_only`]): write the output in bf16 only,
-    /// rounded from the f32 sums in the same pass (false turns it off).
-    /// Returns whether the layer, as planned now, does: a bf16 convolution
-    /// without an activation (whose backward would read its output).
-    /// False by default.
-    fn write_bf16_only(&mut self, _on: bool) -> bool {
-        false
+    /// Asked by the graph where the readers take bf16 alone
+    /// ([`Layer::reads_bf16_only`]): write the output (`out`: every reader
+    /// of it does), and in backward the input gradient (`dx`: the input's
+    /// layer does, and reads nothing else), in bf16 only, rounded from the
+    /// f32 sums in the same pass; false turns it off. Returns which of the
+    /// two the layer, as planned now, does: a bf16 convolution, its output
+    /// without an activation (whose backward would read it), its input
+    /// gradient at stride 1. (false, false) by default.
+    fn write_bf16_only(&mut self, _out: bool, _dx: bool) -> (bool, bool) {
+        (false, false)
     }
 
     /// The parameters and their gradients, in the order backward completes

@@ -501,13 +501,15 @@ fn bf16_handoffs_between_layers_change_no_bit() {
 
 /// A bf16 convolution whose only reader is a batch norm writes its output
 /// in bf16 alone, which the batch norm reads in forward and backward
-/// (with its fused ReLU, and with the residual join): half the bytes on
-/// that edge. Without ReLUs the gradients stay those of the graph that
-/// hands the output over in f32, to bf16 rounding (behind a ReLU the
-/// rounding flips units near zero: 6% on the second norm's scale here,
-/// as in the test above); a convolution that feeds a non-norm layer keeps
-/// f32; inference, with the norms folded in, gives the same bits either
-/// way; training brings the loss down.
+/// (with its fused ReLU, and with the residual join); one whose input
+/// comes from a batch norm alone writes its input gradient in bf16 alone,
+/// which the norm's backward reads: half the bytes on those edges.
+/// Without ReLUs the gradients stay those of the graph that hands them
+/// over in f32, to bf16 rounding (0.1-1.3% here; behind a ReLU the
+/// rounding flips units near zero: 6% on a norm's scale, as in the test
+/// above); a convolution that feeds a non-norm layer keeps f32;
+/// inference, with the norms folded in, gives the same bits either way;
+/// training brings the loss down.
 #[test]
 fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
     use brgemm::bf16::Bf16Isa;
@@ -528,7 +530,11 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
         let r1 = act(&mut b, n1);
         let c2 = b.layer(r1, Conv2d::new(64, 64, (3, 3), 1, 1, id, 2));
         let n2 = b.layer(c2.unwrap(), BatchNorm2d::new(64)).unwrap();
-        let j = b.add(n2, r1).unwrap();
+        let r2 = act(&mut b, n2);
+        // Its input gradient goes to the second norm alone: bf16 too.
+        let c4 = b.layer(r2, Conv2d::new(64, 64, (3, 3), 1, 1, id, 4));
+        let n4 = b.layer(c4.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let j = b.add(n4, r1).unwrap();
         let j = act(&mut b, j);
         // Read by the pooling, not a norm: stays f32.
         let c3 = b.layer(j, Conv2d::new(64, 64, (3, 3), 1, 1, id, 3));
@@ -545,7 +551,9 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
     let convs_bf16 = amx || forced() || avx512bf16_pays_for_conv(576.0);
     let (mut on, mut off) = (net(true, false), net(false, false));
     assert_eq!(off.bf16_only_outputs(), 0);
-    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 2 } else { 0 });
+    // Three outputs, one input gradient (the first convolution's input
+    // is the graph's, the second's feeds the residual too).
+    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 4 } else { 0 });
     let grads = |g: &mut Graph| {
         let loss = g
             .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
@@ -559,13 +567,13 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
         (l_on - l_off).abs() < 1e-2 * l_off.abs(),
         "loss {l_on} vs {l_off}"
     );
-    assert_eq!(g_on.len(), 12);
+    assert_eq!(g_on.len(), 16);
     // (A convolution's bias before a norm has no gradient but rounding
     // noise: 1e-7 against gradients of 0.1-10.)
     for (i, (a, b)) in g_on.iter().zip(&g_off).enumerate() {
         let (diff, norm) = diff_and_norm(a, b);
         assert!(
-            diff <= 1e-2 * norm + 1e-5,
+            diff <= 3e-2 * norm + 1e-5,
             "parameter {i}: |diff| {diff}, |grad| {norm}"
         );
     }
@@ -573,7 +581,7 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
     // second): inference folds the norms into the convolutions, f32
     // outputs, the same bits; training brings the loss down.
     let (mut on, mut off) = (net(true, true), net(false, true));
-    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 2 } else { 0 });
+    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 4 } else { 0 });
     let y_on = on.forward(&pool, &x, Mode::Eval).unwrap().clone();
     let y_off = off.forward(&pool, &x, Mode::Eval).unwrap().clone();
     assert_eq!(y_on.data(), y_off.data());

@@ -507,10 +507,11 @@ fn batch_norm_writes_bf16_copies_in_its_own_pass() {
     }
 }
 
-/// Batch norm reading its input in bf16 (a bf16 convolution's output)
-/// gives the bits it gives on that input widened to f32: statistics, y,
-/// the running statistics, dx and the parameter gradients, with and
-/// without the fused ReLU and the residual join.
+/// Batch norm reading its input in bf16 (a bf16 convolution's output),
+/// and in backward its output gradient (a bf16 convolution's dX), gives
+/// the bits it gives on them widened to f32: statistics, y, the running
+/// statistics, dx and the parameter gradients, with and without the fused
+/// ReLU and the residual join.
 #[test]
 fn batch_norm_reads_a_bf16_input_as_its_widened_values() {
     let pool = Pool::new(2).unwrap().always_parallel();
@@ -549,6 +550,18 @@ fn batch_norm_reads_a_bf16_input_as_its_widened_values() {
             .unwrap();
         assert_eq!(bits(&dx), bits(&dxt), "dx, {what}");
         assert_eq!((&dg, &db), (&dg2, &db2), "dgamma, dbeta, {what}");
+        // dy in bf16 too (a bf16 convolution's dX): the widened dy's bits.
+        let gb = Tensor4::rounded(&pool, &g);
+        a.backward_to(&pool, &x, yy, &gb.widened(), (&mut dx, None), dg, db)
+            .unwrap();
+        b.backward_to(&pool, &xb, yy, &gb, (&mut dxt, None), dg2, db2)
+            .unwrap();
+        assert_eq!(bits(&dx), bits(&dxt), "dx from bf16 dy, {what}");
+        assert_eq!(
+            (&dg, &db),
+            (&dg2, &db2),
+            "dgamma, dbeta from bf16 dy, {what}"
+        );
         // A bf16 input of other dims is an error naming it.
         let other = Tensor4::rounded(&pool, &Tensor4::zeros(n, c, h + 1, w, bc).unwrap());
         let e = b

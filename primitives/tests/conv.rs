@@ -280,6 +280,10 @@ fn every_valid_spec_gives_the_same_result() {
                 blocks_a: vec![1],
                 ..PassConfig::spec(spec)
             };
+            t.bwd = PassConfig {
+                spec: swap_bc(spec),
+                ..t.fwd.clone()
+            };
             check_bf16(q, t, Activation::Relu, seed);
         }
     }
@@ -442,6 +446,29 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
         same_bits(dx.data(), dx2.data()),
         "bf16 dX ({p:?}): from bf16 dZ"
     );
+    // dX in bf16 alone, from f32 or bf16 dZ: the f32 dX's bits rounded,
+    // where backward-data is one dense phase (stride 1); else an error.
+    for dzb in [None, Some(&dzb[..])] {
+        let mut dxb = Tensor4::zeros_bf16(p.n, p.c, p.h, p.w, tn.bc).unwrap();
+        dxb.data_mut().fill(bf16::NAN);
+        let r = cb.backward_data_bf16(&pool, &conv, &dz, dzb, &wtv, &mut dxb);
+        match cb.writes_dx_bf16() {
+            true => {
+                r.unwrap();
+                assert!(
+                    same_bits(dxb.widened().data(), &rounded(dx.data())),
+                    "bf16 dX alone ({p:?}, chunk {})",
+                    tn.bwd.chunk
+                );
+            }
+            false => assert!(r.unwrap_err().to_string().contains("stride"), "{p:?}"),
+        }
+    }
+    assert_eq!(
+        cb.writes_dx_bf16(),
+        p.stride_h == 1 && p.stride_w == 1,
+        "{p:?}"
+    );
     // In place where no border is padded: forward, a layer without one;
     // backward-data, at least a 1x1 layer without one.
     let (fwd, bwd) = cb.reads_in_place();
@@ -603,9 +630,10 @@ proptest! {
         t.bc = 2 * bc;
         t.bk = 2 * bk;
         t.bq = bq;
-        // C blocks per forward call (0: all): a bf16 output's blocks then
-        // sum over several calls.
+        // C (K) blocks per forward (backward-data) call (0: all): a bf16
+        // output's blocks then sum over several calls.
         t.fwd.chunk = fwd_chunk;
+        t.bwd.chunk = fwd_chunk;
         check_bf16(p, t, Activation::Relu, seed);
     }
 }

@@ -755,22 +755,23 @@ impl Graph {
     }
 
     /// Whether a layer whose readers all take its output in bf16 alone
-    /// writes only that ([`Layer::reads_bf16_only`],
+    /// writes only that, and a layer whose input gradient goes to a layer
+    /// that reads it so writes only that ([`Layer::reads_bf16_only`],
     /// [`Layer::write_bf16_only`]): a bf16 convolution before its batch
-    /// norm writes half the bytes, and the batch norm reads half in
-    /// forward and backward. On by default. Unlike the copies of
+    /// norm writes half the bytes, forward and backward (at stride 1),
+    /// and the batch norm reads half. On by default. Unlike the copies of
     /// [`Graph::set_bf16_handoff`] it changes what the readers see: the
-    /// batch norm normalises the convolution's output rounded to bf16 (as
-    /// PyTorch's autocast hands it over). Off keeps that output f32.
+    /// batch norm normalises the convolution's output rounded to bf16, and
+    /// its backward takes the gradient rounded (as PyTorch's autocast hands
+    /// them over). Off keeps them f32.
     pub fn set_bf16_only_outputs(&mut self, on: bool) {
         self.bf16_alone = on;
         self.link_bf16();
     }
 
-    /// How many layers write their output in bf16 alone, as the graph is
-    /// planned now: where every reader takes it so ([`Layer::reads_bf16_only`],
-    /// [`Layer::write_bf16_only`]; a bf16 convolution before its batch
-    /// norm), so that no f32 output is written or read.
+    /// How many outputs and input gradients layers write in bf16 alone, as
+    /// the graph is planned now ([`Graph::set_bf16_only_outputs`]), an
+    /// output and an input gradient counting one each.
     pub fn bf16_only_outputs(&self) -> usize {
         self.bf16_only
     }
@@ -825,14 +826,32 @@ impl Graph {
             };
             node.inputs.iter().for_each(|&j| only[j] &= takes);
         }
+        // Node i's input gradient in bf16 alone where the layer that
+        // receives it (through fused ReLUs) reads it so and nothing else.
+        let takes_dx = |mut j: usize| {
+            while self.nodes[j].fused && readers[j] == 1 {
+                j = self.nodes[j].inputs[0];
+            }
+            let node = &self.nodes[j];
+            j != 0
+                && readers[j] == 1
+                && !node.fused
+                && matches!(&node.op, Op::Layer(l) if l.reads_bf16_only())
+        };
+        let dx_only: Vec<bool> = (0..n)
+            .map(|i| {
+                let j = self.nodes[i].inputs.first().copied().unwrap_or(0);
+                self.bf16_alone && i > 0 && !self.nodes[i].fused && takes_dx(j)
+            })
+            .collect();
         self.handoffs = 0;
         self.bf16_only = 0;
         for (i, node) in self.nodes.iter_mut().enumerate() {
             if let Op::Layer(l) = &mut node.op {
                 let (o, d) = l.write_bf16(out[i], dx[i]);
                 self.handoffs += usize::from(o) + usize::from(d);
-                let on = only[i] && readers[i] > 0;
-                self.bf16_only += usize::from(l.write_bf16_only(on));
+                let (o, d) = l.write_bf16_only(only[i] && readers[i] > 0, dx_only[i]);
+                self.bf16_only += usize::from(o) + usize::from(d);
             }
         }
     }

@@ -57,9 +57,10 @@ pub struct Conv2d {
     /// The input arrives blocked ([`Layer::input_block`]): a bf16 copy of
     /// it would be in a layout this layer reads.
     blocked_input: bool,
-    /// Every reader takes the output in bf16 alone
-    /// ([`Layer::write_bf16_only`]).
+    /// Every reader takes the output, and the input's layer the input
+    /// gradient, in bf16 alone ([`Layer::write_bf16_only`]).
     bf16_out: bool,
+    bf16_dx: bool,
     /// The weights and bias in PyTorch's order until built; then one plan
     /// per group.
     state: State<Vec<Plan>>,
@@ -127,6 +128,8 @@ struct Plan {
     /// dL/d(pre-activation); unused without an activation (dZ = dY).
     dz: Buf,
     dx: Buf,
+    /// dX in bf16 alone, where the input's layer takes it so.
+    dxb: BfBuf,
     /// The group's input and output shapes.
     input: Shape,
     output: Shape,
@@ -164,6 +167,7 @@ impl Conv2d {
             bf16: false,
             blocked_input: false,
             bf16_out: false,
+            bf16_dx: false,
             state: State::Plain(Vec::new(), vec![0.0; out_c]),
             fold: None,
         };
@@ -275,6 +279,7 @@ impl Conv2d {
         let ps = self.state.plan("backward")?;
         let single = ps.len() == 1;
         let mut dx_plain = (!single && data).then(|| vec![0.0; ps[0].input.len() * ps.len()]);
+        let mut dx_bf16 = false;
         for (j, p) in ps.iter_mut().enumerate() {
             need_training(p.trained, "conv2d")?;
             let (bc, bk) = p.blocks();
@@ -294,7 +299,14 @@ impl Conv2d {
                     .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
                 &p.dz
             };
-            if data {
+            // dX in bf16 alone for the layer that reads it so.
+            dx_bf16 = data && single && self.bf16_dx && p.bf.is_some();
+            if dx_bf16 {
+                let b = p.bf.as_ref().expect("checked");
+                let dx = p.dxb.get_mut(p.input, bc)?;
+                b.conv
+                    .backward_data_bf16(pool, &p.conv, dz.get(), dzb, &b.ops.wtv, dx)?;
+            } else if data {
                 let dx = p.dx.get_mut(p.input, bc)?;
                 match &mut p.bf {
                     // The filter was packed for both passes by the forward.
@@ -335,6 +347,7 @@ impl Conv2d {
                 let s = ps[0].input;
                 Some(Tensor::from_vec(Shape::new(s.n, c_all, s.h, s.w), v)?)
             }
+            None if dx_bf16 => Some(ps[0].dxb.tensor()),
             None if data => Some(ps[0].dx.tensor()),
             None => None,
         })
@@ -495,6 +508,7 @@ impl Layer for Conv2d {
                 dy: Buf::default(),
                 dz: Buf::default(),
                 dx: Buf::default(),
+                dxb: BfBuf::default(),
                 input: Shape::new(input.n, cg, input.h, input.w),
                 output: Shape::new(input.n, kg, params.p(), params.q()),
                 w,
@@ -629,13 +643,15 @@ impl Layer for Conv2d {
         }
     }
 
-    fn write_bf16_only(&mut self, on: bool) -> bool {
-        let able = match self.state.built().map(|ps| &ps[..]) {
-            Some([p]) => p.bf.is_some() && self.act == Activation::Identity,
-            _ => false,
+    fn write_bf16_only(&mut self, out: bool, dx: bool) -> (bool, bool) {
+        let (o, d) = match self.state.built().map(|ps| &ps[..]) {
+            Some([p]) => p.bf.as_ref().map_or((false, false), |b| {
+                (self.act == Activation::Identity, b.conv.writes_dx_bf16())
+            }),
+            _ => (false, false),
         };
-        self.bf16_out = on && able;
-        self.bf16_out
+        (self.bf16_out, self.bf16_dx) = (out && o, dx && d);
+        (self.bf16_out, self.bf16_dx)
     }
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {

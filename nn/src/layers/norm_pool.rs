@@ -35,6 +35,8 @@ struct BnPlan {
     x_bf16: bool,
     y: Buf,
     dy: Buf,
+    /// The output gradient when it came in bf16 alone.
+    dyb: BfBuf,
     dx: Buf,
     /// The bf16 copies of y and dx, when asked for.
     yb: TwinBuf,
@@ -180,6 +182,7 @@ impl Layer for BatchNorm2d {
             x_bf16: false,
             y: Buf::default(),
             dy: Buf::default(),
+            dyb: BfBuf::default(),
             dx: Buf::default(),
             yb: TwinBuf::default(),
             dxb: TwinBuf::default(),
@@ -213,23 +216,34 @@ impl Layer for BatchNorm2d {
     fn backward(&mut self, pool: &Pool, dy: &Tensor) -> Result<Tensor> {
         let p = self.plan.as_mut().ok_or_else(|| unbuilt("backward"))?;
         need_training(p.trained, "batchnorm2d")?;
-        dy.blocked_into(pool, p.bc, &mut p.dy)?;
+        // An output gradient in bf16 alone (a bf16 convolution's dX) is
+        // read as it is.
+        let dy_bf16 = match dy.bf16_only_as(p.bc) {
+            Some(t) => {
+                p.dyb.share(t);
+                true
+            }
+            None => {
+                dy.blocked_into(pool, p.bc, &mut p.dy)?;
+                false
+            }
+        };
         let dx = p.dx.get_mut(p.shape, p.bc)?;
         let dxb = p.dxb.get_mut_if(self.bf16.1, dx.data().len())?;
-        let (dy, g) = (p.dy.get(), (&mut p.dgamma, &mut p.dbeta));
-        let y = p.bn.relu.then(|| p.y.get());
-        match p.x_bf16 {
-            true => {
-                p.bn.backward_to(pool, p.xb.get(), y, dy, (dx, dxb), g.0, g.1)?
-            }
-            false => {
-                p.bn.backward_to(pool, p.x.get(), y, dy, (dx, dxb), g.0, g.1)?
-            }
+        let (bn, g) = (&p.bn, (&mut p.dgamma, &mut p.dbeta));
+        let y = bn.relu.then(|| p.y.get());
+        let dx = (dx, dxb);
+        match (p.x_bf16, dy_bf16) {
+            (false, false) => bn.backward_to(pool, p.x.get(), y, p.dy.get(), dx, g.0, g.1)?,
+            (false, true) => bn.backward_to(pool, p.x.get(), y, p.dyb.get(), dx, g.0, g.1)?,
+            (true, false) => bn.backward_to(pool, p.xb.get(), y, p.dy.get(), dx, g.0, g.1)?,
+            (true, true) => bn.backward_to(pool, p.xb.get(), y, p.dyb.get(), dx, g.0, g.1)?,
         }
-        // The input was kept for this backward only.
+        // The input and the gradient were kept for this backward only.
         p.x.release();
         p.xb.release();
         p.dy.release();
+        p.dyb.release();
         p.trained = false;
         Ok(p.dx.tensor().with_bf16(self.bf16.1.then_some(&p.dxb)))
     }

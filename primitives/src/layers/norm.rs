@@ -393,12 +393,12 @@ impl BatchNorm {
     /// offset (the same bits), so neither sweep reads y: two streams of
     /// eight (`docs/tuning-notes.md`). `y` is still checked.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward_to<X: Widen>(
+    pub fn backward_to<X: Widen, D: Widen>(
         &self,
         pool: &Pool,
         x: &Tensor4<X>,
         y: Option<&Tensor4>,
-        dy: &Tensor4,
+        dy: &Tensor4<D>,
         (dx, dxb): (&mut Tensor4, Option<&mut [bf16]>),
         dgamma: &mut [f32],
         dbeta: &mut [f32],
@@ -448,9 +448,9 @@ impl BatchNorm {
             let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
             let ops = ops(i, i * len, len);
             match mask {
-                NO_MASK => grad_sums::<NO_MASK, X>(bc, planes, ops, mean, inv, out),
-                Y_MASK => grad_sums::<Y_MASK, X>(bc, planes, ops, mean, inv, out),
-                _ => grad_sums::<X_MASK, X>(bc, planes, ops, mean, inv, out),
+                NO_MASK => grad_sums::<NO_MASK, X, D>(bc, planes, ops, mean, inv, out),
+                Y_MASK => grad_sums::<Y_MASK, X, D>(bc, planes, ops, mean, inv, out),
+                _ => grad_sums::<X_MASK, X, D>(bc, planes, ops, mean, inv, out),
             }
         });
         dgamma.fill(0.0);
@@ -475,9 +475,9 @@ impl BatchNorm {
                 let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
                 let ops = ops(i, at, d.len());
                 match mask {
-                    NO_MASK => grad_apply::<NO_MASK, X>(bc, planes, ops, k, d),
-                    Y_MASK => grad_apply::<Y_MASK, X>(bc, planes, ops, k, d),
-                    _ => grad_apply::<X_MASK, X>(bc, planes, ops, k, d),
+                    NO_MASK => grad_apply::<NO_MASK, X, D>(bc, planes, ops, k, d),
+                    Y_MASK => grad_apply::<Y_MASK, X, D>(bc, planes, ops, k, d),
+                    _ => grad_apply::<X_MASK, X, D>(bc, planes, ops, k, d),
                 }
                 // SAFETY: plane i is this thread's.
                 unsafe { dxb.round(at, d) };
@@ -496,18 +496,19 @@ const Y_MASK: u8 = 1;
 const X_MASK: u8 = 2;
 
 /// One pixel's mask operands, `bc` lanes each: `[y, scale, offset]` as
-/// the mask `M` needs them (`dy` stands in for the others, unread).
+/// the mask `M` needs them (`unread`, `bc` long, stands in for the
+/// others).
 #[inline(always)]
 fn lanes<'a, const M: u8>(
     [y, sc, of]: [&'a [f32]; 3],
-    dy: &'a [f32],
+    unread: &'a [f32],
     p: usize,
     bc: usize,
 ) -> [&'a [f32]; 3] {
     match M {
-        NO_MASK => [dy, dy, dy],
-        Y_MASK => [&y[p..p + bc], dy, dy],
-        _ => [dy, &sc[..bc], &of[..bc]],
+        NO_MASK => [unread, unread, unread],
+        Y_MASK => [&y[p..p + bc], unread, unread],
+        _ => [unread, &sc[..bc], &of[..bc]],
     }
 }
 
@@ -525,9 +526,9 @@ fn masked<const M: u8>(g: f32, x: f32, y: f32, sc: f32, of: f32) -> f32 {
 
 /// The sums of g and g * xhat over a plane, per lane, where g is dy where
 /// the fused ReLU passed it (mask `M`, its operands `ops`).
-fn grad_sums<const M: u8, X: Widen>(
+fn grad_sums<const M: u8, X: Widen, D: Widen>(
     bc: usize,
-    (x, dy): (&[X], &[f32]),
+    (x, dy): (&[X], &[D]),
     ops: [&[f32]; 3],
     mean: &[f32],
     inv: &[f32],
@@ -539,10 +540,10 @@ fn grad_sums<const M: u8, X: Widen>(
         let end = (start + run).min(x.len());
         for p in (start..end).step_by(bc) {
             let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
-            let [ys, sc, of] = lanes::<M>(ops, gs, p, bc);
+            let [ys, sc, of] = lanes::<M>(ops, mean, p, bc);
             for j in 0..bc {
                 let x = xs[j].f32();
-                let g = masked::<M>(gs[j], x, ys[j], sc[j], of[j]);
+                let g = masked::<M>(gs[j].f32(), x, ys[j], sc[j], of[j]);
                 a[j] += g;
                 b[j] += g * (x - mean[j]) * inv[j];
             }
@@ -558,9 +559,9 @@ fn grad_sums<const M: u8, X: Widen>(
 
 /// dx of one piece; `k` is (gamma*inv, mean(g), mean(g*xhat), mean, inv)
 /// of the plane's lanes, `ops` the mask's operands ([`masked`]).
-fn grad_apply<const M: u8, X: Widen>(
+fn grad_apply<const M: u8, X: Widen, D: Widen>(
     bc: usize,
-    (x, dy): (&[X], &[f32]),
+    (x, dy): (&[X], &[D]),
     ops: [&[f32]; 3],
     k: [&[f32]; 5],
     d: &mut [f32],
@@ -568,10 +569,10 @@ fn grad_apply<const M: u8, X: Widen>(
     let [k1, k2, k3, mean, inv] = k;
     for (p, o) in (0..d.len()).step_by(bc).zip(d.chunks_exact_mut(bc)) {
         let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
-        let [ys, sc, of] = lanes::<M>(ops, gs, p, bc);
+        let [ys, sc, of] = lanes::<M>(ops, mean, p, bc);
         for j in 0..bc {
             let x = xs[j].f32();
-            let g = masked::<M>(gs[j], x, ys[j], sc[j], of[j]);
+            let g = masked::<M>(gs[j].f32(), x, ys[j], sc[j], of[j]);
             let xhat = (x - mean[j]) * inv[j];
             o[j] = k1[j] * (g - k2[j] - xhat * k3[j]);
         }

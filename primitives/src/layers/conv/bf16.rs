@@ -105,6 +105,18 @@ struct UpdTap {
     kernel: usize,
 }
 
+/// The f32 sums of an output in bf16 alone ([`Out::Bf16`]): none where
+/// each block's sums stay in L1 (`whole`), else `acc` grown to `len`.
+fn block_sums(acc: &mut AlignedVec<f32>, whole: bool, len: usize) -> &mut [f32] {
+    match whole {
+        true => &mut [],
+        false => {
+            acc.resize(len, 0.0);
+            &mut acc[..]
+        }
+    }
+}
+
 /// The bf16 forward and (stride-1) backward-data of a [`Conv`] layer.
 pub struct ConvBf16 {
     fwd: Gather<bf16>,
@@ -408,13 +420,7 @@ impl ConvBf16 {
     ) -> Result<()> {
         conv.check_y("Y", y)?;
         let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
-        let acc = match self.fwd.whole_blocks() {
-            true => &mut [][..],
-            false => {
-                acc.resize(y.data.len(), 0.0);
-                &mut acc[..]
-            }
-        };
+        let acc = block_sums(&mut acc, self.fwd.whole_blocks(), y.data.len());
         let out = Out::Bf16(&mut y.data, acc);
         self.forward_with(pool, conv, (x, xb), wv, bias, None, out)?;
         conv.clear_channel_tail(pool, y);
@@ -465,19 +471,63 @@ impl ConvBf16 {
         wtv: &[bf16],
         dx: &mut Tensor4,
     ) -> Result<()> {
+        conv.check_x("dX", dx)?;
+        self.backward_data_with(pool, conv, (dz, dzb), wtv, Out::F32(&mut dx.data))
+    }
+
+    /// As [`ConvBf16::backward_data`], with dX in bf16 alone (rounded from
+    /// each block's f32 sums in L1, the bits of the f32 dX rounded): the
+    /// output gradient of a batch norm that reads it so
+    /// ([`crate::BatchNorm::backward_to`]). Only where backward-data is one
+    /// phase that writes every pixel of dX, stride 1
+    /// ([`ConvBf16::writes_dx_bf16`]); elsewhere an error.
+    pub fn backward_data_bf16(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        dz: &Tensor4,
+        dzb: Option<&[bf16]>,
+        wtv: &[bf16],
+        dx: &mut Tensor4<bf16>,
+    ) -> Result<()> {
+        conv.check_x("dX", dx)?;
+        if !self.writes_dx_bf16() {
+            let p = &self.params;
+            return Err(shape(
+                "bf16 dX",
+                format!("strides ({}, {})", p.stride_h, p.stride_w),
+                "backward-data writes dX in bf16 alone at stride 1 only",
+            ));
+        }
+        let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
+        let acc = block_sums(&mut acc, self.bwd.whole_blocks(), dx.data.len());
+        self.backward_data_with(pool, conv, (dz, dzb), wtv, Out::Bf16(&mut dx.data, acc))
+    }
+
+    /// Whether [`ConvBf16::backward_data_bf16`] can write dX in bf16 alone
+    /// (stride 1).
+    pub fn writes_dx_bf16(&self) -> bool {
+        self.bwd.one_dense_phase()
+    }
+
+    fn backward_data_with(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        (dz, dzb): (&Tensor4, Option<&[bf16]>),
+        wtv: &[bf16],
+        dx: Out<'_>,
+    ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
         conv.check_y("dZ", dz)?;
         check_buf("packed Wt", wtv.len(), conv.filter_len())?;
-        conv.check_x("dX", dx)?;
         match dzb {
             Some(dzb) => {
                 check_buf("bf16 dZ", dzb.len(), dz.data.len())?;
-                self.bwd.run(pool, dzb, wtv, &mut dx.data)
+                self.bwd.run(pool, dzb, wtv, dx)
             }
-            None => self
-                .bwd
-                .run_converted(pool, &dz.data, round_slice, wtv, &mut dx.data),
+            None => self.bwd.run_converted(pool, &dz.data, round_slice, wtv, dx),
         }
         Ok(())
     }

@@ -462,7 +462,7 @@ impl Conv {
         }
         Ok(())
     }
-    fn check_x(&self, what: &str, t: &Tensor4) -> Result<()> {
+    fn check_x<T>(&self, what: &str, t: &Tensor4<T>) -> Result<()> {
         let p = &self.params;
         self.check_t(what, t, (p.c, p.h, p.w, self.tuning.bc))
     }
@@ -610,7 +610,9 @@ impl Conv {
         self.check_x("dX", dx)?;
         match &self.bwd_narrow {
             Some(nw) => nw.run(pool, &dz.data, &wt.data, &mut dx.data),
-            None => self.bwd.run(pool, &dz.data, &wt.data, &mut dx.data),
+            None => self
+                .bwd
+                .run(pool, &dz.data, &wt.data, Out::F32(&mut dx.data)),
         }
         Ok(())
     }

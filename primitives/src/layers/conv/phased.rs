@@ -256,7 +256,7 @@ impl PhasePlan {
 impl<T: Element + Default + Send + Sync> Phased<T> {
     /// dX from dY and the transposed filter `wt` (dY read in place where
     /// no phase reads past its edges). Sizes were checked by the caller.
-    pub(super) fn run(&self, pool: &Pool, dy: &[T], wt: &[T], dx: &mut [f32]) {
+    pub(super) fn run(&self, pool: &Pool, dy: &[T], wt: &[T], dx: Out<'_>) {
         if self.unpadded() {
             return self.run_padded(pool, dy, wt, dx);
         }
@@ -282,7 +282,7 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
         dy: &[S],
         conv: impl Fn(&mut [T], &[S]) + Sync,
         wt: &[T],
-        dx: &mut [f32],
+        dx: Out<'_>,
     ) {
         let p = &self.plan;
         let mut xs = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
@@ -293,13 +293,37 @@ impl<T: Element + Default + Send + Sync> Phased<T> {
         self.run_padded(pool, &xs, wt, dx)
     }
 
-    fn run_padded(&self, pool: &Pool, dy: &[T], wt: &[T], dx: &mut [f32]) {
+    fn run_padded(&self, pool: &Pool, dy: &[T], wt: &[T], dx: Out<'_>) {
+        let dx = match dx {
+            Out::F32(dx) => dx,
+            bf16 => {
+                debug_assert!(self.one_dense_phase());
+                return self.phases[0].run_padded(pool, dy, wt, None, None, bf16);
+            }
+        };
         for g in &self.phases {
             g.run_padded(pool, dy, wt, None, None, Out::F32(dx));
         }
         if !self.phases.iter().any(|g| g.zero_between) {
             self.zero_holes(pool, dx);
         }
+    }
+
+    /// Whether dX is one phase that writes every pixel (stride 1): what an
+    /// output in bf16 alone ([`Out::Bf16`]) needs.
+    pub(super) fn one_dense_phase(&self) -> bool {
+        match &self.phases[..] {
+            [g] => {
+                let o = g.g.out;
+                o.step == (1, 1) && o.first == (0, 0) && !g.zero_between
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether each dX block's sums can stay in L1 ([`Gather::whole_blocks`]).
+    pub(super) fn whole_blocks(&self) -> bool {
+        self.phases.iter().all(|g| g.whole_blocks())
     }
 
     /// Zeros the dX pixels of the phases no tap reaches.
