@@ -109,6 +109,27 @@ impl Bf16Isa {
     }
 }
 
+/// Whether f32 -> bf16 rounding may use the AVX512-BF16 conversion
+/// (`vcvtne2ps2bf16`, 32 values per instruction, with AVX512 BW, VL and DQ
+/// for the masks and shuffles around it): the CPU has all four and
+/// `BRGEMM_ISA` selects AVX-512 (a lower ISA asked for runs the portable
+/// loops, which round to the same bits). Read once per process.
+pub fn converts_in_hardware() -> bool {
+    static HW: OnceLock<bool> = OnceLock::new();
+    *HW.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::Isa::selected() == Ok(crate::Isa::Avx512)
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// Packs a plain column-major `m x k` matrix (leading dimension `ld` >= m)
 /// into VNNI layout with `lda` (>= m) pairs per k-pair row; an odd k is
 /// padded with a zero column. The result is 64-byte aligned: with `lda` a

@@ -60,23 +60,48 @@ pub fn to_bf16(pool: &Pool, src: &[f32], dst: &mut AlignedVec<bf16>) {
     pool.for_slices(dst, |lo, out| round_slice(out, &src[lo..]));
 }
 
+/// Rounds `src` into `dst` (nearest even, as [`round_bf16`]), as far as the
+/// shorter reaches: with the AVX512-BF16 conversion where the CPU has it
+/// ([`brgemm::bf16::converts_in_hardware`]; 3.9x the compiled loop on
+/// L1-resident values, 2x from L2, 1.2x from memory, Zen 4), else the loop
+/// compiled for the kernels' ISA.
+pub(crate) fn round_slice(dst: &mut [bf16], src: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if brgemm::bf16::converts_in_hardware() {
+        // SAFETY: the CPU has the features `hw` is compiled for.
+        return unsafe { hw::round_slice(dst, src) };
+    }
+    round_slice_vec(dst, src)
+}
+
 crate::math::widest! {
-    /// Rounds `src` into `dst` (nearest even), as far as the shorter
-    /// reaches; compiled for the kernels' ISA. Built for baseline x86-64
-    /// the loop stayed scalar: 28% of a bf16 3x3 convolution's forward
-    /// (64 channels, 56x56), in the padded copy that rounds its input.
-    pub(crate) fn round_slice / round_slice_plain(dst: &mut [bf16], src: &[f32]) {
+    /// [`round_slice`] without the conversion instruction, compiled for
+    /// the kernels' ISA. Built for baseline x86-64 the loop stayed scalar:
+    /// 28% of a bf16 3x3 convolution's forward (64 channels, 56x56), in the
+    /// padded copy that rounds its input.
+    pub(crate) fn round_slice_vec / round_slice_plain(dst: &mut [bf16], src: &[f32]) {
         for (o, v) in dst.iter_mut().zip(src) {
             *o = round_bf16(*v);
         }
     }
 }
 
+/// `dst[2i] = bf16(a[i])`, `dst[2i + 1] = bf16(b[i])`: two rows rounded
+/// into VNNI pairs (the reduction dimension interleaved by two); and
+/// `sum[i] += a[i] + b[i]` (a bias gradient in the same read). With the
+/// AVX512-BF16 conversion where the CPU has it, as [`round_slice`].
+pub(crate) fn interleave_round(dst: &mut [bf16], a: &[f32], b: &[f32], sum: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if brgemm::bf16::converts_in_hardware() {
+        // SAFETY: the CPU has the features `hw` is compiled for.
+        return unsafe { hw::interleave_round(dst, a, b, sum) };
+    }
+    interleave_round_vec(dst, a, b, sum)
+}
+
 crate::math::widest! {
-    /// `dst[2i] = bf16(a[i])`, `dst[2i + 1] = bf16(b[i])`: two rows rounded
-    /// into VNNI pairs (the reduction dimension interleaved by two); and
-    /// `sum[i] += a[i] + b[i]` (a bias gradient in the same read).
-    pub(crate) fn interleave_round / interleave_round_plain(
+    /// [`interleave_round`] without the conversion instruction.
+    pub(crate) fn interleave_round_vec / interleave_round_plain(
         dst: &mut [bf16],
         a: &[f32],
         b: &[f32],
@@ -157,6 +182,13 @@ pub(crate) fn transpose_round(
     // fast path's raw accesses rely on these, checked once per call.
     assert!(src.len() >= ((n - 1) * step + 1) * c && dst.len() >= (c - 1) * ld + n);
     #[cfg(target_arch = "x86_64")]
+    if brgemm::bf16::converts_in_hardware() {
+        // SAFETY: the CPU has the features the function is compiled for;
+        // the bounds are checked above.
+        unsafe { transpose_round_hw(dst.as_mut_ptr(), ld, src.as_ptr(), c, n, step) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if brgemm::Isa::selected() == Ok(brgemm::Isa::Avx512) {
         // SAFETY: `selected` returns only ISAs this CPU has (AVX-512F);
         // the bounds are checked above.
@@ -211,54 +243,58 @@ fn transpose_round_generic(
     }
 }
 
-/// [`transpose_round`] on AVX-512F: 16 pixels x 16 channels per step,
+/// [`transpose_round`] on AVX-512: 16 pixels x 16 channels per step,
 /// loaded as 16 vectors (the pixels' channel runs, masked at a channel
-/// tail, zero past a pixel tail), transposed in registers, rounded as
-/// [`round_bf16`] rounds, and each channel's 16 values narrowed and stored
-/// in one masked `vpmovdw`: 0.26 ns per value from L1 against the generic
-/// path's 0.79 (which stages strided pixels, transposes 8x8 tiles, rounds
-/// and copies rows). From memory, as the convolution update reads X, both
-/// wait on the loads (1.1 against 1.4 ns per value, Zen 4).
+/// tail, zero past a pixel tail), transposed in registers, each channel's
+/// 16 values rounded as [`round_bf16`] rounds and stored in one masked
+/// store by `$store`: `transpose_round_avx512` narrows with `vpmovdw`
+/// (0.26 ns per value from L1 against the generic path's 0.79, which stages
+/// strided pixels, transposes 8x8 tiles, rounds and copies rows; from
+/// memory, as the convolution update reads X, both wait on the loads: 1.1
+/// against 1.4 ns per value, Zen 4), `transpose_round_hw` converts with
+/// AVX512-BF16.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `src` holds `((n - 1) * step + 1) * c` values
+/// The CPU has `$features`; `src` holds `((n - 1) * step + 1) * c` values
 /// and `dst` `(c - 1) * ld + n`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose_round_avx512(
-    dst: *mut bf16,
-    ld: usize,
-    src: *const f32,
-    c: usize,
-    n: usize,
-    step: usize,
-) {
-    use std::arch::x86_64::*;
-    let lanes = |k: usize| if k >= 16 { 0xFFFFu16 } else { (1u16 << k) - 1 };
-    for p0 in (0..n).step_by(16) {
-        let w = (n - p0).min(16);
-        for j0 in (0..c).step_by(16) {
-            let cw = (c - j0).min(16);
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (i, v) in r.iter_mut().enumerate().take(w) {
-                *v = _mm512_maskz_loadu_ps(lanes(cw), src.add(((p0 + i) * step) * c + j0));
-            }
-            let t = transpose16(r);
-            for (j, v) in t.iter().enumerate().take(cw) {
-                let b = _mm512_castps_si512(*v);
-                let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-                let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
-                let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, bias));
-                let abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF));
-                let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
-                let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
-                let out = _mm512_mask_blend_epi32(nan, rounded, quiet);
-                let at = dst.add((j0 + j) * ld + p0) as *mut i16;
-                _mm512_mask_cvtepi32_storeu_epi16(at, lanes(w), out);
+macro_rules! transpose_round_x86 {
+    ($name:ident, $features:literal, $store:path) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            dst: *mut bf16,
+            ld: usize,
+            src: *const f32,
+            c: usize,
+            n: usize,
+            step: usize,
+        ) {
+            use std::arch::x86_64::*;
+            let lanes = |k: usize| if k >= 16 { 0xFFFFu16 } else { (1u16 << k) - 1 };
+            for p0 in (0..n).step_by(16) {
+                let w = (n - p0).min(16);
+                for j0 in (0..c).step_by(16) {
+                    let cw = (c - j0).min(16);
+                    let mut r = [_mm512_setzero_ps(); 16];
+                    for (i, v) in r.iter_mut().enumerate().take(w) {
+                        let at = src.add(((p0 + i) * step) * c + j0);
+                        *v = _mm512_maskz_loadu_ps(lanes(cw), at);
+                    }
+                    let t = transpose16(r);
+                    for (j, v) in t.iter().enumerate().take(cw) {
+                        $store(*v, dst.add((j0 + j) * ld + p0), lanes(w));
+                    }
+                }
             }
         }
-    }
+    };
 }
+transpose_round_x86!(transpose_round_avx512, "avx512f", hw::store_narrowed);
+transpose_round_x86!(
+    transpose_round_hw,
+    "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq",
+    hw::store_converted
+);
 
 /// The 16 x 16 transpose of 16 vectors: lane j of the result's vector i
 /// is lane i of input vector j.
@@ -294,6 +330,131 @@ fn transpose16(mut r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__
         r[k + 8] = _mm512_shuffle_f32x4::<0xDD>(t[k], t[k + 8]);
     }
     r
+}
+
+/// The rounding loops on x86 vectors: [`round_bf16`]'s integer rounding on
+/// 16 lanes (AVX-512F), and the AVX512-BF16 conversion, which rounds to
+/// nearest even as [`round_bf16`] does except that it flushes subnormal
+/// inputs to zero: a vector with a subnormal lane (`vfpclassps`, rare)
+/// takes the integer rounding, so every path gives the same bits.
+#[cfg(target_arch = "x86_64")]
+mod hw {
+    use super::{bf16, round_bf16};
+    use std::arch::x86_64::*;
+
+    /// [`round_bf16`] on 16 lanes, each result in its lane's low half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn round_bits(b: __m512i) -> __m512i {
+        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        let bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(b, bias));
+        let abs = _mm512_and_si512(b, _mm512_set1_epi32(0x7FFF_FFFF));
+        let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+        let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
+        _mm512_mask_blend_epi32(nan, rounded, quiet)
+    }
+
+    /// Rounds `v` and stores the lanes of `mask` at `at` (`vpmovdw`).
+    ///
+    /// # Safety
+    /// The masked lanes of `at` are writable.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn store_narrowed(v: __m512, at: *mut bf16, mask: u16) {
+        let out = round_bits(_mm512_castps_si512(v));
+        // SAFETY: the masked lanes are writable (the contract).
+        unsafe { _mm512_mask_cvtepi32_storeu_epi16(at as *mut i16, mask, out) };
+    }
+
+    /// 16 values rounded as [`round_bf16`] rounds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")]
+    fn round16(v: __m512) -> __m256i {
+        if _mm512_fpclass_ps_mask::<0x20>(v) == 0 {
+            // SAFETY: both are 256 bits of plain data.
+            unsafe { std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v)) }
+        } else {
+            _mm512_cvtepi32_epi16(round_bits(_mm512_castps_si512(v)))
+        }
+    }
+
+    /// 32 values, `lo` then `hi`, rounded as [`round_bf16`] rounds.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")]
+    fn round32(lo: __m512, hi: __m512) -> __m512i {
+        let sub = _mm512_fpclass_ps_mask::<0x20>(lo) | _mm512_fpclass_ps_mask::<0x20>(hi);
+        if sub == 0 {
+            // SAFETY: both are 512 bits of plain data.
+            unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
+        } else {
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(round16(lo)), round16(hi))
+        }
+    }
+
+    /// Rounds `v` and stores the lanes of `mask` at `at`.
+    ///
+    /// # Safety
+    /// The masked lanes of `at` are writable.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn store_converted(v: __m512, at: *mut bf16, mask: u16) {
+        // SAFETY: the masked lanes are writable (the contract).
+        unsafe { _mm256_mask_storeu_epi16(at as *mut i16, mask, round16(v)) };
+    }
+
+    /// [`super::round_slice`], 32 values per step.
+    ///
+    /// # Safety
+    /// The CPU has the features this is compiled for.
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn round_slice(dst: &mut [bf16], src: &[f32]) {
+        let n = dst.len().min(src.len());
+        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n, the length of both.
+            unsafe {
+                let out = round32(_mm512_loadu_ps(s.add(i)), _mm512_loadu_ps(s.add(i + 16)));
+                _mm512_storeu_si512(d.add(i) as *mut __m512i, out);
+            }
+            i += 32;
+        }
+        for (o, v) in dst[i..n].iter_mut().zip(&src[i..n]) {
+            *o = round_bf16(*v);
+        }
+    }
+
+    /// [`super::interleave_round`], 16 pairs per step: the two rows'
+    /// values converted side by side, then interleaved by `vpermw`.
+    ///
+    /// # Safety
+    /// The CPU has the features this is compiled for.
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq")]
+    pub(super) unsafe fn interleave_round(dst: &mut [bf16], a: &[f32], b: &[f32], sum: &mut [f32]) {
+        let n = (dst.len() / 2).min(a.len()).min(b.len()).min(sum.len());
+        let (d, pa, pb, ps) = (dst.as_mut_ptr(), a.as_ptr(), b.as_ptr(), sum.as_mut_ptr());
+        // Word i of the result: a's value i / 2 (words 0-15), or b's (16-31).
+        let pairs = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n: within a, b and sum, and 2 (i + 16)
+            // within dst.
+            unsafe {
+                let (va, vb) = (_mm512_loadu_ps(pa.add(i)), _mm512_loadu_ps(pb.add(i)));
+                let both = round32(va, vb);
+                let out = _mm512_permutexvar_epi16(pairs, both);
+                _mm512_storeu_si512(d.add(2 * i) as *mut __m512i, out);
+                let s = _mm512_add_ps(_mm512_loadu_ps(ps.add(i)), _mm512_add_ps(va, vb));
+                _mm512_storeu_ps(ps.add(i), s);
+            }
+            i += 16;
+        }
+        super::interleave_round_plain(&mut dst[2 * i..], &a[i..], &b[i..], &mut sum[i..]);
+    }
 }
 
 /// The block grid of a weight tensor to pack: `outer x inner` block pairs
@@ -431,25 +592,63 @@ mod tests {
             .collect()
     }
 
+    /// [`values`], and the same with its subnormals kept only at 3 and
+    /// 700: the hardware conversion's vectors with and without one.
+    fn value_sets(n: usize) -> [Vec<f32>; 2] {
+        let all = values(n);
+        let mut few = all.clone();
+        for (i, v) in few.iter_mut().enumerate() {
+            if v.is_subnormal() && i != 3 && i != 700 {
+                *v = 0.5;
+            }
+        }
+        [all, few]
+    }
+
     #[test]
     fn rounding_loops_compiled_for_the_isa_equal_the_plain_ones() {
-        let src = values(1000);
-        let (mut a, mut b) = (vec![bf16::ZERO; 1000], vec![bf16::ZERO; 1000]);
-        round_slice(&mut a, &src);
-        round_slice_plain(&mut b, &src);
         let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&a), bits(&b));
+        for src in value_sets(1000) {
+            let want: Vec<u16> = src.iter().map(|v| round_bf16(*v).to_bits()).collect();
+            // Every length around the 32-value steps, from every offset.
+            for (lo, len) in [(0, 1000), (1, 999), (5, 31), (7, 33), (0, 64), (3, 0)] {
+                let src = &src[lo..lo + len];
+                let mut out = [vec![bf16::ZERO; len], vec![bf16::ZERO; len]];
+                let mut plain = vec![bf16::ZERO; len];
+                round_slice(&mut out[0], src);
+                round_slice_vec(&mut out[1], src);
+                round_slice_plain(&mut plain, src);
+                for o in &out {
+                    assert_eq!(bits(o), bits(&plain), "offset {lo} length {len}");
+                }
+                assert_eq!(bits(&plain), want[lo..lo + len], "offset {lo} length {len}");
+            }
+            let want = |i: usize| round_bf16(src[i]).to_bits();
+            let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for pairs in [500, 37, 16, 5] {
+                let (a, b) = (&src[..pairs], &src[500..500 + pairs]);
+                let mut out = [vec![bf16::ZERO; 2 * pairs], vec![bf16::ZERO; 2 * pairs]];
+                let mut sums = [vec![1.0f32; pairs], vec![1.0f32; pairs]];
+                let (mut plain, mut plain_sum) = (vec![bf16::ZERO; 2 * pairs], vec![1.0; pairs]);
+                interleave_round(&mut out[0], a, b, &mut sums[0]);
+                interleave_round_vec(&mut out[1], a, b, &mut sums[1]);
+                interleave_round_plain(&mut plain, a, b, &mut plain_sum);
+                for (o, s) in out.iter().zip(&sums) {
+                    assert_eq!(bits(o), bits(&plain), "{pairs} pairs");
+                    assert_eq!(fbits(s), fbits(&plain_sum), "{pairs} pairs");
+                }
+                for i in 0..pairs {
+                    assert_eq!(plain[2 * i].to_bits(), want(i), "pair {i}");
+                    assert_eq!(plain[2 * i + 1].to_bits(), want(500 + i), "pair {i}");
+                    assert_eq!(plain_sum[i].to_bits(), (1.0 + (a[i] + b[i])).to_bits());
+                }
+            }
+        }
+        let src = values(1000);
+        let mut a = vec![bf16::ZERO; 1000];
+        round_slice(&mut a, &src);
         assert_eq!(a[7].to_bits(), 0x3F80);
         assert_eq!(a[8].to_bits(), 0x3F82);
-        let (mut a, mut b) = (vec![bf16::ZERO; 1000], vec![bf16::ZERO; 1000]);
-        let (mut sa, mut sb) = (vec![1.0f32; 500], vec![1.0f32; 500]);
-        interleave_round(&mut a, &src[..500], &src[500..], &mut sa);
-        interleave_round_plain(&mut b, &src[..500], &src[500..], &mut sb);
-        assert_eq!(bits(&a), bits(&b));
-        let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(fbits(&sa), fbits(&sb));
-        assert_eq!(sa[30], 1.0 + src[30] + src[530]);
-        assert_eq!(a[1].to_bits(), round_bf16(src[500]).to_bits());
     }
 
     #[test]
@@ -464,8 +663,8 @@ mod tests {
         ] {
             // Pixels side by side, and every second or third one (the
             // phases of a strided convolution).
-            for step in 1..=3 {
-                let src = values(((n - 1) * step + 1) * c);
+            for (step, set) in (1..=3).flat_map(|s| [(s, 0), (s, 1)]) {
+                let src = value_sets(((n - 1) * step + 1) * c)[set].clone();
                 // The path this CPU takes, and the generic one everywhere.
                 let mut paths: Vec<(&str, Vec<bf16>)> = Vec::new();
                 let mut dst = vec![bf16::from_f32(7.0); c * ld];
@@ -474,6 +673,15 @@ mod tests {
                 let mut dst = vec![bf16::from_f32(7.0); c * ld];
                 transpose_round_generic(&mut dst, ld, &src, c, n, step);
                 paths.push(("generic", dst));
+                #[cfg(target_arch = "x86_64")]
+                if brgemm::Isa::selected() == Ok(brgemm::Isa::Avx512) {
+                    let mut dst = vec![bf16::from_f32(7.0); c * ld];
+                    // SAFETY: AVX-512F (selected); the sizes as above.
+                    unsafe {
+                        transpose_round_avx512(dst.as_mut_ptr(), ld, src.as_ptr(), c, n, step)
+                    };
+                    paths.push(("avx512", dst));
+                }
                 for (path, dst) in &paths {
                     for j in 0..c {
                         for p in 0..ld {
