@@ -287,6 +287,19 @@ fn every_valid_spec_gives_the_same_result() {
             check_bf16(q, t, Activation::Relu, seed);
         }
     }
+    // Backward-data's reduction (b) blocked, its inner loop innermost: the
+    // nest comes back to a dX block after the others, so a bf16 dX keeps
+    // its sums in f32 of dX's size, not in L1.
+    for (q, seed) in [(p, 15), (p2, 16)] {
+        let mut t = base(&q);
+        t.bwd = PassConfig {
+            chunk: 1,
+            blocks_b: vec![1],
+            ..PassConfig::spec("bACDEb")
+        };
+        check(q, t.clone(), Activation::Relu, seed);
+        check_bf16(q, t, Activation::Relu, seed);
+    }
     for (spec, chunk) in [
         ("aBCFG", 3),
         ("BCFGa", 1),

@@ -368,12 +368,17 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
 
     /// Whether each output block's calls follow one another on one thread
     /// (the whole reduction in one call, or the reduction the nest's
-    /// innermost loop), so that [`Out::Bf16`] can keep a block's f32 sums
-    /// in L1 until it is complete, and needs none of the output's size.
+    /// innermost loop and not blocked: a blocked one comes back to the
+    /// block after others), so that [`Out::Bf16`] can keep a block's f32
+    /// sums in L1 until it is complete, and needs none of the output's
+    /// size.
     pub(super) fn whole_blocks(&self) -> bool {
         let red = char::from(b'a' + self.red_loop as u8);
-        let inner = self.nest.spec().chars().last();
-        (self.chunk >= self.g.in_blocks || inner.is_some_and(|c| c.eq_ignore_ascii_case(&red)))
+        let spec = self.nest.spec();
+        let is_red = |c: &char| c.eq_ignore_ascii_case(&red);
+        let inner = spec.chars().last().is_some_and(|c| is_red(&c));
+        let once = spec.chars().filter(is_red).count() == 1;
+        (self.chunk >= self.g.in_blocks || (inner && once))
             && self.g.out.step == (1, 1)
             && !self.zero_between
     }
@@ -414,6 +419,16 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         let out_at = |ni: usize, ob: usize, pr: usize, q0: usize| {
             yv.at([ni, ob, o.first.0 + pr * o.step.0, o.first.1 + q0 * o.step.1])
         };
+        // The next call is looked up only for kernels that prefetch it. A
+        // call brings in the next call's output block where that block is
+        // one run of memory and the call a single pair; and every call of
+        // a phase of backward-data at a stride, whose output pixels lie
+        // `step` apart (the run over them, the other phases' pixels between
+        // included): its few taps make short calls whose stores otherwise
+        // wait on memory at each call's end (3x3 stride-2 layers x1.00-1.05,
+        // Zen 4, alternated in one process). Not a phase that zeroes the
+        // pixels between its own (the 1x1 stride-2 projection: x0.87-0.96),
+        // nor a bf16 output, whose f32 blocks are not in the output.
         let pf = yb.is_none()
             && self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
         let (span, every) = (o.step.1, o.step.1 > 1 && !self.zero_between);
