@@ -162,10 +162,7 @@ impl Tensor {
     /// The channel block of the blocked layout the values travel in, if
     /// any (a detail of the layers' planning, shown for diagnostics).
     pub fn block(&self) -> Option<usize> {
-        match &self.layout {
-            Layout::NchwBf16(t) => Some(t.dims().4),
-            _ => self.blocked().map(|t| t.dims().4),
-        }
+        self.blocked().map(|t| t.dims().4)
     }
     /// The same values under another shape of equal size (a flatten).
     pub(crate) fn reshaped(self, shape: Shape) -> Tensor {
@@ -600,6 +597,34 @@ mod tests {
         m.data_mut()[0] = 100.0;
         assert_eq!(m.block(), None);
         assert_eq!(m.data()[0], 100.0);
+    }
+
+    #[test]
+    fn values_in_bf16_alone_are_widened_for_f32_readers() {
+        let s = Shape::new(2, 5, 3, 2);
+        let plain: Vec<f32> = (0..s.len()).map(|i| i as f32 * 0.37 - 7.5).collect();
+        let pool = Pool::new(2).unwrap().always_parallel();
+        let mut blocked = Buf::default();
+        Tensor::from_vec(s, plain.clone())
+            .unwrap()
+            .blocked_into(&pool, 4, &mut blocked)
+            .unwrap();
+        let mut bb = BfBuf::default();
+        *bb.get_mut(s, 4).unwrap() = Tensor4::rounded(&pool, blocked.get());
+        let t = bb.tensor();
+        let want: Vec<f32> = plain.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+        assert!(t.is_bf16_only() && t.has_bf16());
+        // No f32 blocked layout to share: f32 readers take the plain path.
+        assert_eq!(t.block(), None);
+        assert_eq!(t.data(), &want[..]);
+        assert_eq!(t.bf16_blocked_as(4).map(<[bf16]>::len), Some(2 * 2 * 6 * 4));
+        assert!(t.bf16_blocked_as(3).is_none());
+        // Widened into the same block, and into another.
+        for bc in [4, 3] {
+            let mut out = Buf::default();
+            bb.tensor().blocked_into(&pool, bc, &mut out).unwrap();
+            assert_eq!(out.get().to_nchw(), want, "block {bc}");
+        }
     }
 
     #[test]
