@@ -226,10 +226,7 @@ fn bench_conv_bf16(
     report("upd", [f0, b, b, f1]);
     // Backward-data reads the filter packed with forward's: one figure.
     let f0 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
-    let b = time_bf16(&mut || {
-        cb.backward_data(pool, conv, dz, None, &wtv, &mut dx)
-            .unwrap()
-    });
+    let b = time_bf16(&mut || cb.backward_data(pool, conv, dz, &wtv, &mut dx).unwrap());
     let f1 = time(&mut || conv.backward_data(pool, dz, &wt, &mut dx).unwrap());
     report("bwd", [f0, b, b, f1]);
 }

@@ -146,11 +146,13 @@ pub trait Layer: std::any::Any + Send {
 
     /// Whether the layer reads its input in forward, and its output
     /// gradient in backward, in bf16 alone (a tensor whose values exist
-    /// only in bf16, [`Tensor::is_bf16_only`]) as fast as f32 and with the
-    /// same arithmetic on the widened values: batch norm. Other layers get
-    /// such a tensor widened. False by default.
-    fn reads_bf16_only(&self) -> bool {
-        false
+    /// only in bf16, [`Tensor::is_bf16_only`]) as fast as f32: batch norm
+    /// both (the same arithmetic on the widened values), a bf16
+    /// convolution its output gradient where its backward-weights runs
+    /// bf16 (its bf16 passes read dY rounded anyway). Other layers get such
+    /// a tensor widened. (false, false) by default.
+    fn reads_bf16_only(&self) -> (bool, bool) {
+        (false, false)
     }
 
     /// Asked by the graph where the readers take bf16 alone

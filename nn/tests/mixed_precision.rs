@@ -551,9 +551,19 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
     let convs_bf16 = amx || forced() || avx512bf16_pays_for_conv(576.0);
     let (mut on, mut off) = (net(true, false), net(false, false));
     assert_eq!(off.bf16_only_outputs(), 0);
-    // Three outputs, one input gradient (the first convolution's input
-    // is the graph's, the second's feeds the residual too).
-    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 4 } else { 0 });
+    // Three outputs, one convolution's input gradient (the first one's
+    // input is the graph's, the second's feeds the residual too), and the
+    // norms' input gradients for the three convolutions before them where
+    // those update in bf16.
+    let alone = on.bf16_only_outputs();
+    assert!(
+        if convs_bf16 {
+            (4..=7).contains(&alone)
+        } else {
+            alone == 0
+        },
+        "{alone}"
+    );
     let grads = |g: &mut Graph| {
         let loss = g
             .compute_gradients_with(&pool, &x, &labels, &mut |_, _| {})
@@ -569,11 +579,12 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
     );
     assert_eq!(g_on.len(), 16);
     // (A convolution's bias before a norm has no gradient but rounding
-    // noise: 1e-7 against gradients of 0.1-10.)
+    // noise: 1e-7, or 1e-4 summed from dZ in bf16 alone, against gradients
+    // of 0.1-10.)
     for (i, (a, b)) in g_on.iter().zip(&g_off).enumerate() {
         let (diff, norm) = diff_and_norm(a, b);
         assert!(
-            diff <= 3e-2 * norm + 1e-5,
+            diff <= 3e-2 * norm + 1e-3,
             "parameter {i}: |diff| {diff}, |grad| {norm}"
         );
     }
@@ -581,7 +592,7 @@ fn convolutions_write_bf16_alone_for_the_batch_norm_after_them() {
     // second): inference folds the norms into the convolutions, f32
     // outputs, the same bits; training brings the loss down.
     let (mut on, mut off) = (net(true, true), net(false, true));
-    assert_eq!(on.bf16_only_outputs(), if convs_bf16 { 4 } else { 0 });
+    assert_eq!(on.bf16_only_outputs(), alone);
     let y_on = on.forward(&pool, &x, Mode::Eval).unwrap().clone();
     let y_off = off.forward(&pool, &x, Mode::Eval).unwrap().clone();
     assert_eq!(y_on.data(), y_off.data());

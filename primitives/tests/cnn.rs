@@ -562,6 +562,14 @@ fn batch_norm_reads_a_bf16_input_as_its_widened_values() {
             (&dg2, &db2),
             "dgamma, dbeta from bf16 dy, {what}"
         );
+        // dx in bf16 alone: the f32 dx's bits rounded.
+        let mut dxa = Tensor4::rounded(&pool, &dx);
+        dxa.data_mut().fill(brgemm::bf16::bf16::NAN);
+        b.backward_to_bf16(&pool, &xb, yy, &gb, &mut dxa, dg2, db2)
+            .unwrap();
+        let want = Tensor4::rounded(&pool, &dx).widened();
+        assert_eq!(bits(&dxa.widened()), bits(&want), "dx alone, {what}");
+        assert_eq!((&dg, &db), (&dg2, &db2), "dgamma, dbeta, dx alone, {what}");
         // A bf16 input of other dims is an error naming it.
         let other = Tensor4::rounded(&pool, &Tensor4::zeros(n, c, h + 1, w, bc).unwrap());
         let e = b

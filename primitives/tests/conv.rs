@@ -2,7 +2,7 @@
 
 use brgemm::bf16::{bf16, Bf16Isa};
 use brgemm::AlignedVec;
-use brgemm_primitives::conv::{AddResidual, ConvBf16};
+use brgemm_primitives::conv::{AddResidual, ConvBf16, Operand};
 use brgemm_primitives::fc_bf16::round_bf16;
 use brgemm_primitives::PassConfig;
 use brgemm_primitives::{Activation, Conv, ConvParams, ConvTuning, Filter, Pool, Tensor4};
@@ -442,8 +442,7 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
     let mut dx = conv.x_tensor();
     dx.data_mut().fill(f32::NAN);
-    cb.backward_data(&pool, &conv, &dz, None, &wtv, &mut dx)
-        .unwrap();
+    cb.backward_data(&pool, &conv, &dz, &wtv, &mut dx).unwrap();
     close(
         &format!("bf16 dX ({isa:?}, {p:?})"),
         &dx.to_nchw(),
@@ -453,18 +452,29 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let mut dx2 = conv.x_tensor();
     dx2.data_mut().fill(f32::NAN);
     let dzb = to_bf16(&dz);
-    cb.backward_data(&pool, &conv, &dz, Some(&dzb), &wtv, &mut dx2)
+    let dz_copy = Operand::F32(&dz, Some(&dzb));
+    cb.backward_data(&pool, &conv, dz_copy, &wtv, &mut dx2)
         .unwrap();
     assert!(
         same_bits(dx.data(), dx2.data()),
         "bf16 dX ({p:?}): from bf16 dZ"
     );
-    // dX in bf16 alone, from f32 or bf16 dZ: the f32 dX's bits rounded,
-    // where backward-data is one dense phase (stride 1); else an error.
-    for dzb in [None, Some(&dzb[..])] {
+    // dZ in bf16 alone (a batch norm's dx): the same bits.
+    let dz_alone = Tensor4::rounded(&pool, &dz);
+    dx2.data_mut().fill(f32::NAN);
+    cb.backward_data(&pool, &conv, &dz_alone, &wtv, &mut dx2)
+        .unwrap();
+    assert!(
+        same_bits(dx.data(), dx2.data()),
+        "bf16 dX ({p:?}): from dZ in bf16 alone"
+    );
+    // dX in bf16 alone, from f32 dZ, its copy or dZ in bf16 alone: the f32
+    // dX's bits rounded, where backward-data is one dense phase (stride 1);
+    // else an error.
+    for dz in [Operand::from(&dz), dz_copy, Operand::from(&dz_alone)] {
         let mut dxb = Tensor4::zeros_bf16(p.n, p.c, p.h, p.w, tn.bc).unwrap();
         dxb.data_mut().fill(bf16::NAN);
-        let r = cb.backward_data_bf16(&pool, &conv, &dz, dzb, &wtv, &mut dxb);
+        let r = cb.backward_data_bf16(&pool, &conv, dz, &wtv, &mut dxb);
         match cb.writes_dx_bf16() {
             true => {
                 r.unwrap();
@@ -511,6 +521,28 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
         dw.data().iter().all(|v| v.is_finite()),
         "dW padding not written"
     );
+    // dZ in bf16 alone: the bf16 pass reads the same pairs (dW the same
+    // bits), db sums the rounded values; the f32 pass widens it.
+    let mut dw2 = conv.filter();
+    let mut db2 = vec![f32::NAN; conv.padded_k()];
+    cb.backward_weights(&pool, &conv, &dz_alone, &x, &mut dw2, &mut db2)
+        .unwrap();
+    let want_db = naive(&p, &xs, &ws, &bs, &rounded(&dys)).db;
+    close(
+        "bf16 db (of dY in bf16 alone)",
+        &db2[..p.k],
+        &want_db,
+        scale,
+    );
+    match cb.upd_isa() {
+        Some(_) => assert!(same_bits(dw.data(), dw2.data()), "dW from dZ alone ({p:?})"),
+        None => close(
+            "f32 dW (of dY in bf16 alone)",
+            &dw2.to_kcrs(),
+            &naive(&p, &xs, &ws, &bs, &rounded(&dys)).dw,
+            scale,
+        ),
+    }
     isa
 }
 

@@ -821,13 +821,15 @@ impl Graph {
         only[0] = false;
         for node in self.nodes.iter().skip(1) {
             let takes = match &node.op {
-                Op::Layer(l) => !node.fused && l.reads_bf16_only(),
+                Op::Layer(l) => !node.fused && l.reads_bf16_only().0,
                 _ => false,
             };
             node.inputs.iter().for_each(|&j| only[j] &= takes);
         }
         // Node i's input gradient in bf16 alone where the layer that
-        // receives it (through fused ReLUs) reads it so and nothing else.
+        // receives it (through fused ReLUs) reads it so and nothing else
+        // (a bf16 convolution's dX for the batch norm before it, a batch
+        // norm's dx for the bf16 convolution before it).
         let takes_dx = |mut j: usize| {
             while self.nodes[j].fused && readers[j] == 1 {
                 j = self.nodes[j].inputs[0];
@@ -836,7 +838,7 @@ impl Graph {
             j != 0
                 && readers[j] == 1
                 && !node.fused
-                && matches!(&node.op, Op::Layer(l) if l.reads_bf16_only())
+                && matches!(&node.op, Op::Layer(l) if l.reads_bf16_only().1)
         };
         let dx_only: Vec<bool> = (0..n)
             .map(|i| {
@@ -848,10 +850,11 @@ impl Graph {
         self.bf16_only = 0;
         for (i, node) in self.nodes.iter_mut().enumerate() {
             if let Op::Layer(l) = &mut node.op {
-                let (o, d) = l.write_bf16(out[i], dx[i]);
+                // Values in bf16 alone need no bf16 copy besides.
+                let (oa, da) = l.write_bf16_only(only[i] && readers[i] > 0, dx_only[i]);
+                self.bf16_only += usize::from(oa) + usize::from(da);
+                let (o, d) = l.write_bf16(out[i] && !oa, dx[i] && !da);
                 self.handoffs += usize::from(o) + usize::from(d);
-                let (o, d) = l.write_bf16_only(only[i] && readers[i] > 0, dx_only[i]);
-                self.bf16_only += usize::from(o) + usize::from(d);
             }
         }
     }

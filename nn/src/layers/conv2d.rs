@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{channels_from_nchw, channels_to_nchw, BfBuf, Buf, Shape, Tensor};
 use brgemm::Activation;
-use brgemm_primitives::conv::{AddResidual, ConvBf16};
+use brgemm_primitives::conv::{AddResidual, ConvBf16, Operand};
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Conv, ConvParams, Filter, Pool, Tensor4};
 
@@ -125,6 +125,8 @@ struct Plan {
     /// The output in bf16 alone, where the readers take it so.
     yb: BfBuf,
     dy: Buf,
+    /// dY when it came in bf16 alone (then `dy` is not used).
+    dyb: BfBuf,
     /// dL/d(pre-activation); unused without an activation (dZ = dY).
     dz: Buf,
     dx: Buf,
@@ -283,21 +285,33 @@ impl Conv2d {
         for (j, p) in ps.iter_mut().enumerate() {
             need_training(p.trained, "conv2d")?;
             let (bc, bk) = p.blocks();
-            if single {
-                dy.blocked_into(pool, bk, &mut p.dy)?;
-            } else {
-                let t = p.dy.get_mut(p.output, bk)?;
-                channels_from_nchw(pool, dy.data(), k_all, j * p.output.c, t);
+            // dZ = dY in bf16 alone (a batch norm's dx) where the bf16
+            // passes read it so; else f32.
+            let alone = dy
+                .bf16_only_as(bk)
+                .filter(|_| single && identity && p.bf.is_some());
+            match alone {
+                Some(t) => p.dyb.share(t),
+                None if single => dy.blocked_into(pool, bk, &mut p.dy)?,
+                None => {
+                    let t = p.dy.get_mut(p.output, bk)?;
+                    channels_from_nchw(pool, dy.data(), k_all, j * p.output.c, t);
+                }
             }
-            // dZ = dY already in bf16 where the layer that wrote it made a copy.
-            let dzb = dy.bf16_blocked_as(bk).filter(|_| single && identity);
-            let dz = if identity {
-                &p.dy
-            } else {
+            if !identity {
                 let dz = p.dz.get_mut(p.output, bk)?;
                 p.conv
                     .activation_backward(pool, p.dy.get(), p.y.get(), dz)?;
-                &p.dz
+            }
+            let dz = if identity { &p.dy } else { &p.dz };
+            // dZ as the bf16 passes read it: in bf16 alone, or f32 with the
+            // copy the layer that wrote it made.
+            let dz_op = match alone {
+                Some(_) => Operand::Bf16(p.dyb.get()),
+                None => {
+                    let dzb = dy.bf16_blocked_as(bk).filter(|_| single && identity);
+                    Operand::F32(dz.get(), dzb)
+                }
             };
             // dX in bf16 alone for the layer that reads it so.
             dx_bf16 = data && single && self.bf16_dx && p.bf.is_some();
@@ -305,15 +319,14 @@ impl Conv2d {
                 let b = p.bf.as_ref().expect("checked");
                 let dx = p.dxb.get_mut(p.input, bc)?;
                 b.conv
-                    .backward_data_bf16(pool, &p.conv, dz.get(), dzb, &b.ops.wtv, dx)?;
+                    .backward_data_bf16(pool, &p.conv, dz_op, &b.ops.wtv, dx)?;
             } else if data {
                 let dx = p.dx.get_mut(p.input, bc)?;
                 match &mut p.bf {
                     // The filter was packed for both passes by the forward.
                     Some(b) => {
                         let wtv = &b.ops.wtv;
-                        b.conv
-                            .backward_data(pool, &p.conv, dz.get(), dzb, wtv, dx)?;
+                        b.conv.backward_data(pool, &p.conv, dz_op, wtv, dx)?;
                     }
                     _ => {
                         p.conv.transpose_filter(pool, &p.w, &mut p.wt)?;
@@ -325,21 +338,18 @@ impl Conv2d {
                 }
             }
             match &p.bf {
-                Some(b) => b.conv.backward_weights(
-                    pool,
-                    &p.conv,
-                    dz.get(),
-                    p.x.get(),
-                    &mut p.dw,
-                    &mut p.db,
-                )?,
+                Some(b) => {
+                    let (x, dw, db) = (p.x.get(), &mut p.dw, &mut p.db);
+                    b.conv.backward_weights(pool, &p.conv, dz_op, x, dw, db)?
+                }
                 _ => p
                     .conv
                     .backward_weights(pool, dz.get(), p.x.get(), &mut p.dw, &mut p.db)?,
             }
-            // The input was kept for this backward only.
+            // The input and the gradient were kept for this backward only.
             p.x.release();
             p.dy.release();
+            p.dyb.release();
             p.trained = false;
         }
         Ok(match dx_plain {
@@ -506,6 +516,7 @@ impl Layer for Conv2d {
                 y: Buf::default(),
                 yb: BfBuf::default(),
                 dy: Buf::default(),
+                dyb: BfBuf::default(),
                 dz: Buf::default(),
                 dx: Buf::default(),
                 dxb: BfBuf::default(),
@@ -639,6 +650,18 @@ impl Layer for Conv2d {
                 let identity = self.act == Activation::Identity;
                 (fwd && self.blocked_input, bwd && identity)
             }),
+            _ => (false, false),
+        }
+    }
+
+    fn reads_bf16_only(&self) -> (bool, bool) {
+        // dY in bf16 alone where every pass that reads it is bf16.
+        match self.state.built().map(|ps| &ps[..]) {
+            Some([p]) => {
+                let identity = self.act == Activation::Identity;
+                let upd = p.bf.as_ref().is_some_and(|b| b.conv.upd_isa().is_some());
+                (false, identity && upd)
+            }
             _ => (false, false),
         }
     }

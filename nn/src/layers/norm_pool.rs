@@ -5,6 +5,8 @@ use super::{expect_values, need_training, unbuilt};
 use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{BfBuf, Buf, Shape, Tensor, TwinBuf};
+use brgemm::bf16::bf16;
+use brgemm_primitives::engine::bf16::Widen;
 use brgemm_primitives::{BatchNorm, Pool, Pool2d, PoolKind, Tensor4};
 
 /// The channel block when no producer names one (the graph's input).
@@ -22,6 +24,9 @@ pub struct BatchNorm2d {
     relu: bool,
     /// The output and dx also in bf16, for the bf16 layers reading them.
     bf16: (bool, bool),
+    /// dx in bf16 alone, for the bf16 convolution before it
+    /// ([`Layer::write_bf16_only`]).
+    dx_alone: bool,
     plan: Option<BnPlan>,
 }
 
@@ -41,6 +46,8 @@ struct BnPlan {
     /// The bf16 copies of y and dx, when asked for.
     yb: TwinBuf,
     dxb: TwinBuf,
+    /// dx in bf16 alone, when asked for.
+    dxa: BfBuf,
     dgamma: Vec<f32>,
     dbeta: Vec<f32>,
     trained: bool,
@@ -54,6 +61,7 @@ impl BatchNorm2d {
             block: None,
             relu: false,
             bf16: (false, false),
+            dx_alone: false,
             plan: None,
         }
     }
@@ -97,6 +105,32 @@ impl BatchNorm2d {
             p.xb.release();
         }
         Ok(p.y.tensor().with_bf16(self.bf16.0.then_some(&p.yb)))
+    }
+}
+
+/// Where batch norm's backward writes dx: f32 (with its bf16 copy when
+/// asked), or bf16 alone.
+enum Dx<'a> {
+    F32(&'a mut Tensor4, Option<&'a mut [bf16]>),
+    Alone(&'a mut Tensor4<bf16>),
+}
+
+impl Dx<'_> {
+    /// The backward into this dx, with the parameter gradients `g`.
+    fn run<X: Widen, D: Widen>(
+        self,
+        bn: &BatchNorm,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        y: Option<&Tensor4>,
+        dy: &Tensor4<D>,
+        g: (&mut Vec<f32>, &mut Vec<f32>),
+    ) -> Result<()> {
+        match self {
+            Dx::F32(dx, dxb) => bn.backward_to(pool, x, y, dy, (dx, dxb), g.0, g.1)?,
+            Dx::Alone(dx) => bn.backward_to_bf16(pool, x, y, dy, dx, g.0, g.1)?,
+        }
+        Ok(())
     }
 }
 
@@ -186,6 +220,7 @@ impl Layer for BatchNorm2d {
             dx: Buf::default(),
             yb: TwinBuf::default(),
             dxb: TwinBuf::default(),
+            dxa: BfBuf::default(),
             dgamma: vec![0.0; len],
             dbeta: vec![0.0; len],
             bn,
@@ -228,16 +263,21 @@ impl Layer for BatchNorm2d {
                 false
             }
         };
-        let dx = p.dx.get_mut(p.shape, p.bc)?;
-        let dxb = p.dxb.get_mut_if(self.bf16.1, dx.data().len())?;
         let (bn, g) = (&p.bn, (&mut p.dgamma, &mut p.dbeta));
         let y = bn.relu.then(|| p.y.get());
-        let dx = (dx, dxb);
+        let dx = match self.dx_alone {
+            true => Dx::Alone(p.dxa.get_mut(p.shape, p.bc)?),
+            false => {
+                let dx = p.dx.get_mut(p.shape, p.bc)?;
+                let dxb = p.dxb.get_mut_if(self.bf16.1, dx.data().len())?;
+                Dx::F32(dx, dxb)
+            }
+        };
         match (p.x_bf16, dy_bf16) {
-            (false, false) => bn.backward_to(pool, p.x.get(), y, p.dy.get(), dx, g.0, g.1)?,
-            (false, true) => bn.backward_to(pool, p.x.get(), y, p.dyb.get(), dx, g.0, g.1)?,
-            (true, false) => bn.backward_to(pool, p.xb.get(), y, p.dy.get(), dx, g.0, g.1)?,
-            (true, true) => bn.backward_to(pool, p.xb.get(), y, p.dyb.get(), dx, g.0, g.1)?,
+            (false, false) => dx.run(bn, pool, p.x.get(), y, p.dy.get(), g)?,
+            (false, true) => dx.run(bn, pool, p.x.get(), y, p.dyb.get(), g)?,
+            (true, false) => dx.run(bn, pool, p.xb.get(), y, p.dy.get(), g)?,
+            (true, true) => dx.run(bn, pool, p.xb.get(), y, p.dyb.get(), g)?,
         }
         // The input and the gradient were kept for this backward only.
         p.x.release();
@@ -245,14 +285,21 @@ impl Layer for BatchNorm2d {
         p.dy.release();
         p.dyb.release();
         p.trained = false;
-        Ok(p.dx.tensor().with_bf16(self.bf16.1.then_some(&p.dxb)))
+        Ok(match self.dx_alone {
+            true => p.dxa.tensor(),
+            false => p.dx.tensor().with_bf16(self.bf16.1.then_some(&p.dxb)),
+        })
     }
     fn write_bf16(&mut self, out: bool, dx: bool) -> (bool, bool) {
         self.bf16 = (out, dx);
         self.bf16
     }
-    fn reads_bf16_only(&self) -> bool {
-        true
+    fn reads_bf16_only(&self) -> (bool, bool) {
+        (true, true)
+    }
+    fn write_bf16_only(&mut self, _out: bool, dx: bool) -> (bool, bool) {
+        self.dx_alone = dx;
+        (false, dx)
     }
     fn input_block(&mut self, block: Option<usize>) {
         self.block = block;

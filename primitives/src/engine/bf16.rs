@@ -34,21 +34,53 @@ mod sealed {
 /// arithmetic (e.g. [`crate::BatchNorm::forward_train_to`] on a bf16
 /// convolution's output).
 pub trait Widen: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// Zero.
+    const ZERO: Self;
     /// The value as f32.
     fn f32(self) -> f32;
+    /// `dst[2i] = bf16(a[i])`, `dst[2i + 1] = bf16(b[i])` and `sum[i] +=
+    /// a[i] + b[i]`: [`interleave_round`] for f32 rows; bf16 rows are
+    /// copied as they are.
+    #[doc(hidden)]
+    fn interleave(dst: &mut [bf16], a: &[Self], b: &[Self], sum: &mut [f32]);
 }
 
 impl Widen for f32 {
+    const ZERO: f32 = 0.0;
     #[inline(always)]
     fn f32(self) -> f32 {
         self
     }
+    fn interleave(dst: &mut [bf16], a: &[f32], b: &[f32], sum: &mut [f32]) {
+        interleave_round(dst, a, b, sum)
+    }
 }
 
 impl Widen for bf16 {
+    const ZERO: bf16 = bf16::ZERO;
     #[inline(always)]
     fn f32(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+    fn interleave(dst: &mut [bf16], a: &[bf16], b: &[bf16], sum: &mut [f32]) {
+        interleave_bf16(dst, a, b, sum)
+    }
+}
+
+crate::math::widest! {
+    /// [`Widen::interleave`] of bf16 rows: the values copied into pairs,
+    /// their widened sums added.
+    fn interleave_bf16 / interleave_bf16_plain(
+        dst: &mut [bf16],
+        a: &[bf16],
+        b: &[bf16],
+        sum: &mut [f32],
+    ) {
+        for (((o, a), b), s) in dst.chunks_exact_mut(2).zip(a).zip(b).zip(sum) {
+            o[0] = *a;
+            o[1] = *b;
+            *s += a.f32() + b.f32();
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 //! passes also write it rounded to bf16, piece by piece as it is computed.
 
 use crate::eltwise::pass;
-use crate::engine::bf16::{Twin, Widen};
+use crate::engine::bf16::{round_slice, Twin, Widen};
 use crate::error::{check_buf, shape, Result};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
@@ -403,6 +403,41 @@ impl BatchNorm {
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) -> Result<()> {
+        same_dims("dx", dx, x)?;
+        let dxb = Twin::new("bf16 dx", dxb, dx.data.len())?;
+        self.backward_with(pool, x, y, dy, Dx::F32(dx, dxb), dgamma, dbeta)
+    }
+
+    /// [`BatchNorm::backward_to`] with dx in bf16 alone, each piece rounded
+    /// from f32 in L1 (the bits of the f32 dx rounded): the output
+    /// gradient of a bf16 convolution before it that reads it so
+    /// ([`crate::conv::Operand`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_to_bf16<X: Widen, D: Widen>(
+        &self,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        y: Option<&Tensor4>,
+        dy: &Tensor4<D>,
+        dx: &mut Tensor4<bf16>,
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+    ) -> Result<()> {
+        same_dims("dx", dx, x)?;
+        self.backward_with(pool, x, y, dy, Dx::Bf16(dx), dgamma, dbeta)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_with<X: Widen, D: Widen>(
+        &self,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        y: Option<&Tensor4>,
+        dy: &Tensor4<D>,
+        dx: Dx<'_>,
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+    ) -> Result<()> {
         self.check("x", x)?;
         if y.is_none() && self.relu {
             return Err(shape(
@@ -415,8 +450,6 @@ impl BatchNorm {
             same_dims("y", y, x)?;
         }
         same_dims("dy", dy, x)?;
-        same_dims("dx", dx, x)?;
-        let dxb = Twin::new("bf16 dx", dxb, dx.data.len())?;
         check_buf("dgamma", dgamma.len(), self.gamma.len())?;
         check_buf("dbeta", dbeta.len(), self.beta.len())?;
         let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
@@ -466,25 +499,46 @@ impl BatchNorm {
             k2[ch] = sdy as f32 / count;
             k3[ch] = sdyx as f32 / count;
         }
-        let piece = Twin::PIECE.next_multiple_of(bc);
-        pool.for_slices_of(&mut dx.data, len, |i, d| {
+        // dx of plane i from element `at` on, into `d`.
+        let apply = |i: usize, at: usize, d: &mut [f32]| {
             let (mean, inv) = stats(i);
             let r = (i % cb) * bc..(i % cb + 1) * bc;
             let k = [&k1[r.clone()], &k2[r.clone()], &k3[r], mean, inv];
-            for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
-                let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
-                let ops = ops(i, at, d.len());
-                match mask {
-                    NO_MASK => grad_apply::<NO_MASK, X, D>(bc, planes, ops, k, d),
-                    Y_MASK => grad_apply::<Y_MASK, X, D>(bc, planes, ops, k, d),
-                    _ => grad_apply::<X_MASK, X, D>(bc, planes, ops, k, d),
-                }
-                // SAFETY: plane i is this thread's.
-                unsafe { dxb.round(at, d) };
+            let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
+            let ops = ops(i, at, d.len());
+            match mask {
+                NO_MASK => grad_apply::<NO_MASK, X, D>(bc, planes, ops, k, d),
+                Y_MASK => grad_apply::<Y_MASK, X, D>(bc, planes, ops, k, d),
+                _ => grad_apply::<X_MASK, X, D>(bc, planes, ops, k, d),
             }
-        });
+        };
+        let piece = Twin::PIECE.next_multiple_of(bc);
+        match dx {
+            Dx::F32(dx, dxb) => pool.for_slices_of(&mut dx.data, len, |i, d| {
+                for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
+                    apply(i, at, d);
+                    // SAFETY: plane i is this thread's.
+                    unsafe { dxb.round(at, d) };
+                }
+            }),
+            Dx::Bf16(dx) => pool.for_slices_of(&mut dx.data, len, |i, d| {
+                let mut f = vec![0f32; piece.min(len)];
+                for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
+                    let f = &mut f[..d.len()];
+                    apply(i, at, f);
+                    round_slice(d, f);
+                }
+            }),
+        }
         Ok(())
     }
+}
+
+/// Where backward writes dx: f32 (with its bf16 copy when asked), or bf16
+/// alone.
+enum Dx<'a> {
+    F32(&'a mut Tensor4, Twin<'a>),
+    Bf16(&'a mut Tensor4<bf16>),
 }
 
 /// Where backward's gradient passes the fused ReLU, as the const

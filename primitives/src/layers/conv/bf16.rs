@@ -43,7 +43,7 @@
 use super::gather::{Gather, Out, Residual};
 use super::phased::Phased;
 use super::{AddResidual, Conv, ConvParams};
-use crate::engine::bf16::{interleave_round, pack_vnni, round_slice, transpose_round, WeightGrid};
+use crate::engine::bf16::{pack_vnni, round_slice, transpose_round, WeightGrid, Widen};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
 use crate::math::add_rows;
@@ -103,6 +103,32 @@ struct UpdTap {
     off: usize,
     start: usize,
     kernel: usize,
+}
+
+/// An operand of the bf16 passes as the layer before handed it over: f32,
+/// with its values rounded to bf16 in the same layout where the pass that
+/// wrote it made that copy too, or in bf16 alone (a batch norm's input
+/// gradient, [`crate::BatchNorm::backward_to_bf16`]). The bf16 passes read
+/// the bf16 values either way; an f32 pass (backward-weights where
+/// [`ConvBf16::upd_isa`] is None) widens values in bf16 alone first.
+#[derive(Clone, Copy)]
+pub enum Operand<'a> {
+    /// f32, and optionally its values rounded to bf16.
+    F32(&'a Tensor4, Option<&'a [bf16]>),
+    /// bf16 alone.
+    Bf16(&'a Tensor4<bf16>),
+}
+
+impl<'a> From<&'a Tensor4> for Operand<'a> {
+    fn from(t: &'a Tensor4) -> Self {
+        Operand::F32(t, None)
+    }
+}
+
+impl<'a> From<&'a Tensor4<bf16>> for Operand<'a> {
+    fn from(t: &'a Tensor4<bf16>) -> Self {
+        Operand::Bf16(t)
+    }
 }
 
 /// The f32 sums of an output in bf16 alone ([`Out::Bf16`]): none where
@@ -457,22 +483,21 @@ impl ConvBf16 {
         Ok(())
     }
 
-    /// dX = conv^T(dZ, W) from dZ and the packed transposed filter. dZ is
-    /// rounded to bf16 in the pass that pads it, or with `dzb` taken
-    /// already rounded (`dz`'s values as bf16 in its layout, made by the
-    /// pass that wrote dZ, e.g. [`crate::BatchNorm::backward_to`]), read in
-    /// place where the transposed convolution pads no border.
-    pub fn backward_data(
+    /// dX = conv^T(dZ, W) from dZ and the packed transposed filter. An f32
+    /// dZ is rounded to bf16 in the pass that pads it; its bf16 copy
+    /// ([`Operand::F32`] with the copy, made by the pass that wrote dZ, e.g.
+    /// [`crate::BatchNorm::backward_to`]) or dZ in bf16 alone is read as it
+    /// is, in place where the transposed convolution pads no border.
+    pub fn backward_data<'a>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        dz: &Tensor4,
-        dzb: Option<&[bf16]>,
+        dz: impl Into<Operand<'a>>,
         wtv: &[bf16],
         dx: &mut Tensor4,
     ) -> Result<()> {
         conv.check_x("dX", dx)?;
-        self.backward_data_with(pool, conv, (dz, dzb), wtv, Out::F32(&mut dx.data))
+        self.backward_data_with(pool, conv, dz.into(), wtv, Out::F32(&mut dx.data))
     }
 
     /// As [`ConvBf16::backward_data`], with dX in bf16 alone (rounded from
@@ -481,12 +506,11 @@ impl ConvBf16 {
     /// ([`crate::BatchNorm::backward_to`]). Only where backward-data is one
     /// phase that writes every pixel of dX, stride 1
     /// ([`ConvBf16::writes_dx_bf16`]); elsewhere an error.
-    pub fn backward_data_bf16(
+    pub fn backward_data_bf16<'a>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        dz: &Tensor4,
-        dzb: Option<&[bf16]>,
+        dz: impl Into<Operand<'a>>,
         wtv: &[bf16],
         dx: &mut Tensor4<bf16>,
     ) -> Result<()> {
@@ -501,7 +525,7 @@ impl ConvBf16 {
         }
         let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
         let acc = block_sums(&mut acc, self.bwd.whole_blocks(), dx.data.len());
-        self.backward_data_with(pool, conv, (dz, dzb), wtv, Out::Bf16(&mut dx.data, acc))
+        self.backward_data_with(pool, conv, dz.into(), wtv, Out::Bf16(&mut dx.data, acc))
     }
 
     /// Whether [`ConvBf16::backward_data_bf16`] can write dX in bf16 alone
@@ -514,41 +538,72 @@ impl ConvBf16 {
         &self,
         pool: &Pool,
         conv: &Conv,
-        (dz, dzb): (&Tensor4, Option<&[bf16]>),
+        dz: Operand<'_>,
         wtv: &[bf16],
         dx: Out<'_>,
     ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
-        conv.check_y("dZ", dz)?;
         check_buf("packed Wt", wtv.len(), conv.filter_len())?;
-        match dzb {
-            Some(dzb) => {
-                check_buf("bf16 dZ", dzb.len(), dz.data.len())?;
-                self.bwd.run(pool, dzb, wtv, dx)
+        match dz {
+            Operand::F32(dz, dzb) => {
+                conv.check_y("dZ", dz)?;
+                match dzb {
+                    Some(dzb) => {
+                        check_buf("bf16 dZ", dzb.len(), dz.data.len())?;
+                        self.bwd.run(pool, dzb, wtv, dx)
+                    }
+                    None => self.bwd.run_converted(pool, &dz.data, round_slice, wtv, dx),
+                }
             }
-            None => self.bwd.run_converted(pool, &dz.data, round_slice, wtv, dx),
+            Operand::Bf16(dz) => {
+                conv.check_y("dZ", dz)?;
+                self.bwd.run(pool, &dz.data, wtv, dx)
+            }
         }
         Ok(())
     }
 
     /// dW = sum over the minibatch of dZ (x) X and db = the sums of dZ per
-    /// output channel, from the f32 dZ and X (rounded here), accumulated in
-    /// f32; where [`ConvBf16::upd_isa`] is None, `conv`'s f32 pass on the
-    /// same operands.
-    pub fn backward_weights(
+    /// output channel, from dZ (f32, rounded here, or in bf16 alone: the
+    /// same pairs, db then summed from the rounded values) and the f32 X
+    /// (rounded here), accumulated in f32; where [`ConvBf16::upd_isa`] is
+    /// None, `conv`'s f32 pass on the same operands (dZ in bf16 alone
+    /// widened first).
+    pub fn backward_weights<'a>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        dz: &Tensor4,
+        dz: impl Into<Operand<'a>>,
         x: &Tensor4,
         dw: &mut Filter,
         db: &mut [f32],
     ) -> Result<()> {
         self.check(conv)?;
+        let dz = dz.into();
         if !self.upd.bf16 {
-            return conv.backward_weights(pool, dz, x, dw, db);
+            return match dz {
+                Operand::F32(dz, _) => conv.backward_weights(pool, dz, x, dw, db),
+                Operand::Bf16(dz) => conv.backward_weights(pool, &dz.widened(), x, dw, db),
+            };
         }
+        match dz {
+            Operand::F32(dz, _) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            Operand::Bf16(dz) => self.upd_bf16(pool, conv, dz, x, dw, db),
+        }
+    }
+
+    /// The bf16 backward-weights on dZ of either type (pairs rounded from
+    /// f32 or copied from bf16).
+    fn upd_bf16<D: Widen>(
+        &self,
+        pool: &Pool,
+        conv: &Conv,
+        dz: &Tensor4<D>,
+        x: &Tensor4,
+        dw: &mut Filter,
+        db: &mut [f32],
+    ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         let u = &self.upd;
         conv.check_y("dZ", dz)?;
@@ -567,7 +622,7 @@ impl ConvBf16 {
         let plane = kq * bk;
         dyv.resize(pr.n * kb * plane, bf16::ZERO);
         let dp = SyncPtr(dyv.as_mut_ptr());
-        let zero = vec![0.0f32; bk];
+        let zero = vec![D::ZERO; bk];
         // Per dY plane, its bias-gradient sums, taken in the same read
         // (a separate pass over dY cost more than the AMX work on 1x1
         // layers: 40% of res2's 64->256 backward-weights).
@@ -588,7 +643,7 @@ impl ConvBf16 {
             for (mp, pair) in out.chunks_exact_mut(2 * bk).enumerate() {
                 // Two pixels' channels interleaved: one 32-bit word per
                 // channel.
-                interleave_round(pair, px(2 * mp), px(2 * mp + 1), sums);
+                D::interleave(pair, px(2 * mp), px(2 * mp + 1), sums);
             }
         });
         // X channel-major per phase plane of the padded image, zero in the

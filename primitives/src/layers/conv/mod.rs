@@ -74,7 +74,7 @@ mod narrow;
 mod params;
 mod phased;
 
-pub use bf16::ConvBf16;
+pub use bf16::{ConvBf16, Operand};
 use gather::{Gather, GatherGeom, Out, Placement, Residual, Tap};
 use narrow::Narrow;
 use params::upd_chunk;
