@@ -203,10 +203,10 @@ fn bench_conv_bf16(
         )
     };
     let f0 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
-    let b = time_bf16(&mut || cb.forward(pool, conv, x, None, &wv, &bias, &mut y).unwrap());
+    let b = time_bf16(&mut || cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap());
     let bc = time(&mut || {
         cb.pack_filter(pool, wf, &mut wv, &mut wtv).unwrap();
-        cb.forward(pool, conv, x, None, &wv, &bias, &mut y).unwrap()
+        cb.forward(pool, conv, x, &wv, &bias, &mut y).unwrap()
     });
     let f1 = time(&mut || conv.forward(pool, x, wf, &bias, &mut y).unwrap());
     report("fwd", [f0, b, bc, f1]);

@@ -537,6 +537,27 @@ fn batch_norm_reads_a_bf16_input_as_its_widened_values() {
         a.forward_infer_to(&pool, &x, res, &mut y, None).unwrap();
         b.forward_infer_to(&pool, &xb, res, &mut yt, None).unwrap();
         assert_eq!(bits(&y), bits(&yt), "inference y, {what}");
+        // y in bf16 alone: the f32 y's bits rounded, inference and training.
+        let mut ya = Tensor4::rounded(&pool, &y);
+        b.forward_infer_bf16(&pool, &xb, res, &mut ya).unwrap();
+        let want = |y: &Tensor4| bits(&Tensor4::rounded(&pool, y).widened());
+        assert_eq!(bits(&ya.widened()), want(&y), "inference y alone, {what}");
+        a.forward_train_to(&pool, &x, res, &mut y, None).unwrap();
+        b.forward_train_bf16(&pool, &xb, res, &mut ya).unwrap();
+        assert_eq!(bits(&ya.widened()), want(&y), "train y alone, {what}");
+        // Backward without y after a fused ReLU (its mask from x): the
+        // gradient through the ReLU.
+        if relu {
+            let pc = a.gamma().len();
+            let (mut d1, mut d2) = (x.clone(), x.clone());
+            let mut s = [vec![0.0; pc], vec![0.0; pc], vec![0.0; pc], vec![0.0; pc]];
+            let [g1, b1, g2, b2] = &mut s;
+            a.backward_to(&pool, &x, Some(&y), &g, (&mut d1, None), g1, b1)
+                .unwrap();
+            b.backward_to(&pool, &xb, None, &g, (&mut d2, None), g2, b2)
+                .unwrap();
+            assert_eq!(bits(&d1), bits(&d2), "dx without y, {what}");
+        }
         a.forward_train_to(&pool, &x, res, &mut y, None).unwrap();
         b.forward_train_to(&pool, &xb, res, &mut yt, None).unwrap();
         let pc = a.gamma().len();

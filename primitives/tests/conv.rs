@@ -405,8 +405,7 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     bias[..p.k].copy_from_slice(&bs);
     let mut y = conv.y_tensor();
     y.data_mut().fill(f32::NAN);
-    cb.forward(&pool, &conv, &x, None, &wv, &bias, &mut y)
-        .unwrap();
+    cb.forward(&pool, &conv, &x, &wv, &bias, &mut y).unwrap();
     let want = naive(&p, &rounded(&xs), &rounded(&ws), &bs, &rounded(&dys));
     let act_want: Vec<f64> = want.y.iter().map(|v| act.apply(*v as f32) as f64).collect();
     let isa = cb.isa();
@@ -417,17 +416,44 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
     let mut y2 = conv.y_tensor();
     y2.data_mut().fill(f32::NAN);
     let xb = to_bf16(&x);
-    cb.forward(&pool, &conv, &x, Some(&xb), &wv, &bias, &mut y2)
-        .unwrap();
+    cb.forward(
+        &pool,
+        &conv,
+        Operand::F32(&x, Some(&xb)),
+        &wv,
+        &bias,
+        &mut y2,
+    )
+    .unwrap();
     assert!(same_bits(y.data(), y2.data()), "{what}: from bf16 X");
-    let e = cb.forward(&pool, &conv, &x, Some(&xb[1..]), &wv, &bias, &mut y2);
+    let e = cb.forward(
+        &pool,
+        &conv,
+        Operand::F32(&x, Some(&xb[1..])),
+        &wv,
+        &bias,
+        &mut y2,
+    );
     assert!(e.unwrap_err().to_string().contains("bf16 X"));
     // The output in bf16 alone, from f32 or bf16 X: the f32 output's bits
     // rounded, whether each block's reduction is one call or several.
-    for xb in [None, Some(&xb[..])] {
+    // X in bf16 alone (a batch norm's output): the same bits.
+    let x_alone = Tensor4::rounded(&pool, &x);
+    y2.data_mut().fill(f32::NAN);
+    cb.forward(&pool, &conv, &x_alone, &wv, &bias, &mut y2)
+        .unwrap();
+    assert!(
+        same_bits(y.data(), y2.data()),
+        "{what}: from X in bf16 alone"
+    );
+    for x in [
+        Operand::from(&x),
+        Operand::F32(&x, Some(&xb)),
+        Operand::from(&x_alone),
+    ] {
         let mut yb = Tensor4::zeros_bf16(p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
         yb.data_mut().fill(bf16::NAN);
-        cb.forward_bf16(&pool, &conv, &x, xb, &wv, &bias, &mut yb)
+        cb.forward_bf16(&pool, &conv, x, &wv, &bias, &mut yb)
             .unwrap();
         let got = yb.widened();
         assert!(
@@ -437,7 +463,7 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
         );
     }
     let mut short = Tensor4::zeros_bf16(p.n, p.k + 1, p.p(), p.q(), tn.bk).unwrap();
-    let e = cb.forward_bf16(&pool, &conv, &x, None, &wv, &bias, &mut short);
+    let e = cb.forward_bf16(&pool, &conv, &x, &wv, &bias, &mut short);
     assert!(e.unwrap_err().to_string().contains("Y"));
     let dz = Tensor4::from_nchw(&dys, p.n, p.k, p.p(), p.q(), tn.bk).unwrap();
     let mut dx = conv.x_tensor();
@@ -534,6 +560,22 @@ fn check_bf16(p: ConvParams, t: ConvTuning, act: Activation, seed: u64) -> Bf16I
         &want_db,
         scale,
     );
+    // X in bf16 alone too (a batch norm's output): the bf16 pass transposes
+    // the same values it rounded before (dW the same bits).
+    let mut dw3 = conv.filter();
+    let mut db3 = vec![f32::NAN; conv.padded_k()];
+    cb.backward_weights(&pool, &conv, &dz_alone, &x_alone, &mut dw3, &mut db3)
+        .unwrap();
+    assert!(same_bits(&db2, &db3), "db ({p:?})");
+    match cb.upd_isa() {
+        Some(_) => assert!(same_bits(dw.data(), dw3.data()), "dW from X alone ({p:?})"),
+        None => close(
+            "f32 dW (of dY and X in bf16 alone)",
+            &dw3.to_kcrs(),
+            &naive(&p, &rounded(&xs), &ws, &bs, &rounded(&dys)).dw,
+            scale,
+        ),
+    }
     match cb.upd_isa() {
         Some(_) => assert!(same_bits(dw.data(), dw2.data()), "dW from dZ alone ({p:?})"),
         None => close(
@@ -737,15 +779,22 @@ fn forward_with_a_residual_is_the_forward_then_the_add() {
                 .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "f32 {p:?} relu {relu}");
             ya.data_mut().fill(f32::NAN);
-            cb.forward(&pool, &conv, &x, None, &wv, &bias, &mut y)
-                .unwrap();
-            cb.forward_add(&pool, &conv, &x, None, &wv, &bias, add, &mut ya)
+            cb.forward(&pool, &conv, &x, &wv, &bias, &mut y).unwrap();
+            cb.forward_add(&pool, &conv, &x, &wv, &bias, add, &mut ya)
                 .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "bf16 {p:?} relu {relu}");
             let xb: Vec<bf16> = x.data().iter().map(|v| round_bf16(*v)).collect();
             ya.data_mut().fill(f32::NAN);
-            cb.forward_add(&pool, &conv, &x, Some(&xb), &wv, &bias, add, &mut ya)
-                .unwrap();
+            cb.forward_add(
+                &pool,
+                &conv,
+                Operand::F32(&x, Some(&xb)),
+                &wv,
+                &bias,
+                add,
+                &mut ya,
+            )
+            .unwrap();
             assert_eq!(ya.data(), &joined(&y)[..], "bf16 X {p:?} relu {relu}");
         }
         // A residual of other dims is refused, naming it.

@@ -815,13 +815,18 @@ impl Graph {
             })
             .collect();
         // Node j's output in bf16 alone where every reader takes it so
-        // (a batch norm after a bf16 convolution): no reader is fused into
-        // j or joins it, and there is one (not the graph's output).
+        // (a batch norm after a bf16 convolution, a convolution updating in
+        // bf16 after a batch norm): no reader joins it, and there is one
+        // (not the graph's output).
+        // A ReLU fused into j passes j's output on: its readers count as
+        // j's (readers come after, so they are settled first).
         let mut only = vec![self.bf16_alone; n];
         only[0] = false;
-        for node in self.nodes.iter().skip(1) {
+        for i in (1..n).rev() {
+            let node = &self.nodes[i];
             let takes = match &node.op {
-                Op::Layer(l) => !node.fused && l.reads_bf16_only().0,
+                _ if node.fused => only[i] && readers[i] > 0,
+                Op::Layer(l) => l.reads_bf16_only().0,
                 _ => false,
             };
             node.inputs.iter().for_each(|&j| only[j] &= takes);

@@ -121,6 +121,9 @@ struct Plan {
     /// The input of the last forward (shared with its producer when it
     /// came in this layer's layout).
     x: Buf,
+    /// The input when it came in bf16 alone (then `x` is not used).
+    xa: BfBuf,
+    x_alone: bool,
     y: Buf,
     /// The output in bf16 alone, where the readers take it so.
     yb: BfBuf,
@@ -339,7 +342,11 @@ impl Conv2d {
             }
             match &p.bf {
                 Some(b) => {
-                    let (x, dw, db) = (p.x.get(), &mut p.dw, &mut p.db);
+                    let x = match p.x_alone {
+                        true => Operand::Bf16(p.xa.get()),
+                        false => Operand::F32(p.x.get(), None),
+                    };
+                    let (dw, db) = (&mut p.dw, &mut p.db);
                     b.conv.backward_weights(pool, &p.conv, dz_op, x, dw, db)?
                 }
                 _ => p
@@ -348,6 +355,7 @@ impl Conv2d {
             }
             // The input and the gradient were kept for this backward only.
             p.x.release();
+            p.xa.release();
             p.dy.release();
             p.dyb.release();
             p.trained = false;
@@ -381,12 +389,6 @@ impl Conv2d {
         let mut bf16_only = false;
         for (j, p) in ps.iter_mut().enumerate() {
             let (bc, bk) = p.blocks();
-            if single {
-                x.blocked_into(pool, bc, &mut p.x)?;
-            } else {
-                let t = p.x.get_mut(p.input, bc)?;
-                channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
-            }
             let add = res.map(|(r, relu)| AddResidual { r, relu });
             // Inference runs the convolution with the batch norm folded in
             // where there is one; the bf16 passes where the layer has them.
@@ -395,9 +397,23 @@ impl Conv2d {
                 Some(f) if mode == Mode::Eval => (&f.conv, &f.w, &f.bias[..], &mut f.bf),
                 _ => (&p.conv, &p.w, &p.bias[..], &mut p.bf),
             };
+            // X in bf16 alone (a batch norm's output) where the bf16 passes
+            // read it, here and in backward-weights; else f32.
+            let alone = x.bf16_only_as(bc).filter(|_| single && bf.is_some());
+            p.x_alone = alone.is_some();
+            match alone {
+                Some(t) => {
+                    p.xa.share(t);
+                    p.x.release();
+                }
+                None if single => x.blocked_into(pool, bc, &mut p.x)?,
+                None => {
+                    let t = p.x.get_mut(p.input, bc)?;
+                    channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
+                }
+            }
             // X already in bf16 where the layer that wrote it made a copy.
             let xb = x.bf16_blocked_as(bc).filter(|_| single);
-            let x = p.x.get();
             match bf {
                 Some(b) => {
                     let o = &mut b.ops;
@@ -405,22 +421,26 @@ impl Conv2d {
                         b.conv.pack_filter(pool, w, &mut o.wv, &mut o.wtv)?;
                         o.packed = true;
                     }
+                    let x = match p.x_alone {
+                        true => Operand::Bf16(p.xa.get()),
+                        false => Operand::F32(p.x.get(), xb),
+                    };
                     // The output in bf16 alone for readers that take it so
                     // (not the folded layer's: the batch norm is skipped).
                     bf16_only = self.bf16_out && single && add.is_none() && !folded;
                     if bf16_only {
                         let yb = p.yb.get_mut(p.output, bk)?;
-                        b.conv.forward_bf16(pool, conv, x, xb, &o.wv, bias, yb)?;
+                        b.conv.forward_bf16(pool, conv, x, &o.wv, bias, yb)?;
                     } else {
                         let y = p.y.get_mut(p.output, bk)?;
                         match add {
-                            Some(a) => b.conv.forward_add(pool, conv, x, xb, &o.wv, bias, a, y)?,
-                            None => b.conv.forward(pool, conv, x, xb, &o.wv, bias, y)?,
+                            Some(a) => b.conv.forward_add(pool, conv, x, &o.wv, bias, a, y)?,
+                            None => b.conv.forward(pool, conv, x, &o.wv, bias, y)?,
                         }
                     }
                 }
                 None => {
-                    let y = p.y.get_mut(p.output, bk)?;
+                    let (x, y) = (p.x.get(), p.y.get_mut(p.output, bk)?);
                     match add {
                         Some(a) => conv.forward_add(pool, x, w, bias, a, y)?,
                         None => conv.forward(pool, x, w, bias, y)?,
@@ -433,6 +453,7 @@ impl Conv2d {
             p.trained = mode == Mode::Train;
             if !p.trained {
                 p.x.release();
+                p.xa.release();
             }
         }
         match out {
@@ -513,6 +534,8 @@ impl Layer for Conv2d {
                 dw: conv.filter(),
                 db: vec![0.0; conv.padded_k()],
                 x: Buf::default(),
+                xa: BfBuf::default(),
+                x_alone: false,
                 y: Buf::default(),
                 yb: BfBuf::default(),
                 dy: Buf::default(),
@@ -655,12 +678,13 @@ impl Layer for Conv2d {
     }
 
     fn reads_bf16_only(&self) -> (bool, bool) {
-        // dY in bf16 alone where every pass that reads it is bf16.
+        // X and dY in bf16 alone where every pass that reads them is bf16
+        // (X: arriving in this layer's layout).
         match self.state.built().map(|ps| &ps[..]) {
             Some([p]) => {
                 let identity = self.act == Activation::Identity;
                 let upd = p.bf.as_ref().is_some_and(|b| b.conv.upd_isa().is_some());
-                (false, identity && upd)
+                (upd && self.blocked_input, identity && upd)
             }
             _ => (false, false),
         }

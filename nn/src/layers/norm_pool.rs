@@ -24,8 +24,9 @@ pub struct BatchNorm2d {
     relu: bool,
     /// The output and dx also in bf16, for the bf16 layers reading them.
     bf16: (bool, bool),
-    /// dx in bf16 alone, for the bf16 convolution before it
-    /// ([`Layer::write_bf16_only`]).
+    /// y in bf16 alone, for the bf16 convolutions after it, and dx, for
+    /// the one before it ([`Layer::write_bf16_only`]).
+    out_alone: bool,
     dx_alone: bool,
     plan: Option<BnPlan>,
 }
@@ -46,6 +47,9 @@ struct BnPlan {
     /// The bf16 copies of y and dx, when asked for.
     yb: TwinBuf,
     dxb: TwinBuf,
+    /// y in bf16 alone, when asked for (then `y` is not written).
+    ya: BfBuf,
+    y_alone: bool,
     /// dx in bf16 alone, when asked for.
     dxa: BfBuf,
     dgamma: Vec<f32>,
@@ -61,6 +65,7 @@ impl BatchNorm2d {
             block: None,
             relu: false,
             bf16: (false, false),
+            out_alone: false,
             dx_alone: false,
             plan: None,
         }
@@ -91,20 +96,59 @@ impl BatchNorm2d {
                 false
             }
         };
-        let y = p.y.get_mut(p.shape, p.bc)?;
-        let yb = p.yb.get_mut_if(self.bf16.0, y.data().len())?;
-        match (mode, p.x_bf16) {
-            (Mode::Train, false) => p.bn.forward_train_to(pool, p.x.get(), res, y, yb)?,
-            (Mode::Train, true) => p.bn.forward_train_to(pool, p.xb.get(), res, y, yb)?,
-            (Mode::Eval, false) => p.bn.forward_infer_to(pool, p.x.get(), res, y, yb)?,
-            (Mode::Eval, true) => p.bn.forward_infer_to(pool, p.xb.get(), res, y, yb)?,
+        // y in bf16 alone for readers that take it so (not with a residual
+        // join, whose backward reads y).
+        let alone = self.out_alone && res.is_none();
+        let y = match alone {
+            true => Y::Alone(p.ya.get_mut(p.shape, p.bc)?),
+            false => {
+                let y = p.y.get_mut(p.shape, p.bc)?;
+                let yb = p.yb.get_mut_if(self.bf16.0, y.data().len())?;
+                Y::F32(y, yb)
+            }
+        };
+        let bn = &mut p.bn;
+        match p.x_bf16 {
+            false => y.run(bn, pool, p.x.get(), res, mode)?,
+            true => y.run(bn, pool, p.xb.get(), res, mode)?,
         }
+        p.y_alone = alone;
         p.trained = mode == Mode::Train;
         if !p.trained {
             p.x.release();
             p.xb.release();
         }
-        Ok(p.y.tensor().with_bf16(self.bf16.0.then_some(&p.yb)))
+        Ok(match alone {
+            true => p.ya.tensor(),
+            false => p.y.tensor().with_bf16(self.bf16.0.then_some(&p.yb)),
+        })
+    }
+}
+
+/// Where batch norm's forward writes y: f32 (with its bf16 copy when
+/// asked), or bf16 alone.
+enum Y<'a> {
+    F32(&'a mut Tensor4, Option<&'a mut [bf16]>),
+    Alone(&'a mut Tensor4<bf16>),
+}
+
+impl Y<'_> {
+    /// The forward of `mode` into this y.
+    fn run<X: Widen>(
+        self,
+        bn: &mut BatchNorm,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        res: Option<(&Tensor4, bool)>,
+        mode: Mode,
+    ) -> Result<()> {
+        match (self, mode) {
+            (Y::F32(y, yb), Mode::Train) => bn.forward_train_to(pool, x, res, y, yb)?,
+            (Y::F32(y, yb), Mode::Eval) => bn.forward_infer_to(pool, x, res, y, yb)?,
+            (Y::Alone(y), Mode::Train) => bn.forward_train_bf16(pool, x, res, y)?,
+            (Y::Alone(y), Mode::Eval) => bn.forward_infer_bf16(pool, x, res, y)?,
+        }
+        Ok(())
     }
 }
 
@@ -220,6 +264,8 @@ impl Layer for BatchNorm2d {
             dx: Buf::default(),
             yb: TwinBuf::default(),
             dxb: TwinBuf::default(),
+            ya: BfBuf::default(),
+            y_alone: false,
             dxa: BfBuf::default(),
             dgamma: vec![0.0; len],
             dbeta: vec![0.0; len],
@@ -264,7 +310,8 @@ impl Layer for BatchNorm2d {
             }
         };
         let (bn, g) = (&p.bn, (&mut p.dgamma, &mut p.dbeta));
-        let y = bn.relu.then(|| p.y.get());
+        // The mask of a fused ReLU comes from x; y only after a join.
+        let y = (bn.relu && !p.y_alone).then(|| p.y.get());
         let dx = match self.dx_alone {
             true => Dx::Alone(p.dxa.get_mut(p.shape, p.bc)?),
             false => {
@@ -297,9 +344,9 @@ impl Layer for BatchNorm2d {
     fn reads_bf16_only(&self) -> (bool, bool) {
         (true, true)
     }
-    fn write_bf16_only(&mut self, _out: bool, dx: bool) -> (bool, bool) {
-        self.dx_alone = dx;
-        (false, dx)
+    fn write_bf16_only(&mut self, out: bool, dx: bool) -> (bool, bool) {
+        (self.out_alone, self.dx_alone) = (out, dx);
+        (out, dx)
     }
     fn input_block(&mut self, block: Option<usize>) {
         self.block = block;

@@ -43,6 +43,10 @@ pub trait Widen: sealed::Sealed + Copy + Send + Sync + 'static {
     /// copied as they are.
     #[doc(hidden)]
     fn interleave(dst: &mut [bf16], a: &[Self], b: &[Self], sum: &mut [f32]);
+    /// [`transpose_round`] for f32 values; bf16 values are moved as they
+    /// are.
+    #[doc(hidden)]
+    fn transpose(dst: &mut [bf16], ld: usize, src: &[Self], c: usize, n: usize, step: usize);
 }
 
 impl Widen for f32 {
@@ -54,6 +58,9 @@ impl Widen for f32 {
     fn interleave(dst: &mut [bf16], a: &[f32], b: &[f32], sum: &mut [f32]) {
         interleave_round(dst, a, b, sum)
     }
+    fn transpose(dst: &mut [bf16], ld: usize, src: &[f32], c: usize, n: usize, step: usize) {
+        transpose_round(dst, ld, src, c, n, step)
+    }
 }
 
 impl Widen for bf16 {
@@ -64,6 +71,9 @@ impl Widen for bf16 {
     }
     fn interleave(dst: &mut [bf16], a: &[bf16], b: &[bf16], sum: &mut [f32]) {
         interleave_bf16(dst, a, b, sum)
+    }
+    fn transpose(dst: &mut [bf16], ld: usize, src: &[bf16], c: usize, n: usize, step: usize) {
+        transpose_bf16(dst, ld, src, c, n, step)
     }
 }
 
@@ -291,12 +301,15 @@ fn transpose_round_generic(
 /// and `dst` `(c - 1) * ld + n`.
 macro_rules! transpose_round_x86 {
     ($name:ident, $features:literal, $store:path) => {
+        transpose_round_x86!($name, $features, $store, f32, _mm512_maskz_loadu_ps);
+    };
+    ($name:ident, $features:literal, $store:path, $src:ty, $load:path) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         unsafe fn $name(
             dst: *mut bf16,
             ld: usize,
-            src: *const f32,
+            src: *const $src,
             c: usize,
             n: usize,
             step: usize,
@@ -310,7 +323,7 @@ macro_rules! transpose_round_x86 {
                     let mut r = [_mm512_setzero_ps(); 16];
                     for (i, v) in r.iter_mut().enumerate().take(w) {
                         let at = src.add(((p0 + i) * step) * c + j0);
-                        *v = _mm512_maskz_loadu_ps(lanes(cw), at);
+                        *v = $load(lanes(cw), at);
                     }
                     let t = transpose16(r);
                     for (j, v) in t.iter().enumerate().take(cw) {
@@ -327,6 +340,47 @@ transpose_round_x86!(
     "avx512f,avx512bf16,avx512bw,avx512vl,avx512dq",
     hw::store_converted
 );
+transpose_round_x86!(
+    transpose_bf16_avx512,
+    "avx512f,avx512bw,avx512vl",
+    hw::store_high_halves,
+    bf16,
+    hw::load_widened
+);
+
+/// [`transpose_round`] of bf16 values (exact: no rounding), for operands
+/// that arrive in bf16 alone: 16 x 16 tiles widened into f32 lanes,
+/// transposed and narrowed as the f32 path does, where the CPU has
+/// AVX-512 BW and VL; else element by element.
+pub(crate) fn transpose_bf16(
+    dst: &mut [bf16],
+    ld: usize,
+    src: &[bf16],
+    c: usize,
+    n: usize,
+    step: usize,
+) {
+    if n == 0 || c == 0 {
+        return;
+    }
+    assert!(src.len() >= ((n - 1) * step + 1) * c && dst.len() >= (c - 1) * ld + n);
+    #[cfg(target_arch = "x86_64")]
+    if brgemm::Isa::selected() == Ok(brgemm::Isa::Avx512)
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the CPU has the features the function is compiled for;
+        // the bounds are checked above.
+        unsafe { transpose_bf16_avx512(dst.as_mut_ptr(), ld, src.as_ptr(), c, n, step) };
+        return;
+    }
+    for p in 0..n {
+        let px = &src[p * step * c..][..c];
+        for (j, v) in px.iter().enumerate() {
+            dst[j * ld + p] = *v;
+        }
+    }
+}
 
 /// The 16 x 16 transpose of 16 vectors: lane j of the result's vector i
 /// is lane i of input vector j.
@@ -385,6 +439,32 @@ mod hw {
         let nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
         let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
         _mm512_mask_blend_epi32(nan, rounded, quiet)
+    }
+
+    /// The lanes of `mask` of 16 bf16 values at `at` widened to f32 (zero
+    /// elsewhere).
+    ///
+    /// # Safety
+    /// The masked lanes of `at` are readable.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn load_widened(mask: u16, at: *const bf16) -> __m512 {
+        // SAFETY: the masked lanes are readable (the contract).
+        let h = unsafe { _mm256_maskz_loadu_epi16(mask, at as *const i16) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+
+    /// Stores the high halves of `v`'s lanes of `mask` at `at`: widened
+    /// bf16 values back as they were (no rounding to do).
+    ///
+    /// # Safety
+    /// The masked lanes of `at` are writable.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn store_high_halves(v: __m512, at: *mut bf16, mask: u16) {
+        let out = _mm512_srli_epi32::<16>(_mm512_castps_si512(v));
+        // SAFETY: the masked lanes are writable (the contract).
+        unsafe { _mm512_mask_cvtepi32_storeu_epi16(at as *mut i16, mask, out) };
     }
 
     /// Rounds `v` and stores the lanes of `mask` at `at` (`vpmovdw`).

@@ -177,19 +177,21 @@ impl BatchNorm {
     }
 
     /// The checks of a forward's operands; the bf16 copy of y.
-    fn forward_checks<'a, X>(
+    fn forward_checks<X>(
         &self,
         x: &Tensor4<X>,
         res: Option<(&Tensor4, bool)>,
-        y: &Tensor4,
-        yb: Option<&'a mut [bf16]>,
-    ) -> Result<Twin<'a>> {
+        y: &Output<'_>,
+    ) -> Result<()> {
         self.check("x", x)?;
-        same_dims("y", y, x)?;
+        match y {
+            Output::F32(y, _) => same_dims("y", y, x)?,
+            Output::Bf16(y) => same_dims("y", y, x)?,
+        }
         if let Some((r, _)) = res {
             self.check_residual(r, x)?;
         }
-        Twin::new("bf16 y", yb, y.data.len())
+        Ok(())
     }
 
     /// An error unless `r` can join the output of `x`.
@@ -216,7 +218,31 @@ impl BatchNorm {
         y: &mut Tensor4,
         yb: Option<&mut [bf16]>,
     ) -> Result<()> {
-        let yb = self.forward_checks(x, res, y, yb)?;
+        let len = y.data.len();
+        self.forward_train_with(pool, x, res, Output::F32(y, Twin::new("bf16 y", yb, len)?))
+    }
+
+    /// [`BatchNorm::forward_train_to`] with y in bf16 alone, each piece
+    /// rounded from f32 in L1 (the bits of the f32 y rounded): the input of
+    /// bf16 convolutions that read it so ([`crate::conv::Operand`]).
+    pub fn forward_train_bf16<X: Widen>(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        res: Option<(&Tensor4, bool)>,
+        y: &mut Tensor4<bf16>,
+    ) -> Result<()> {
+        self.forward_train_with(pool, x, res, Output::Bf16(y))
+    }
+
+    fn forward_train_with<X: Widen>(
+        &mut self,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        res: Option<(&Tensor4, bool)>,
+        yb: Output<'_>,
+    ) -> Result<()> {
+        self.forward_checks(x, res, &yb)?;
         let (bc, pc) = (x.bc, x.padded_c());
         let count = (x.n * x.h * x.w) as f64;
         // The first image's first pixel per channel: the shift that keeps
@@ -256,7 +282,7 @@ impl BatchNorm {
             scale[ch] = (f64::from(self.gamma[ch]) * inv) as f32;
             offset[ch] = self.beta[ch] - (mean * f64::from(self.gamma[ch]) * inv) as f32;
         }
-        self.apply(pool, x, res, (y, yb), &scale, &offset);
+        self.apply(pool, x, res, yb, &scale, &offset);
         self.saved_affine = match res.is_none() && self.relu {
             true => (scale, offset),
             false => (Vec::new(), Vec::new()),
@@ -293,7 +319,30 @@ impl BatchNorm {
         y: &mut Tensor4,
         yb: Option<&mut [bf16]>,
     ) -> Result<()> {
-        let yb = self.forward_checks(x, res, y, yb)?;
+        let len = y.data.len();
+        self.forward_infer_with(pool, x, res, Output::F32(y, Twin::new("bf16 y", yb, len)?))
+    }
+
+    /// [`BatchNorm::forward_infer_to`] with y in bf16 alone
+    /// ([`BatchNorm::forward_train_bf16`]).
+    pub fn forward_infer_bf16<X: Widen>(
+        &self,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        res: Option<(&Tensor4, bool)>,
+        y: &mut Tensor4<bf16>,
+    ) -> Result<()> {
+        self.forward_infer_with(pool, x, res, Output::Bf16(y))
+    }
+
+    fn forward_infer_with<X: Widen>(
+        &self,
+        pool: &Pool,
+        x: &Tensor4<X>,
+        res: Option<(&Tensor4, bool)>,
+        yb: Output<'_>,
+    ) -> Result<()> {
+        self.forward_checks(x, res, &yb)?;
         let pc = x.padded_c();
         let (mut scale, mut offset) = (vec![0f32; pc], vec![0f32; pc]);
         for ch in 0..self.c {
@@ -301,7 +350,7 @@ impl BatchNorm {
             scale[ch] = self.gamma[ch] * inv;
             offset[ch] = self.beta[ch] - self.running_mean[ch] * scale[ch];
         }
-        self.apply(pool, x, res, (y, yb), &scale, &offset);
+        self.apply(pool, x, res, yb, &scale, &offset);
         Ok(())
     }
 
@@ -313,42 +362,37 @@ impl BatchNorm {
         pool: &Pool,
         x: &Tensor4<X>,
         res: Option<(&Tensor4, bool)>,
-        (y, yb): (&mut Tensor4, Twin<'_>),
+        y: Output<'_>,
         scale: &[f32],
         offset: &[f32],
     ) {
         let (cb, bc, len) = (x.c_blocks(), x.bc, plane_len(x));
         let relu = res.map_or(self.relu, |r| r.1);
-        pool.for_slices_of(&mut y.data, len, |i, dst| {
+        y.fill(pool, len, bc, |i, at, dst| {
             let (k, o) = (
                 &scale[(i % cb) * bc..][..bc],
                 &offset[(i % cb) * bc..][..bc],
             );
-            let piece = Twin::PIECE.next_multiple_of(bc);
-            for (at, dst) in (0..len).step_by(piece).zip(dst.chunks_mut(piece)) {
-                let src = &x.data[i * len + at..][..dst.len()];
-                match res {
-                    Some((r, _)) => {
-                        let r = &r.data[i * len + at..][..dst.len()];
-                        let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
-                        for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
-                            for j in 0..bc {
-                                let v = s[j].f32() * k[j] + o[j] + r[j];
-                                d[j] = if relu && v < 0.0 { 0.0 } else { v };
-                            }
-                        }
-                    }
-                    None => {
-                        for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
-                            for j in 0..bc {
-                                let v = s[j].f32() * k[j] + o[j];
-                                d[j] = if relu && v < 0.0 { 0.0 } else { v };
-                            }
+            let src = &x.data[at..][..dst.len()];
+            match res {
+                Some((r, _)) => {
+                    let r = &r.data[at..][..dst.len()];
+                    let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
+                    for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
+                        for j in 0..bc {
+                            let v = s[j].f32() * k[j] + o[j] + r[j];
+                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
                         }
                     }
                 }
-                // SAFETY: plane i is this thread's.
-                unsafe { yb.round(i * len + at, dst) };
+                None => {
+                    for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
+                        for j in 0..bc {
+                            let v = s[j].f32() * k[j] + o[j];
+                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
+                        }
+                    }
+                }
             }
         });
     }
@@ -365,6 +409,13 @@ impl BatchNorm {
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) -> Result<()> {
+        if self.relu {
+            return Err(shape(
+                "batch norm backward",
+                "without y",
+                "the fused ReLU needs the output: call backward_relu",
+            ));
+        }
         self.backward_to(pool, x, None, dy, (dx, None), dgamma, dbeta)
     }
 
@@ -391,7 +442,9 @@ impl BatchNorm {
     /// After a forward that fused the ReLU (no residual), where y was
     /// positive is recomputed from x with the forward's own scale and
     /// offset (the same bits), so neither sweep reads y: two streams of
-    /// eight (`docs/tuning-notes.md`). `y` is still checked.
+    /// eight (`docs/tuning-notes.md`). `y` is still checked where given,
+    /// and may be None there (an output written in bf16 alone,
+    /// [`BatchNorm::forward_train_bf16`]).
     #[allow(clippy::too_many_arguments)]
     pub fn backward_to<X: Widen, D: Widen>(
         &self,
@@ -405,7 +458,7 @@ impl BatchNorm {
     ) -> Result<()> {
         same_dims("dx", dx, x)?;
         let dxb = Twin::new("bf16 dx", dxb, dx.data.len())?;
-        self.backward_with(pool, x, y, dy, Dx::F32(dx, dxb), dgamma, dbeta)
+        self.backward_with(pool, x, y, dy, Output::F32(dx, dxb), dgamma, dbeta)
     }
 
     /// [`BatchNorm::backward_to`] with dx in bf16 alone, each piece rounded
@@ -424,7 +477,7 @@ impl BatchNorm {
         dbeta: &mut [f32],
     ) -> Result<()> {
         same_dims("dx", dx, x)?;
-        self.backward_with(pool, x, y, dy, Dx::Bf16(dx), dgamma, dbeta)
+        self.backward_with(pool, x, y, dy, Output::Bf16(dx), dgamma, dbeta)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -434,16 +487,18 @@ impl BatchNorm {
         x: &Tensor4<X>,
         y: Option<&Tensor4>,
         dy: &Tensor4<D>,
-        dx: Dx<'_>,
+        dx: Output<'_>,
         dgamma: &mut [f32],
         dbeta: &mut [f32],
     ) -> Result<()> {
         self.check("x", x)?;
-        if y.is_none() && self.relu {
+        // After a forward that fused the ReLU (no residual) the mask comes
+        // from x, so y may be absent (written in bf16 alone, say).
+        if y.is_none() && self.relu && self.saved_affine.0.is_empty() {
             return Err(shape(
                 "batch norm backward",
                 "without y",
-                "the fused ReLU needs the output: call backward_relu",
+                "the fused ReLU after a residual join needs the output",
             ));
         }
         if let Some(y) = y {
@@ -458,8 +513,8 @@ impl BatchNorm {
         // where x under the forward's affine map is.
         let (sc, of) = (&self.saved_affine.0[..], &self.saved_affine.1[..]);
         let (mask, y) = match y {
+            _ if !sc.is_empty() => (X_MASK, &[][..]),
             None => (NO_MASK, &[][..]),
-            Some(_) if !sc.is_empty() => (X_MASK, &[][..]),
             Some(y) => (Y_MASK, &y.data[..]),
         };
         let stats = |i: usize| {
@@ -512,33 +567,44 @@ impl BatchNorm {
                 _ => grad_apply::<X_MASK, X, D>(bc, planes, ops, k, d),
             }
         };
-        let piece = Twin::PIECE.next_multiple_of(bc);
-        match dx {
-            Dx::F32(dx, dxb) => pool.for_slices_of(&mut dx.data, len, |i, d| {
-                for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
-                    apply(i, at, d);
-                    // SAFETY: plane i is this thread's.
-                    unsafe { dxb.round(at, d) };
-                }
-            }),
-            Dx::Bf16(dx) => pool.for_slices_of(&mut dx.data, len, |i, d| {
-                let mut f = vec![0f32; piece.min(len)];
-                for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
-                    let f = &mut f[..d.len()];
-                    apply(i, at, f);
-                    round_slice(d, f);
-                }
-            }),
-        }
+        dx.fill(pool, len, bc, apply);
         Ok(())
     }
 }
 
-/// Where backward writes dx: f32 (with its bf16 copy when asked), or bf16
-/// alone.
-enum Dx<'a> {
+/// Where a pass writes its output (y, or dx): f32 (with its bf16 copy
+/// when asked), or bf16 alone.
+enum Output<'a> {
     F32(&'a mut Tensor4, Twin<'a>),
     Bf16(&'a mut Tensor4<bf16>),
+}
+
+impl Output<'_> {
+    /// Fills the output plane by plane (`len` values each, split over the
+    /// pool), each piece of at most [`Twin::PIECE`] values (a multiple of
+    /// `bc`) by `f(plane, offset, piece)` in f32, then rounded into the
+    /// copy, or from a thread's f32 piece into the bf16 output, while in
+    /// L1.
+    fn fill(self, pool: &Pool, len: usize, bc: usize, f: impl Fn(usize, usize, &mut [f32]) + Sync) {
+        let piece = Twin::PIECE.next_multiple_of(bc);
+        match self {
+            Output::F32(y, twin) => pool.for_slices_of(&mut y.data, len, |i, d| {
+                for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
+                    f(i, at, d);
+                    // SAFETY: plane i is this thread's.
+                    unsafe { twin.round(at, d) };
+                }
+            }),
+            Output::Bf16(y) => pool.for_slices_of(&mut y.data, len, |i, d| {
+                let mut buf = vec![0f32; piece.min(len)];
+                for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
+                    let v = &mut buf[..d.len()];
+                    f(i, at, v);
+                    round_slice(d, v);
+                }
+            }),
+        }
+    }
 }
 
 /// Where backward's gradient passes the fused ReLU, as the const

@@ -43,7 +43,7 @@
 use super::gather::{Gather, Out, Residual};
 use super::phased::Phased;
 use super::{AddResidual, Conv, ConvParams};
-use crate::engine::bf16::{pack_vnni, round_slice, transpose_round, WeightGrid, Widen};
+use crate::engine::bf16::{pack_vnni, round_slice, WeightGrid, Widen};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
 use crate::math::add_rows;
@@ -128,6 +128,14 @@ impl<'a> From<&'a Tensor4> for Operand<'a> {
 impl<'a> From<&'a Tensor4<bf16>> for Operand<'a> {
     fn from(t: &'a Tensor4<bf16>) -> Self {
         Operand::Bf16(t)
+    }
+}
+
+/// The f32 tensor of `o`: its own, or `w`, its bf16 values widened.
+fn f32_of<'a>(o: Operand<'a>, w: &'a Option<Tensor4>) -> &'a Tensor4 {
+    match (o, w) {
+        (Operand::F32(t, _), _) => t,
+        (_, w) => w.as_ref().expect("widened"),
     }
 }
 
@@ -370,36 +378,33 @@ impl ConvBf16 {
         Ok(())
     }
 
-    /// Y = act(conv(X, W) + b) from X and the packed filter. X is rounded
-    /// to bf16 in the same pass that makes the zero-padded copy the gather
-    /// reads, or with `xb` taken already rounded: `x`'s values as bf16 in
-    /// its layout, made by the pass that wrote X (e.g.
-    /// [`crate::BatchNorm::forward_train_to`]), read in place where the
-    /// layer pads no border (no sweep over X at all), else copied into the
-    /// padded input at half the bytes.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    /// Y = act(conv(X, W) + b) from X and the packed filter. An f32 X is
+    /// rounded to bf16 in the same pass that makes the zero-padded copy the
+    /// gather reads; its bf16 copy ([`Operand::F32`] with the copy, made by
+    /// the pass that wrote X, e.g. [`crate::BatchNorm::forward_train_to`])
+    /// or X in bf16 alone is read as it is: in place where the layer pads
+    /// no border (no sweep over X at all), else copied into the padded
+    /// input at half the bytes.
+    pub fn forward<'a>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        x: &Tensor4,
-        xb: Option<&[bf16]>,
+        x: impl Into<Operand<'a>>,
         wv: &[bf16],
         bias: &[f32],
         y: &mut Tensor4,
     ) -> Result<()> {
-        self.forward_f32(pool, conv, (x, xb), wv, bias, None, y)
+        self.forward_f32(pool, conv, x.into(), wv, bias, None, y)
     }
 
     /// As [`ConvBf16::forward`], then `+ R` and a ReLU when `add.relu`, on
     /// each output block in L1 ([`Conv::forward_add`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_add(
+    pub fn forward_add<'a>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        x: &Tensor4,
-        xb: Option<&[bf16]>,
+        x: impl Into<Operand<'a>>,
         wv: &[bf16],
         bias: &[f32],
         add: AddResidual<'_>,
@@ -407,7 +412,7 @@ impl ConvBf16 {
     ) -> Result<()> {
         conv.check_y("residual", add.r)?;
         let res = Some((&add.r.data[..], add.relu));
-        self.forward_f32(pool, conv, (x, xb), wv, bias, res, y)
+        self.forward_f32(pool, conv, x.into(), wv, bias, res, y)
     }
 
     /// The forward into the f32 `y`, with the residual `res`.
@@ -416,7 +421,7 @@ impl ConvBf16 {
         &self,
         pool: &Pool,
         conv: &Conv,
-        x: (&Tensor4, Option<&[bf16]>),
+        x: Operand<'_>,
         wv: &[bf16],
         bias: &[f32],
         res: Residual<'_>,
@@ -433,13 +438,11 @@ impl ConvBf16 {
     /// bits as rounding the f32 output), so the output costs half the
     /// bytes and no f32 output exists (the input of a batch norm reading
     /// bf16, [`crate::BatchNorm::forward_train_to`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_bf16(
+    pub fn forward_bf16<'a>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        x: &Tensor4,
-        xb: Option<&[bf16]>,
+        x: impl Into<Operand<'a>>,
         wv: &[bf16],
         bias: &[f32],
         y: &mut Tensor4<bf16>,
@@ -448,7 +451,7 @@ impl ConvBf16 {
         let mut acc = self.acc.lock().unwrap_or_else(|e| e.into_inner());
         let acc = block_sums(&mut acc, self.fwd.whole_blocks(), y.data.len());
         let out = Out::Bf16(&mut y.data, acc);
-        self.forward_with(pool, conv, (x, xb), wv, bias, None, out)?;
+        self.forward_with(pool, conv, x.into(), wv, bias, None, out)?;
         conv.clear_channel_tail(pool, y);
         Ok(())
     }
@@ -458,7 +461,7 @@ impl ConvBf16 {
         &self,
         pool: &Pool,
         conv: &Conv,
-        (x, xb): (&Tensor4, Option<&[bf16]>),
+        x: Operand<'_>,
         wv: &[bf16],
         bias: &[f32],
         res: Residual<'_>,
@@ -466,18 +469,26 @@ impl ConvBf16 {
     ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         self.check(conv)?;
-        conv.check_x("X", x)?;
         check_buf("packed W", wv.len(), conv.filter_len())?;
         check_buf("bias", bias.len(), conv.padded_k())?;
-        match xb {
-            Some(xb) => {
-                check_buf("bf16 X", xb.len(), x.data.len())?;
-                self.fwd.run(pool, xb, wv, Some(bias), res, y)
+        match x {
+            Operand::F32(x, xb) => {
+                conv.check_x("X", x)?;
+                match xb {
+                    Some(xb) => {
+                        check_buf("bf16 X", xb.len(), x.data.len())?;
+                        self.fwd.run(pool, xb, wv, Some(bias), res, y)
+                    }
+                    None => {
+                        let f = round_slice;
+                        self.fwd
+                            .run_converted(pool, &x.data, f, wv, Some(bias), res, y)
+                    }
+                }
             }
-            None => {
-                let f = round_slice;
-                self.fwd
-                    .run_converted(pool, &x.data, f, wv, Some(bias), res, y)
+            Operand::Bf16(x) => {
+                conv.check_x("X", x)?;
+                self.fwd.run(pool, &x.data, wv, Some(bias), res, y)
             }
         }
         Ok(())
@@ -570,37 +581,42 @@ impl ConvBf16 {
     /// (rounded here), accumulated in f32; where [`ConvBf16::upd_isa`] is
     /// None, `conv`'s f32 pass on the same operands (dZ in bf16 alone
     /// widened first).
-    pub fn backward_weights<'a>(
+    pub fn backward_weights<'a, 'b>(
         &self,
         pool: &Pool,
         conv: &Conv,
         dz: impl Into<Operand<'a>>,
-        x: &Tensor4,
+        x: impl Into<Operand<'b>>,
         dw: &mut Filter,
         db: &mut [f32],
     ) -> Result<()> {
         self.check(conv)?;
-        let dz = dz.into();
+        let (dz, x) = (dz.into(), x.into());
         if !self.upd.bf16 {
-            return match dz {
-                Operand::F32(dz, _) => conv.backward_weights(pool, dz, x, dw, db),
-                Operand::Bf16(dz) => conv.backward_weights(pool, &dz.widened(), x, dw, db),
+            // The f32 pass: operands in bf16 alone widened first.
+            let widened = |o: Operand<'_>| match o {
+                Operand::F32(..) => None,
+                Operand::Bf16(t) => Some(t.widened()),
             };
+            let (dzw, xw) = (widened(dz), widened(x));
+            return conv.backward_weights(pool, f32_of(dz, &dzw), f32_of(x, &xw), dw, db);
         }
-        match dz {
-            Operand::F32(dz, _) => self.upd_bf16(pool, conv, dz, x, dw, db),
-            Operand::Bf16(dz) => self.upd_bf16(pool, conv, dz, x, dw, db),
+        match (dz, x) {
+            (Operand::F32(dz, _), Operand::F32(x, _)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (Operand::F32(dz, _), Operand::Bf16(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (Operand::Bf16(dz), Operand::F32(x, _)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (Operand::Bf16(dz), Operand::Bf16(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
         }
     }
 
-    /// The bf16 backward-weights on dZ of either type (pairs rounded from
-    /// f32 or copied from bf16).
-    fn upd_bf16<D: Widen>(
+    /// The bf16 backward-weights on dZ and X of either type (pairs and
+    /// planes rounded from f32, or moved from bf16).
+    fn upd_bf16<D: Widen, X: Widen>(
         &self,
         pool: &Pool,
         conv: &Conv,
         dz: &Tensor4<D>,
-        x: &Tensor4,
+        x: &Tensor4<X>,
         dw: &mut Filter,
         db: &mut [f32],
     ) -> Result<()> {
@@ -668,7 +684,7 @@ impl ConvBf16 {
                         if lo < hi {
                             let s = &src[(y * pr.w + lo + ds - pr.pad_w) * bc..];
                             let d = &mut out[k * bc * wt + row * wpp + lo..];
-                            transpose_round(d, wt, s, bc, hi - lo, 1);
+                            X::transpose(d, wt, s, bc, hi - lo, 1);
                         }
                     }
                     continue;
@@ -681,7 +697,7 @@ impl ConvBf16 {
                     }
                     let s = &src[(y * pr.w + x0) * bc..];
                     let d = &mut out[k * bc * wt + row * wpp + (x0 + pr.pad_w) / sw..];
-                    transpose_round(d, wt, s, bc, (pr.w - x0).div_ceil(sw), sw);
+                    X::transpose(d, wt, s, bc, (pr.w - x0).div_ceil(sw), sw);
                 }
             }
         });
