@@ -59,8 +59,8 @@ pub struct Conv2d {
     blocked_input: bool,
     /// Every reader takes the output, and the input's layer the input
     /// gradient, in bf16 alone ([`Layer::write_bf16_only`]).
-    bf16_out: bool,
-    bf16_dx: bool,
+    out_alone: bool,
+    dx_alone: bool,
     /// The weights and bias in PyTorch's order until built; then one plan
     /// per group.
     state: State<Vec<Plan>>,
@@ -171,8 +171,8 @@ impl Conv2d {
             act,
             bf16: false,
             blocked_input: false,
-            bf16_out: false,
-            bf16_dx: false,
+            out_alone: false,
+            dx_alone: false,
             state: State::Plain(Vec::new(), vec![0.0; out_c]),
             fold: None,
         };
@@ -317,7 +317,7 @@ impl Conv2d {
                 }
             };
             // dX in bf16 alone for the layer that reads it so.
-            dx_bf16 = data && single && self.bf16_dx && p.bf.is_some();
+            dx_bf16 = data && single && self.dx_alone && p.bf.is_some();
             if dx_bf16 {
                 let b = p.bf.as_ref().expect("checked");
                 let dx = p.dxb.get_mut(p.input, bc)?;
@@ -427,7 +427,7 @@ impl Conv2d {
                     };
                     // The output in bf16 alone for readers that take it so
                     // (not the folded layer's: the batch norm is skipped).
-                    bf16_only = self.bf16_out && single && add.is_none() && !folded;
+                    bf16_only = self.out_alone && single && add.is_none() && !folded;
                     if bf16_only {
                         let yb = p.yb.get_mut(p.output, bk)?;
                         b.conv.forward_bf16(pool, conv, x, &o.wv, bias, yb)?;
@@ -697,8 +697,8 @@ impl Layer for Conv2d {
             }),
             _ => (false, false),
         };
-        (self.bf16_out, self.bf16_dx) = (out && o, dx && d);
-        (self.bf16_out, self.bf16_dx)
+        (self.out_alone, self.dx_alone) = (out && o, dx && d);
+        (self.out_alone, self.dx_alone)
     }
 
     fn set_bf16(&mut self, on: bool) -> Result<bool> {

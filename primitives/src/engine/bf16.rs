@@ -157,6 +157,26 @@ crate::math::widest! {
     }
 }
 
+thread_local! {
+    static SCRATCH: std::cell::RefCell<AlignedVec<f32>> =
+        std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+}
+
+/// A thread's f32 scratch of at least `len` values (64-byte aligned, grown
+/// on demand and kept for the thread's life): where a pass forms a block of
+/// f32 output in L1 before rounding it into an output in bf16 alone, with
+/// no allocation per block. Forming the pointer is safe; it stays valid
+/// for reads and writes of `len` values on this thread until the thread
+/// calls this again, which a pass must not do while it uses the block.
+pub(crate) fn thread_scratch(len: usize) -> *mut f32 {
+    SCRATCH.with_borrow_mut(|b| {
+        if b.len() < len {
+            b.resize(len, 0.0);
+        }
+        b.as_mut_ptr()
+    })
+}
+
 /// The bf16 copy of a pass's f32 output that the pass writes as it goes,
 /// element for element in the output's layout: the next layer's bf16
 /// operand without a rounding sweep of its own (mixed precision keeps

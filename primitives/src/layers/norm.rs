@@ -14,7 +14,7 @@
 //! passes also write it rounded to bf16, piece by piece as it is computed.
 
 use crate::eltwise::pass;
-use crate::engine::bf16::{round_slice, Twin, Widen};
+use crate::engine::bf16::{round_slice, thread_scratch, Twin, Widen};
 use crate::error::{check_buf, shape, Result};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
@@ -596,9 +596,11 @@ impl Output<'_> {
                 }
             }),
             Output::Bf16(y) => pool.for_slices_of(&mut y.data, len, |i, d| {
-                let mut buf = vec![0f32; piece.min(len)];
+                let buf = thread_scratch(piece);
                 for (at, d) in (i * len..).step_by(piece).zip(d.chunks_mut(piece)) {
-                    let v = &mut buf[..d.len()];
+                    // SAFETY: `piece` values of this thread's scratch, which
+                    // `f` (the pass's arithmetic) does not take.
+                    let v = unsafe { std::slice::from_raw_parts_mut(buf, d.len()) };
                     f(i, at, v);
                     round_slice(d, v);
                 }

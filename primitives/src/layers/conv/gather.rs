@@ -2,7 +2,7 @@
 //! [`super::phased`]), as BRGEMMs over input-channel blocks and filter taps
 //! (the offset batch form).
 
-use crate::engine::bf16::round_slice;
+use crate::engine::bf16::{round_slice, thread_scratch};
 use crate::error::Result;
 use crate::loops::{LoopDef, LoopNest};
 use crate::pass::{Chunked, PassConfig};
@@ -119,12 +119,6 @@ pub(super) enum Out<'a> {
     /// the second slice is then empty), else in the second slice, f32
     /// sums of the output's length.
     Bf16(&'a mut [bf16], &'a mut [f32]),
-}
-
-thread_local! {
-    /// A thread's f32 output block for [`Out::Bf16`] (16 KiB at 64 x 64).
-    static BLOCK: std::cell::RefCell<AlignedVec<f32>> =
-        std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
 }
 
 crate::math::widest! {
@@ -470,12 +464,10 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             let last = c0 + cnt == g.in_blocks;
             let mut c = out_at(ni, ob, pr, q0);
             if in_l1 {
-                c = BLOCK.with_borrow_mut(|b| {
-                    if b.len() < g.bq * g.bo {
-                        b.resize(g.bq * g.bo, 0.0);
-                    }
-                    b.as_mut_ptr()
-                });
+                // The thread's f32 block (16 KiB at 64 x 64), kept between
+                // the block's calls: nothing else on this thread takes it
+                // meanwhile.
+                c = thread_scratch(g.bq * g.bo);
             }
             unsafe {
                 ks.pick(c0 == 0, last)
