@@ -135,29 +135,18 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// AMD Zen 5 (family 0x1a).
+    /// AMD Zen 5 (family 0x1a): the default row but for prefetching from
+    /// L2 (streamed operands, FC dW blocks, the LSTM's recurrent weights
+    /// from 2 MiB, bf16 operands from 256 KiB) and the 4x4 tile for
+    /// single-pair convolution calls (docs/tuning-notes.md).
     pub const ZEN5: Policy = Policy {
         name: "zen5",
         stream_prefetch: StreamPrefetch::BeyondL1,
         fc_upd_prefetch_from: Some(2 << 20),
         rnn_prefetch_from: 2 << 20,
         bf16_prefetch_from: Some(256 << 10),
-        conv_upd_prefetch_strided: false,
-        conv_upd_prefetch_rows: false,
         single_pair_tile: Some(RegisterTile { mv: 4, nr: 4 }),
-        fc_tile: None,
-        avx512bf16_tile: None,
-        pair_tile_any_batch: false,
-        bf16_order: [Bf16Isa::Amx, Bf16Isa::Avx512Bf16, Bf16Isa::Fp32],
-        avx512bf16_beats_f32: false,
-        avx512bf16_upd: Bf16UpdRule::ALWAYS,
-        avx512bf16_fc_min_rows: 0,
-        avx512bf16_fc_min_rows_fused: 0,
-        avx512bf16_conv_min_flops_per_elem: 0,
-        split_chunk: 8,
-        stream_chunk: 16,
-        stream_chunk_narrow: 1,
-        stream_row_blocks: 32,
+        ..Policy::DEFAULT
     };
     /// AMD Zen 4 (family 0x19 with AVX-512): the Zen 5 row's prefetch and
     /// tile entries, which measured as well here, but no bf16 prefetch; the
