@@ -208,7 +208,9 @@ fn zero_batch_applies_beta_and_epilogue_only() {
 
 /// A prefetch region for the next call changes no result bit, whatever its
 /// length (none, less than the k steps can carry, far more) or address (a
-/// real buffer, or one never mapped: prefetches do not fault).
+/// real buffer, or one never mapped: prefetches do not fault); nor does the
+/// next call's first B ([`Kernel::execute_raw_then`]), on the blocking
+/// model's tiles and the 4x4 whole-column tile.
 #[test]
 fn prefetching_ahead_changes_no_result() {
     use brgemm::{BatchForm, Descriptor, RawBatch};
@@ -220,20 +222,25 @@ fn prefetching_ahead_changes_no_result() {
         .map(|i| ((i * 5) % 11) as f32 - 5.0)
         .collect();
     let next = vec![1.0f32; 1 << 16];
-    for isa in Isa::supported() {
+    let tiles = [None, Some(brgemm::RegisterTile { mv: 4, nr: 4 })];
+    for (isa, tile) in Isa::supported()
+        .into_iter()
+        .flat_map(|i| tiles.map(|t| (i, t)))
+    {
         for pf in [Prefetch::None, Prefetch::NextPair] {
             let d = Descriptor::new(m, n, k)
                 .batch_form(BatchForm::Stride { a: m * k, b: k * n })
                 .prefetch(pf);
-            let kern = Kernel::with_options(
-                &d,
-                KernelOptions {
-                    isa: Some(isa),
-                    tile: None,
-                    bf16: None,
-                },
-            )
-            .unwrap();
+            let opts = KernelOptions {
+                isa: Some(isa),
+                tile,
+                bf16: None,
+            };
+            // Not every ISA has the 4x4 tile.
+            let Ok(kern) = Kernel::with_options(&d, opts) else {
+                assert!(tile.is_some(), "{isa}: the model's tile plans");
+                continue;
+            };
             let batch = || RawBatch::Stride {
                 a: a.as_ptr(),
                 b: b.as_ptr(),
@@ -254,7 +261,15 @@ fn prefetching_ahead_changes_no_result() {
                 unsafe {
                     kern.execute_raw_ahead(batch(), got.as_mut_ptr(), std::ptr::null(), ahead, len)
                 };
-                assert_eq!(got, want, "{isa} {pf:?} ahead {len}");
+                assert_eq!(got, want, "{isa} {tile:?} {pf:?} ahead {len}");
+            }
+            for next_b in [next.as_ptr(), b.as_ptr(), 64usize as *const f32] {
+                let mut got = vec![0.0f32; m * n];
+                // SAFETY: as above; `next_b` is only prefetched.
+                unsafe {
+                    kern.execute_raw_then(batch(), got.as_mut_ptr(), std::ptr::null(), next_b)
+                };
+                assert_eq!(got, want, "{isa} {tile:?} {pf:?} next B {next_b:?}");
             }
         }
     }
