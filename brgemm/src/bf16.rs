@@ -400,9 +400,25 @@ impl Bf16Plan {
     /// # Panics
     /// If `batch` is not of the descriptor's form.
     pub(crate) unsafe fn execute_raw(&self, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32) {
+        self.execute_raw_then(batch, c, bias, std::ptr::null())
+    }
+
+    /// As [`Bf16Plan::execute_raw`]; a prefetching AVX512-BF16 call's last
+    /// pair walks `next_b`, the next call's first B (see
+    /// [`crate::Kernel::execute_raw_then`]; null: none).
+    ///
+    /// # Safety
+    /// As [`Bf16Plan::execute_raw`]; `next_b` is only prefetched.
+    pub(crate) unsafe fn execute_raw_then(
+        &self,
+        batch: RawBatch<bf16>,
+        c: *mut f32,
+        bias: *const f32,
+        next_b: *const bf16,
+    ) {
         match (batch, self.desc.batch_form) {
             (RawBatch::Stride { a, b, count }, BatchForm::Stride { a: sa, b: sb }) => {
-                self.run(&StrideSrc { a, b, sa, sb }, count, c, bias)
+                self.run(&StrideSrc { a, b, sa, sb }, count, c, bias, next_b)
             }
             (
                 RawBatch::Offset {
@@ -423,15 +439,23 @@ impl Bf16Plan {
                 count,
                 c,
                 bias,
+                next_b,
             ),
             (RawBatch::Address { a, b, count }, BatchForm::Address) => {
-                self.run(&AddrSrc { a, b }, count, c, bias)
+                self.run(&AddrSrc { a, b }, count, c, bias, next_b)
             }
             _ => panic!("RawBatch form does not match the bf16 kernel's descriptor"),
         }
     }
 
-    unsafe fn run<B: BatchSrc<bf16>>(&self, src: &B, count: usize, c: *mut f32, bias: *const f32) {
+    unsafe fn run<B: BatchSrc<bf16>>(
+        &self,
+        src: &B,
+        count: usize,
+        c: *mut f32,
+        bias: *const f32,
+        next_b: *const bf16,
+    ) {
         let d = &self.desc;
         // The bias is read only where the epilogue has one (as the f32
         // kernels do): a chunk before the last of a split reduction passes
@@ -470,7 +494,14 @@ impl Bf16Plan {
             Bf16Isa::Avx512Bf16 => {
                 use crate::kernels::avx512bf16_bf16 as k;
                 let main = self.tile.unwrap_or(k::DEFAULT_TILE);
-                k::run(&k::Call { d, count, c, bias }, src, main)
+                let call = k::Call {
+                    d,
+                    count,
+                    c,
+                    bias,
+                    next_b,
+                };
+                k::run(&call, src, main)
             }
             Bf16Isa::Fp32 => {
                 thread_local! {

@@ -43,9 +43,9 @@ impl Element for f32 {
 impl Element for bf16 {
     const DTYPE: DataType = DataType::Bf16;
     #[inline(always)]
-    unsafe fn run(k: &Kernel, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32, _: Extra) {
+    unsafe fn run(k: &Kernel, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32, extra: Extra) {
         match &k.plan {
-            Plan::Bf16(p) => p.execute_raw(batch, c, bias),
+            Plan::Bf16(p) => p.execute_raw_then(batch, c, bias, extra.next_b.cast()),
             Plan::F32(_) => panic!("a bf16 batch given to a kernel planned for f32"),
         }
     }
@@ -290,7 +290,9 @@ impl Kernel {
     /// rows stream from memory, minibatch 16, 1 and 2 threads, alternated
     /// in one process): four-pair calls x1.10 (256 -> 64 forward, 64 ->
     /// 256 backward-data), two-pair calls x1.01-1.05, 3x3 layers level.
-    /// bf16 kernels ignore `next_b`.
+    /// The AVX512-BF16 kernel, which otherwise prefetches only A, then
+    /// walks each next pair's B as well (the kernel's module doc); the
+    /// other bf16 kernels ignore `next_b`.
     ///
     /// # Safety
     /// As [`Kernel::execute_raw`]; `next_b` is only prefetched, never

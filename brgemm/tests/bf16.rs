@@ -574,3 +574,56 @@ fn a_bias_without_a_bias_epilogue_is_ignored() {
         assert_eq!(run(std::ptr::null()), run(bias.as_ptr()), "{isa:?}");
     }
 }
+
+/// Naming the next call's first B ([`Kernel::execute_raw_then`]), which
+/// the AVX512-BF16 kernel then prefetches with each next pair's, changes
+/// no result bit on any bf16 kernel, tile, batch length or address (a real
+/// buffer, this call's own B, or one never mapped: prefetches do not fault).
+#[test]
+fn prefetching_the_next_calls_b_changes_no_bf16_result() {
+    use brgemm::RawBatch;
+    let (m, n, k) = (64, 13, 37);
+    let mut s = 7u64;
+    let next = rnd(&mut s, 1 << 14);
+    let tiles = [None, Some(RegisterTile { mv: 4, nr: 4 })];
+    for isa in [
+        Bf16Isa::Amx,
+        Bf16Isa::Avx512Bf16,
+        Bf16Isa::Fp32,
+        Bf16Isa::Reference,
+    ] {
+        if !isa.is_supported() {
+            continue;
+        }
+        for (count, tile) in [1usize, 3].into_iter().flat_map(|c| tiles.map(|t| (c, t))) {
+            let c = Case::new(m, n, k, count, 0, 11 + count as u64);
+            let (asz, bsz) = (c.a_vnni[0].len(), k * n);
+            let a: Vec<bf16> = c.a_vnni.iter().flatten().copied().collect();
+            let b: Vec<bf16> = c.b.iter().flatten().copied().collect();
+            let d = desc(&c, Beta::Zero, 1.0, Epilogue::default())
+                .prefetch(Prefetch::NextPair)
+                .batch_form(BatchForm::Stride { a: asz, b: bsz });
+            // AMX refuses odd k, other kernels the 4x4 tile.
+            let Ok(kern) = with_tile(&d, isa, tile.filter(|_| isa == Bf16Isa::Avx512Bf16)) else {
+                continue;
+            };
+            let batch = || RawBatch::Stride {
+                a: a.as_ptr(),
+                b: b.as_ptr(),
+                count,
+            };
+            let mut want = vec![0.0f32; m * n];
+            // SAFETY: A holds `count` packed blocks, B `count` k x n blocks,
+            // C one m x n block; no bias in the descriptor.
+            unsafe { kern.execute_raw(batch(), want.as_mut_ptr(), std::ptr::null()) };
+            for next_b in [next.as_ptr(), b.as_ptr(), 64usize as *const bf16] {
+                let mut got = vec![0.0f32; m * n];
+                // SAFETY: as above; `next_b` is only prefetched.
+                unsafe {
+                    kern.execute_raw_then(batch(), got.as_mut_ptr(), std::ptr::null(), next_b)
+                };
+                assert_eq!(got, want, "{isa:?} {tile:?} x{count} next B {next_b:?}");
+            }
+        }
+    }
+}

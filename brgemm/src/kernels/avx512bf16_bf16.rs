@@ -30,6 +30,14 @@
 //! x1.72/x1.69 on two, (128,4096,4096) x1.40-1.50, (512,2048,2048)
 //! x1.04-1.09; calls of 256 KiB or less (L2-resident A) x0.99-1.00.
 //!
+//! A call given the next call's first B (`Kernel::execute_raw_then`) also
+//! asks for each next pair's B, one line per k-pair step, and on its last
+//! pair for that one's: the 1x1 convolutions' input rows, which stream
+//! from memory (Zen 4, minibatch 16, two threads, alternated in one
+//! process: four-pair calls x1.12-1.16, two-pair x1.07-1.10; the bf16
+//! ResNet-50 step 11.90 -> 12.11 images/s). Calls without it (3x3 layers,
+//! whose rows come back from L2 for the taps: x0.98-1.00 with it) keep to A.
+//!
 //! Handles any shape: m tails by masked loads and stores (free on AVX-512),
 //! n tails by smaller unrolled tiles, an odd k by a last half pair whose B
 //! value is zero-extended (the VNNI pad of A is zero too), so nothing past
@@ -47,6 +55,8 @@ pub(crate) struct Call<'a> {
     pub count: usize,
     pub c: *mut f32,
     pub bias: *const f32,
+    /// The next call's first B (null: none), walked by the last pair.
+    pub next_b: *const bf16,
 }
 
 pub(crate) type TileFn<B> = unsafe fn(&Call<'_>, &B, usize, usize, usize);
@@ -68,7 +78,13 @@ fn opaque(p: *const bf16) -> *const bf16 {
 /// `n0..n0+NR` inside the planned shape; pointers valid as for the f32 kernel.
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize, const PF: bool>(
+unsafe fn tile<
+    B: BatchSrc<bf16>,
+    const MV: usize,
+    const NR: usize,
+    const PF: bool,
+    const PB: bool,
+>(
     t: &Call<'_>,
     src: &B,
     m0: usize,
@@ -90,12 +106,28 @@ unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize, const PF: bo
         // The last pair prefetches itself: harmless, and no address past
         // the batch is formed.
         let mut pa = src.a(if i + 1 < t.count { i + 1 } else { i }).add(2 * m0);
+        // With PB, the next pair's B too (the next call's first on the last
+        // pair, where the caller named it): one line per k-pair step, column
+        // by column of the tile, until all are asked for.
+        let pb = match i + 1 < t.count {
+            true => src.b(i + 1).add(n0 * ldb),
+            false => t.next_b.wrapping_add(n0 * ldb),
+        };
+        let col_lines = (4 * kp).div_ceil(64);
+        let (mut col, mut line) = (0usize, 0usize);
         for _ in 0..kp {
             if PF {
                 for v in 0..MV {
                     _mm_prefetch::<_MM_HINT_T0>(pa.wrapping_add(32 * v) as *const i8);
                 }
                 pa = pa.wrapping_add(lda2);
+            }
+            if PB && col < NR {
+                _mm_prefetch::<_MM_HINT_T0>(pb.wrapping_add(col * ldb + 32 * line) as *const i8);
+                line += 1;
+                if line == col_lines {
+                    (col, line) = (col + 1, 0);
+                }
             }
             let mut av = [_mm512_setzero_si512(); MV];
             for v in 0..MV {
@@ -189,11 +221,12 @@ unsafe fn tile<B: BatchSrc<bf16>, const MV: usize, const NR: usize, const PF: bo
 }
 
 macro_rules! pick {
-    ($B:ty, $mv:expr, $nr:expr, $pf:expr; $($m:literal => [$($n:literal)*]),*) => {
-        match ($mv, $nr, $pf) {
+    ($B:ty, $mv:expr, $nr:expr, $pf:expr, $pb:expr; $($m:literal => [$($n:literal)*]),*) => {
+        match ($mv, $nr, $pf, $pb) {
             $($(
-                ($m, $n, false) => Some(tile::<$B, $m, $n, false> as TileFn<$B>),
-                ($m, $n, true) => Some(tile::<$B, $m, $n, true> as TileFn<$B>),
+                ($m, $n, false, _) => Some(tile::<$B, $m, $n, false, false> as TileFn<$B>),
+                ($m, $n, true, false) => Some(tile::<$B, $m, $n, true, false> as TileFn<$B>),
+                ($m, $n, true, true) => Some(tile::<$B, $m, $n, true, true> as TileFn<$B>),
             )*)*
             _ => None,
         }
@@ -203,8 +236,13 @@ macro_rules! pick {
 /// The `(mv, nr)` tile for batch form `B` (mv in 1..=2 with nr in 1..=12,
 /// mv in 3..=4 with nr in 1..=4),
 /// prefetching the next pair's A when `pf`.
-pub(crate) fn tile_fn<B: BatchSrc<bf16>>(mv: usize, nr: usize, pf: bool) -> Option<TileFn<B>> {
-    pick!(B, mv, nr, pf;
+pub(crate) fn tile_fn<B: BatchSrc<bf16>>(
+    mv: usize,
+    nr: usize,
+    pf: bool,
+    pb: bool,
+) -> Option<TileFn<B>> {
+    pick!(B, mv, nr, pf, pb;
         1 => [1 2 3 4 5 6 7 8 9 10 11 12],
         2 => [1 2 3 4 5 6 7 8 9 10 11 12],
         3 => [1 2 3 4],
@@ -218,7 +256,7 @@ pub(crate) const DEFAULT_TILE: RegisterTile = RegisterTile { mv: 2, nr: 12 };
 /// Whether [`run`] takes `t` as its main tile: it is instantiated (and so
 /// is every smaller edge tile of it, the lists above being 1..=N).
 pub(crate) fn has_tile(t: RegisterTile) -> bool {
-    tile_fn::<crate::batch::StrideSrc<bf16>>(t.mv, t.nr, false).is_some()
+    tile_fn::<crate::batch::StrideSrc<bf16>>(t.mv, t.nr, false, false).is_some()
 }
 
 /// Covers C with `main` tiles ([`has_tile`]) and their edges.
@@ -229,6 +267,9 @@ pub(crate) unsafe fn run<B: BatchSrc<bf16>>(t: &Call<'_>, src: &B, main: Registe
     let (m, n) = (t.d.m, t.d.n);
     let (rows_max, nr_max) = (16 * main.mv, main.nr);
     let pf = t.d.prefetch == Prefetch::NextPair;
+    // B of each next pair only where the caller named the next call's (a
+    // pass whose rows stream: see the module doc).
+    let pb = pf && !t.next_b.is_null();
     let mut n0 = 0;
     while n0 < n {
         let nr = nr_max.min(n - n0);
@@ -237,7 +278,7 @@ pub(crate) unsafe fn run<B: BatchSrc<bf16>>(t: &Call<'_>, src: &B, main: Registe
             let rows = (m - m0).min(rows_max);
             let mv = rows.div_ceil(16);
             let last_rows = rows - (mv - 1) * 16;
-            let f = tile_fn::<B>(mv, nr, pf).expect("a main tile's edges are all instantiated");
+            let f = tile_fn::<B>(mv, nr, pf, pb).expect("a main tile's edges are all instantiated");
             f(t, src, m0, n0, last_rows);
             m0 += rows_max;
         }
