@@ -306,9 +306,8 @@ fn b_span(nr: usize) -> String {
 /// share (no ahead region, or it is used up) the same line-per-step walk
 /// covers the tile's columns of the next pair's B instead, so a B that
 /// streams (a convolution's input rows) is prefetched too; on the last pair
-/// the same walk covers the next call's first B where the caller named it
-/// (`next_b`), else both ends point at this pair's A (`pa`): prefetching it
-/// again costs nothing.
+/// both ends point at this pair's A (`pa`): prefetching it again costs
+/// nothing.
 const PF_SETUP: &str =
     "            let pa = src.a(if i + 1 < t.count { i + 1 } else { i }).add(m0);
             let a0 = t.ahead_next.get();
@@ -318,9 +317,6 @@ const PF_SETUP: &str =
                 (t.ahead.wrapping_add(a0 * 16), t.ahead.wrapping_add(a1 * 16))
             } else if i + 1 < t.count {
                 let pb = src.b(i + 1).add(boff);
-                (pb, pb.wrapping_add(SPAN))
-            } else if !t.next_b.is_null() {
-                let pb = t.next_b.wrapping_add(boff);
                 (pb, pb.wrapping_add(SPAN))
             } else {
                 (pa, pa)

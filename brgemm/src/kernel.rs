@@ -7,7 +7,7 @@ use crate::batch::{Batch, RawBatch};
 use crate::bf16::{bf16, Bf16Isa, Bf16Plan};
 use crate::desc::{DataType, Descriptor};
 use crate::error::{invalid, Result};
-use crate::plan::{checked_call, Extra, F32Plan, KernelOptions};
+use crate::plan::{checked_call, F32Plan, KernelOptions};
 use crate::{Isa, RegisterTile};
 
 mod sealed {
@@ -26,15 +26,56 @@ pub trait Element: sealed::Sealed + Copy + 'static {
     /// # Safety
     /// As [`Kernel::execute_raw_ahead`].
     #[doc(hidden)]
-    unsafe fn run(k: &Kernel, batch: RawBatch<Self>, c: *mut f32, bias: *const f32, extra: Extra);
+    unsafe fn run(
+        k: &Kernel,
+        batch: RawBatch<Self>,
+        c: *mut f32,
+        bias: *const f32,
+        ahead: *const f32,
+        ahead_len: usize,
+    );
+
+    /// Runs `k`'s plan, the last pair prefetching `next_b` (see
+    /// [`Kernel::execute_raw_then`]).
+    ///
+    /// # Safety
+    /// As [`Kernel::execute_raw_then`].
+    #[doc(hidden)]
+    unsafe fn run_then(
+        k: &Kernel,
+        batch: RawBatch<Self>,
+        c: *mut f32,
+        bias: *const f32,
+        next_b: *const Self,
+    );
 }
 
 impl Element for f32 {
     const DTYPE: DataType = DataType::F32;
     #[inline(always)]
-    unsafe fn run(k: &Kernel, batch: RawBatch<f32>, c: *mut f32, bias: *const f32, extra: Extra) {
+    unsafe fn run(
+        k: &Kernel,
+        batch: RawBatch<f32>,
+        c: *mut f32,
+        bias: *const f32,
+        ahead: *const f32,
+        ahead_len: usize,
+    ) {
         match &k.plan {
-            Plan::F32(p) => p.execute_raw_ahead(batch, c, bias, extra),
+            Plan::F32(p) => p.execute_raw_ahead(batch, c, bias, ahead, ahead_len),
+            Plan::Bf16(_) => panic!("an f32 batch given to a kernel planned for bf16"),
+        }
+    }
+    #[inline(always)]
+    unsafe fn run_then(
+        k: &Kernel,
+        batch: RawBatch<f32>,
+        c: *mut f32,
+        bias: *const f32,
+        _next_b: *const f32,
+    ) {
+        match &k.plan {
+            Plan::F32(p) => p.execute_raw_ahead(batch, c, bias, std::ptr::null(), 0),
             Plan::Bf16(_) => panic!("an f32 batch given to a kernel planned for bf16"),
         }
     }
@@ -43,9 +84,29 @@ impl Element for f32 {
 impl Element for bf16 {
     const DTYPE: DataType = DataType::Bf16;
     #[inline(always)]
-    unsafe fn run(k: &Kernel, batch: RawBatch<bf16>, c: *mut f32, bias: *const f32, extra: Extra) {
+    unsafe fn run(
+        k: &Kernel,
+        batch: RawBatch<bf16>,
+        c: *mut f32,
+        bias: *const f32,
+        _ahead: *const f32,
+        _ahead_len: usize,
+    ) {
         match &k.plan {
-            Plan::Bf16(p) => p.execute_raw_then(batch, c, bias, extra.next_b.cast()),
+            Plan::Bf16(p) => p.execute_raw(batch, c, bias),
+            Plan::F32(_) => panic!("a bf16 batch given to a kernel planned for f32"),
+        }
+    }
+    #[inline(always)]
+    unsafe fn run_then(
+        k: &Kernel,
+        batch: RawBatch<bf16>,
+        c: *mut f32,
+        bias: *const f32,
+        next_b: *const bf16,
+    ) {
+        match &k.plan {
+            Plan::Bf16(p) => p.execute_raw_then(batch, c, bias, next_b),
             Plan::F32(_) => panic!("a bf16 batch given to a kernel planned for f32"),
         }
     }
@@ -188,7 +249,7 @@ impl Kernel {
             batch,
             c,
             bias,
-            |raw, c, bias| unsafe { T::run(self, raw, c, bias, Extra::NONE) },
+            |raw, c, bias| unsafe { T::run(self, raw, c, bias, std::ptr::null(), 0) },
         )
     }
 
@@ -237,7 +298,7 @@ impl Kernel {
         c: *mut f32,
         bias: *const f32,
     ) {
-        T::run(self, batch, c, bias, Extra::NONE)
+        T::run(self, batch, c, bias, std::ptr::null(), 0)
     }
 
     /// As [`Kernel::execute_raw`], and with a prefetching f32 descriptor
@@ -272,27 +333,19 @@ impl Kernel {
         ahead: *const f32,
         ahead_len: usize,
     ) {
-        let extra = Extra {
-            ahead,
-            ahead_len,
-            ..Extra::NONE
-        };
-        T::run(self, batch, c, bias, extra)
+        T::run(self, batch, c, bias, ahead, ahead_len)
     }
 
-    /// As [`Kernel::execute_raw`], and with a prefetching f32 descriptor
-    /// ([`crate::Prefetch::NextPair`]) the call's last pair prefetches
-    /// `next_b`, the first B of the call that comes next (at this call's B
-    /// offsets), as each other pair prefetches its successor's B: a loop
-    /// of calls of several pairs each then has its next operand on the way
-    /// at every pair, not only inside a call. Measured on Zen 4 (the
-    /// convolution gather passes of ResNet-50's 1x1 layers, whose input
-    /// rows stream from memory, minibatch 16, 1 and 2 threads, alternated
-    /// in one process): four-pair calls x1.10 (256 -> 64 forward, 64 ->
-    /// 256 backward-data), two-pair calls x1.01-1.05, 3x3 layers level.
-    /// The AVX512-BF16 kernel, which otherwise prefetches only A, then
-    /// walks each next pair's B as well (the kernel's module doc); the
-    /// other bf16 kernels ignore `next_b`.
+    /// As [`Kernel::execute_raw`], naming `next_b`, the first B of the call
+    /// that comes next (at this call's B offsets). With a prefetching
+    /// descriptor ([`crate::Prefetch::NextPair`]) the AVX512-BF16 kernel,
+    /// which otherwise prefetches only A, then walks each next pair's B as
+    /// well, one line per k-pair step, and on the last pair that one (the
+    /// kernel's module doc: the 1x1 convolutions' bf16 passes x1.06-1.16 on
+    /// Zen 4). The f32 kernels and the other bf16 kernels ignore `next_b`:
+    /// the f32 tiles walking it gained as much on the 1x1 passes, but the
+    /// extra work per pair in the tiles every f32 pass shares cost the FC
+    /// passes of 16 rows 4-15% (docs/tuning-notes.md).
     ///
     /// # Safety
     /// As [`Kernel::execute_raw`]; `next_b` is only prefetched, never
@@ -305,11 +358,7 @@ impl Kernel {
         bias: *const f32,
         next_b: *const T,
     ) {
-        let extra = Extra {
-            next_b: next_b.cast(),
-            ..Extra::NONE
-        };
-        T::run(self, batch, c, bias, extra)
+        T::run_then(self, batch, c, bias, next_b)
     }
 
     /// As [`Kernel::execute_raw`] with a bf16 C: the f32 result of the

@@ -140,25 +140,6 @@ fn build_runner<B: BatchSrc<f32>>(
     })
 }
 
-/// What a prefetching f32 call brings into cache besides each pair's
-/// successor: a region spread over its k steps (`ahead`, `ahead_len`
-/// elements; the next call's A) and the next call's first B (`next_b`, at
-/// this call's B offsets), which its last pair walks. Null / 0: none.
-#[derive(Clone, Copy)]
-pub struct Extra {
-    pub(crate) ahead: *const f32,
-    pub(crate) ahead_len: usize,
-    pub(crate) next_b: *const f32,
-}
-
-impl Extra {
-    pub(crate) const NONE: Extra = Extra {
-        ahead: std::ptr::null(),
-        ahead_len: 0,
-        next_b: std::ptr::null(),
-    };
-}
-
 impl F32Plan {
     /// Plans `desc` (dtype F32) with explicit overrides.
     pub(crate) fn with_options(desc: &Descriptor, opts: KernelOptions) -> Result<F32Plan> {
@@ -207,7 +188,7 @@ impl F32Plan {
         self.tile
     }
 
-    /// See [`Kernel::execute_raw_ahead`] and [`Kernel::execute_raw_then`].
+    /// See [`Kernel::execute_raw_ahead`].
     ///
     /// # Safety
     /// As [`Kernel::execute_raw_ahead`].
@@ -217,13 +198,9 @@ impl F32Plan {
         batch: RawBatch,
         c: *mut f32,
         bias: *const f32,
-        extra: Extra,
+        ahead: *const f32,
+        ahead_len: usize,
     ) {
-        let Extra {
-            ahead,
-            ahead_len,
-            next_b,
-        } = extra;
         let d = &self.desc;
         let count = match batch {
             RawBatch::Stride { count, .. }
@@ -250,7 +227,6 @@ impl F32Plan {
             ahead_next: core::cell::Cell::new(0),
             ahead_end: ahead_len.div_ceil(16),
             ahead_per_pair: ahead_len.div_ceil(16).div_ceil(self.tiles * count.max(1)),
-            next_b,
         };
         match (&self.exec, batch, d.batch_form) {
             (

@@ -56,9 +56,6 @@ pub(crate) struct TileCall {
     pub ahead_end: usize,
     /// Lines of the region per (tile, pair).
     pub ahead_per_pair: usize,
-    /// The next call's first B (null: none), at this call's B offsets:
-    /// the last pair walks it as the others walk their successor's B.
-    pub next_b: *const f32,
 }
 
 /// Returns `p` unchanged through an empty `asm!`, so LLVM cannot see how it
@@ -138,10 +135,7 @@ pub(crate) unsafe fn tile<
             (0, 0)
         };
         let mut pa = src.a(nxt).add(m0);
-        let pb = match i + 1 < t.count || t.next_b.is_null() {
-            true => src.b(nxt).add(boff),
-            false => t.next_b.wrapping_add(boff),
-        };
+        let pb = src.b(nxt).add(boff);
         // And B_{i+FAR} into L2 (see FAR).
         let far = (i + FAR < t.count).then(|| src.b(i + FAR).add(boff));
         for p in 0..t.k {

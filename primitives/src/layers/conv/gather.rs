@@ -425,16 +425,14 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         // nor a bf16 output, whose f32 blocks are not in the output.
         let prefetches = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
         let pf = yb.is_none() && prefetches;
-        // A call of several pairs of one tap (a 1x1 layer, whose input rows
-        // stream from memory) on a prefetching kernel, which brings in each
-        // next pair's rows as it computes one, brings in the next call's
-        // first pair's too ([`brgemm::Kernel::execute_raw_then`]; the
-        // AVX512-BF16 kernel then prefetches B at all): otherwise every call
-        // starts on rows still in memory (Zen 4, minibatch 16, alternated in
-        // one process: four-pair calls x1.10 f32 and x1.12-1.16 bf16,
-        // two-pair x1.01-1.10; 3x3 layers, whose rows come back from L2 for
-        // the taps, level, and left as they were).
-        let pf_rows = prefetches && self.taps.len() == 1;
+        // A bf16 call of several pairs of one tap (a 1x1 layer, whose input
+        // rows stream from memory) on a prefetching kernel names the next
+        // call's first rows ([`brgemm::Kernel::execute_raw_then`]), on which
+        // the AVX512-BF16 kernel prefetches each next pair's rows and then
+        // those (Zen 4, minibatch 16, alternated in one process: four-pair
+        // calls x1.12-1.16, two-pair x1.06-1.10; 3x3 layers, whose rows come
+        // back from L2 for the taps, x0.98-1.00, so left as they were).
+        let pf_rows = prefetches && T::DTYPE == DataType::Bf16 && self.taps.len() == 1;
         let b_at = |ni: usize, c0: usize, pr: usize, q0: usize| {
             xv.at([
                 ni * g.in_blocks + c0,
