@@ -36,18 +36,22 @@ pub trait Element: sealed::Sealed + Copy + 'static {
     );
 
     /// Runs `k`'s plan, the last pair prefetching `next_b` (see
-    /// [`Kernel::execute_raw_then`]).
+    /// [`Kernel::execute_raw_then`]); kernels that do not take it run as
+    /// [`Element::run`] without an ahead region.
     ///
     /// # Safety
     /// As [`Kernel::execute_raw_then`].
     #[doc(hidden)]
+    #[inline(always)]
     unsafe fn run_then(
         k: &Kernel,
         batch: RawBatch<Self>,
         c: *mut f32,
         bias: *const f32,
-        next_b: *const Self,
-    );
+        _next_b: *const Self,
+    ) {
+        Self::run(k, batch, c, bias, std::ptr::null(), 0)
+    }
 }
 
 impl Element for f32 {
@@ -63,19 +67,6 @@ impl Element for f32 {
     ) {
         match &k.plan {
             Plan::F32(p) => p.execute_raw_ahead(batch, c, bias, ahead, ahead_len),
-            Plan::Bf16(_) => panic!("an f32 batch given to a kernel planned for bf16"),
-        }
-    }
-    #[inline(always)]
-    unsafe fn run_then(
-        k: &Kernel,
-        batch: RawBatch<f32>,
-        c: *mut f32,
-        bias: *const f32,
-        _next_b: *const f32,
-    ) {
-        match &k.plan {
-            Plan::F32(p) => p.execute_raw_ahead(batch, c, bias, std::ptr::null(), 0),
             Plan::Bf16(_) => panic!("an f32 batch given to a kernel planned for bf16"),
         }
     }
