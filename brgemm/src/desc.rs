@@ -126,8 +126,10 @@ pub enum Prefetch {
     /// Prefetch A_{i+1} and B_{i+1} into L1 while computing A_i * B_i: for
     /// batches streamed from L3 or memory (AVX-512 kernels; others ignore it).
     /// Such kernels also take a region to prefetch for the next call
-    /// ([`crate::Kernel::execute_raw_ahead`]). The AVX512-BF16 bf16 kernel
-    /// prefetches A_{i+1} only; the AMX one always prefetches its next tiles.
+    /// ([`crate::Kernel::execute_raw_ahead`]) or the next call's first B
+    /// ([`crate::Kernel::execute_raw_then`]). The AVX512-BF16 bf16 kernel
+    /// prefetches A_{i+1} only (and B where a call names the next one's);
+    /// the AMX one always prefetches its next tiles.
     NextPair,
 }
 

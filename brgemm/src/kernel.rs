@@ -70,6 +70,19 @@ impl Element for f32 {
             Plan::Bf16(_) => panic!("an f32 batch given to a kernel planned for bf16"),
         }
     }
+    #[inline(always)]
+    unsafe fn run_then(
+        k: &Kernel,
+        batch: RawBatch<f32>,
+        c: *mut f32,
+        bias: *const f32,
+        next_b: *const f32,
+    ) {
+        match &k.plan {
+            Plan::F32(p) => p.execute_raw_then(batch, c, bias, next_b),
+            Plan::Bf16(_) => panic!("an f32 batch given to a kernel planned for bf16"),
+        }
+    }
 }
 
 impl Element for bf16 {
@@ -329,14 +342,19 @@ impl Kernel {
 
     /// As [`Kernel::execute_raw`], naming `next_b`, the first B of the call
     /// that comes next (at this call's B offsets). With a prefetching
-    /// descriptor ([`crate::Prefetch::NextPair`]) the AVX512-BF16 kernel,
-    /// which otherwise prefetches only A, then walks each next pair's B as
-    /// well, one line per k-pair step, and on the last pair that one (the
-    /// kernel's module doc: the 1x1 convolutions' bf16 passes x1.06-1.16 on
-    /// Zen 4). The f32 kernels and the other bf16 kernels ignore `next_b`:
-    /// the f32 tiles walking it gained as much on the 1x1 passes, but the
-    /// extra work per pair in the tiles every f32 pass shares cost the FC
-    /// passes of 16 rows 4-15% (docs/tuning-notes.md).
+    /// descriptor ([`crate::Prefetch::NextPair`]) the call's last pair walks
+    /// it as each other pair walks its successor's B, so a loop of calls of
+    /// several pairs each has its next operand on the way at every pair, not
+    /// only inside a call; the AVX512-BF16 kernel, which otherwise prefetches
+    /// only A, then walks each next pair's B as well. The f32 plans run
+    /// tile instances of their own for it (the pipelined AVX-512 tiles; the
+    /// others run as [`Kernel::execute_raw`]), so the loop of every other
+    /// call stays as it was: the extra branch in the tiles every f32 pass
+    /// shares cost the 16-row FC passes 4-15%. Measured on Zen 4 (the
+    /// 1x1 convolutions' gather passes, whose input rows stream from
+    /// memory, minibatch 16, alternated in one process): four-pair calls
+    /// x1.10-1.16, two-pair calls x1.01-1.10 (docs/tuning-notes.md). The
+    /// AMX and reference kernels ignore `next_b`.
     ///
     /// # Safety
     /// As [`Kernel::execute_raw`]; `next_b` is only prefetched, never

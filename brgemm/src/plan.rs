@@ -54,6 +54,10 @@ pub(crate) struct F32Plan {
     isa: Isa,
     tile: Option<RegisterTile>,
     exec: Exec,
+    /// The same tiles in the instances that walk the next call's first B
+    /// ([`Kernel::execute_raw_then`]), where the ISA has them: AVX-512
+    /// plans with `Prefetch::NextPair` and the pipelined tiles.
+    then: Option<Exec>,
     /// Register tiles per call (for spreading `execute_raw_ahead`'s region).
     tiles: usize,
 }
@@ -75,11 +79,13 @@ impl std::fmt::Debug for F32Plan {
 fn build_tiles<K: IsaKernels, B: BatchSrc<f32>>(
     d: &Descriptor,
     forced: Option<RegisterTile>,
+    then: bool,
 ) -> Result<(TileSet<B>, RegisterTile)> {
     let lanes = K::LANES;
     let family = TileFamily {
         prefetch: d.prefetch == Prefetch::NextPair,
         pipelined: pipeline_enabled(),
+        then,
     };
     let t = match forced {
         Some(t) => {
@@ -122,18 +128,27 @@ fn build_runner<B: BatchSrc<f32>>(
     d: &Descriptor,
     isa: Isa,
     forced: Option<RegisterTile>,
+    then: bool,
 ) -> Result<(Runner<B>, Option<RegisterTile>)> {
     fn wrap<B>(r: (TileSet<B>, RegisterTile)) -> (Runner<B>, Option<RegisterTile>) {
         (Runner::Tiles(r.0), Some(r.1))
     }
     Ok(match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => wrap(build_tiles::<kernels::avx512_f32::Kernels, B>(d, forced)?),
+        Isa::Avx512 => wrap(build_tiles::<kernels::avx512_f32::Kernels, B>(
+            d, forced, then,
+        )?),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => wrap(build_tiles::<kernels::avx2_f32::Kernels, B>(d, forced)?),
+        Isa::Avx2 => wrap(build_tiles::<kernels::avx2_f32::Kernels, B>(
+            d, forced, then,
+        )?),
         #[cfg(target_arch = "aarch64")]
-        Isa::Neon => wrap(build_tiles::<kernels::neon_f32::Kernels, B>(d, forced)?),
-        Isa::Portable => wrap(build_tiles::<kernels::portable_f32::Kernels, B>(d, forced)?),
+        Isa::Neon => wrap(build_tiles::<kernels::neon_f32::Kernels, B>(
+            d, forced, then,
+        )?),
+        Isa::Portable => wrap(build_tiles::<kernels::portable_f32::Kernels, B>(
+            d, forced, then,
+        )?),
         Isa::Reference => (Runner::Reference, None),
         #[allow(unreachable_patterns)]
         _ => return Err(Error::IsaUnsupported { isa }),
@@ -149,21 +164,26 @@ impl F32Plan {
             Some(i) => i,
             None => Isa::selected()?,
         };
-        let (exec, tile) = match d.batch_form {
-            BatchForm::Stride { .. } => {
-                let (r, t) = build_runner(&d, isa, opts.tile)?;
-                (Exec::Stride(r), t)
-            }
-            BatchForm::Offset => {
-                let (r, t) = build_runner(&d, isa, opts.tile)?;
-                (Exec::Offset(r), t)
-            }
-            BatchForm::Address => {
-                let (r, t) = build_runner(&d, isa, opts.tile)?;
-                (Exec::Address(r), t)
-            }
-            BatchForm::Packed => unreachable!("validate resolves Packed"),
+        let build = |then: bool| -> Result<(Exec, Option<RegisterTile>)> {
+            Ok(match d.batch_form {
+                BatchForm::Stride { .. } => {
+                    let (r, t) = build_runner(&d, isa, opts.tile, then)?;
+                    (Exec::Stride(r), t)
+                }
+                BatchForm::Offset => {
+                    let (r, t) = build_runner(&d, isa, opts.tile, then)?;
+                    (Exec::Offset(r), t)
+                }
+                BatchForm::Address => {
+                    let (r, t) = build_runner(&d, isa, opts.tile, then)?;
+                    (Exec::Address(r), t)
+                }
+                BatchForm::Packed => unreachable!("validate resolves Packed"),
+            })
         };
+        let (exec, tile) = build(false)?;
+        let has_then = isa == Isa::Avx512 && d.prefetch == Prefetch::NextPair && pipeline_enabled();
+        let then = if has_then { Some(build(true)?.0) } else { None };
         let tiles = match &exec {
             Exec::Stride(r) => r.tiles(),
             Exec::Offset(r) => r.tiles(),
@@ -174,6 +194,7 @@ impl F32Plan {
             isa,
             tile,
             exec,
+            then,
             tiles,
         })
     }
@@ -195,6 +216,40 @@ impl F32Plan {
     #[inline]
     pub(crate) unsafe fn execute_raw_ahead(
         &self,
+        batch: RawBatch,
+        c: *mut f32,
+        bias: *const f32,
+        ahead: *const f32,
+        ahead_len: usize,
+    ) {
+        self.call(&self.exec, batch, c, bias, ahead, ahead_len)
+    }
+
+    /// See [`Kernel::execute_raw_then`]: the `then` instances get the next
+    /// call's first B where the plan has them; elsewhere a plain call.
+    ///
+    /// # Safety
+    /// As [`Kernel::execute_raw_then`].
+    #[inline]
+    pub(crate) unsafe fn execute_raw_then(
+        &self,
+        batch: RawBatch,
+        c: *mut f32,
+        bias: *const f32,
+        next_b: *const f32,
+    ) {
+        match &self.then {
+            Some(exec) if !next_b.is_null() => self.call(exec, batch, c, bias, next_b, 0),
+            _ => self.call(&self.exec, batch, c, bias, std::ptr::null(), 0),
+        }
+    }
+
+    /// One call through `exec`. With the `then` instances, `ahead` is the
+    /// next call's first B and `ahead_len` 0.
+    #[inline(always)]
+    unsafe fn call(
+        &self,
+        exec: &Exec,
         batch: RawBatch,
         c: *mut f32,
         bias: *const f32,
@@ -228,7 +283,7 @@ impl F32Plan {
             ahead_end: ahead_len.div_ceil(16),
             ahead_per_pair: ahead_len.div_ceil(16).div_ceil(self.tiles * count.max(1)),
         };
-        match (&self.exec, batch, d.batch_form) {
+        match (exec, batch, d.batch_form) {
             (
                 Exec::Stride(r),
                 RawBatch::Stride { a, b, .. },

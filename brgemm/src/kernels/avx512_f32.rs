@@ -234,7 +234,8 @@ impl IsaKernels for Kernels {
     ) -> Option<TileFn<B>> {
         const MASKED: bool = true;
         if family.pipelined {
-            if let Some(f) = pipe_tile::<B>(mv, nr, family.prefetch) {
+            if let Some(f) = pipe_tile::<B>(mv, nr, family.prefetch, family.prefetch && family.then)
+            {
                 return Some(f);
             }
         }

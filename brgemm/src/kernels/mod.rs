@@ -169,6 +169,12 @@ pub(crate) struct TileFamily {
     /// The generated, software-pipelined assembly tiles where the ISA has
     /// them (AVX-512, MV >= 2); the intrinsic ones elsewhere.
     pub pipelined: bool,
+    /// With `prefetch` and `pipelined`: the instances whose last pair walks
+    /// the next call's first B, given in `TileCall::ahead` in place of an
+    /// ahead region ([`crate::Kernel::execute_raw_then`]). Tiles without
+    /// such an instance (MV = 1, the intrinsic ones) are the prefetching
+    /// ones, which then see an empty ahead region.
+    pub then: bool,
 }
 
 /// Expands to a `match (mv, nr)` over a grid, picking `$entry::<B, MV, NR, MASKED>`.

@@ -425,14 +425,17 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
         // nor a bf16 output, whose f32 blocks are not in the output.
         let prefetches = self.main.pick(true, true).descriptor().prefetch != brgemm::Prefetch::None;
         let pf = yb.is_none() && prefetches;
-        // A bf16 call of several pairs of one tap (a 1x1 layer, whose input
-        // rows stream from memory) on a prefetching kernel names the next
-        // call's first rows ([`brgemm::Kernel::execute_raw_then`]), on which
-        // the AVX512-BF16 kernel prefetches each next pair's rows and then
-        // those (Zen 4, minibatch 16, alternated in one process: four-pair
-        // calls x1.12-1.16, two-pair x1.06-1.10; 3x3 layers, whose rows come
-        // back from L2 for the taps, x0.98-1.00, so left as they were).
-        let pf_rows = prefetches && T::DTYPE == DataType::Bf16 && self.taps.len() == 1;
+        // A call of several pairs of one tap (a 1x1 layer, whose input rows
+        // stream from memory) on a prefetching kernel names the next call's
+        // first rows ([`brgemm::Kernel::execute_raw_then`]), which the last
+        // pair walks as the others walk their successor's: without it each
+        // call began on rows still in memory. Zen 4, minibatch 16, two
+        // threads, alternated in one process: f32 256 -> 64 forward x1.13,
+        // 64 -> 256 backward-data x1.11, the stride-2 projection forward
+        // x1.07; bf16 four-pair calls x1.12-1.16, two-pair x1.06-1.10. The
+        // 3x3 layers, whose rows come back from L2 for the taps, measured
+        // x0.98-1.00, so they are left as they were.
+        let pf_rows = prefetches && self.taps.len() == 1;
         let b_at = |ni: usize, c0: usize, pr: usize, q0: usize| {
             xv.at([
                 ni * g.in_blocks + c0,
