@@ -358,9 +358,9 @@ const PF_SETUP: &str =
 
 /// The `PfThen` instances' setup per pair: the same walk as `PF_SETUP`'s
 /// without an ahead region, over the next pair's B, and on the last pair over
-/// the next call's (`t.ahead`, null when the caller named none: prefetching
-/// an address near null does not fault). A separate instance because the
-/// extra branch in the tiles every f32 call shares measured 4-9 points of
+/// the next call's (`t.ahead`: the plan runs these instances only for a call
+/// that names one, and a prefetch never faults). A separate instance because
+/// the extra branch in the tiles every f32 call shares measured 4-9 points of
 /// peak on the 16-row FC passes.
 const PF_THEN_SETUP: &str =
     "            let pa = src.a(if i + 1 < t.count { i + 1 } else { i }).add(m0);
