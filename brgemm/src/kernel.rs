@@ -36,22 +36,18 @@ pub trait Element: sealed::Sealed + Copy + 'static {
     );
 
     /// Runs `k`'s plan, the last pair prefetching `next_b` (see
-    /// [`Kernel::execute_raw_then`]); kernels that do not take it run as
-    /// [`Element::run`] without an ahead region.
+    /// [`Kernel::execute_raw_then`]).
     ///
     /// # Safety
     /// As [`Kernel::execute_raw_then`].
     #[doc(hidden)]
-    #[inline(always)]
     unsafe fn run_then(
         k: &Kernel,
         batch: RawBatch<Self>,
         c: *mut f32,
         bias: *const f32,
-        _next_b: *const Self,
-    ) {
-        Self::run(k, batch, c, bias, std::ptr::null(), 0)
-    }
+        next_b: *const Self,
+    );
 }
 
 impl Element for f32 {

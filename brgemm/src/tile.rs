@@ -50,7 +50,9 @@ pub(crate) struct TileCall {
     /// A region to bring into the cache during this call (the next call's
     /// A), spread over the k steps of the prefetching tile instances: the
     /// next cache line to ask for and one past the last (line indices from
-    /// `ahead`; empty when there is none).
+    /// `ahead`; empty when there is none). The `then` tile instances
+    /// ([`crate::Kernel::execute_raw_then`]) have no region and read the
+    /// next call's first B here instead.
     pub ahead: *const f32,
     pub ahead_next: core::cell::Cell<usize>,
     pub ahead_end: usize,

@@ -464,24 +464,26 @@ impl<T: Element + Default + Send + Sync> Gather<T> {
             };
             let bias = bv.map_or(std::ptr::null(), |b| b.at([ob]));
             let single = pairs == 1 && span == 1;
-            let next = (pf && (single || every))
+            // The next call's output block (single-pair and strided calls)
+            // or else its first input rows (several pairs of one tap).
+            let out_next = pf && (single || every);
+            let rows_next = !out_next && pf_rows && pairs > 1;
+            let next = (out_next || rows_next)
                 .then(|| self.nest.successor(i))
                 .flatten();
-            let (ahead, len) = next.map_or((std::ptr::null(), 0), |n| {
-                (
+            let (ahead, len) = match next {
+                Some(n) if out_next => (
                     out_at(n[0], n[self.out_loop], n[3], n[4] * g.bq) as *const f32,
                     g.bq * g.bo * span,
-                )
-            });
-            let next_rows = match pf_rows && len == 0 && pairs > 1 {
-                true => self.nest.successor(i).and_then(|n| {
-                    let nrow = &self.rows_taps[self.row_class[n[3]]];
-                    let first = *nrow.b_off.first()?;
-                    let b = b_at(n[0], n[self.red_loop], n[3], n[4] * g.bq);
-                    Some(b.wrapping_add(first))
-                }),
-                false => None,
+                ),
+                _ => (std::ptr::null(), 0),
             };
+            let next_rows = next.filter(|_| rows_next).and_then(|n| {
+                let nrow = &self.rows_taps[self.row_class[n[3]]];
+                let first = *nrow.b_off.first()?;
+                let b = b_at(n[0], n[self.red_loop], n[3], n[4] * g.bq);
+                Some(b.wrapping_add(first))
+            });
             let last = c0 + cnt == g.in_blocks;
             let mut c = out_at(ni, ob, pr, q0);
             if in_l1 {
