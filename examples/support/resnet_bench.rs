@@ -180,7 +180,12 @@ fn resnet50_fusion(
 
 /// One JSON line per node of two training steps and two inferences:
 /// forward, backward and inference milliseconds per step, and the layer's
-/// GFLOP/s where it has FLOPs.
+/// GFLOP/s where it has FLOPs. Each mode runs once untimed first: the
+/// first inference after a step folds the batch norms into the
+/// convolutions again (0.6 s of the bf16 graph's inference on Zen 4), and
+/// the first step after an inference meets fresh allocations again (the
+/// res5 stride-2 convolution's forward 46 ms against 13), which the table
+/// counted as the layers' own time.
 fn resnet50_layers(
     g: &mut brgemm_dl::nn::Graph,
     pool: &Pool,
@@ -191,11 +196,13 @@ fn resnet50_layers(
 ) {
     use brgemm_dl::nn::Mode;
     const STEPS: usize = 2;
+    g.forward(pool, x, Mode::Eval).expect("inference");
     g.reset_times();
     for _ in 0..STEPS {
         g.forward(pool, x, Mode::Eval).expect("inference");
     }
     let infer: Vec<f64> = g.times().iter().map(|t| t.forward_s).collect();
+    g.train_step(pool, x, labels, opt).expect("train step");
     g.reset_times();
     for _ in 0..STEPS {
         g.train_step(pool, x, labels, opt).expect("train step");
