@@ -37,9 +37,9 @@
 //! either schedule. A whole sequence is then one nest run, one hand-off to
 //! the pool, instead of one per step (1-30 us each here, see [`crate::threads`]).
 //!
-//! `BRGEMM_SCHEDULE=static` or `=steal`, read when a nest is built, sets the
-//! default for nests built afterwards; [`LoopNest::with_schedule`] sets one
-//! nest's.
+//! `BRGEMM_SCHEDULE=static` or `=steal`, read once per process (when the
+//! first nest is built), sets the default of every nest;
+//! [`LoopNest::with_schedule`] sets one nest's.
 //!
 //! The body is a closure over the logical indices (`idx[0]` for loop a, ...).
 //! Specs are interpreted, never compiled: a nest is parsed and checked once
