@@ -433,6 +433,67 @@ fn folded_convolutions_infer_in_bf16_near_f32() {
     assert!(diff <= 3e-2 * norm, "|diff| {diff}, |y| {norm}");
 }
 
+/// Inference after every training step folds the current weights and
+/// statistics: in bf16 the folded filter is packed again each time. A
+/// graph built without fusions (no folds) is the reference.
+#[test]
+fn bf16_folds_follow_the_weights_step_after_step() {
+    use brgemm_nn::{BatchNorm2d, Conv2d, GlobalAvgPool, Mode, Relu};
+    let pool = Pool::new(2).unwrap();
+    let s = Shape::new(4, 32, 8, 8);
+    let x = Lcg(12).tensor(s);
+    let labels = [0, 1, 2, 1];
+    let net = |fuse: bool| {
+        let id = Activation::Identity;
+        let mut b = GraphBuilder::new(s);
+        let c1 = b.layer(b.input(), Conv2d::new(32, 64, (3, 3), 1, 1, id, 7));
+        let n1 = b.layer(c1.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let r1 = b.layer(n1, Relu::new()).unwrap();
+        let c2 = b.layer(r1, Conv2d::new(64, 64, (3, 3), 1, 1, id, 8));
+        let n2 = b.layer(c2.unwrap(), BatchNorm2d::new(64)).unwrap();
+        let p = b.layer(n2, GlobalAvgPool::new()).unwrap();
+        let out = b.layer(p, Linear::new(64, 3, id, 9)).unwrap();
+        let mut g = b.fuse(fuse).build(out).unwrap();
+        g.set_bf16(true).unwrap();
+        g
+    };
+    let (mut folded, mut plain) = (net(true), net(false));
+    let opt = Optimizer::Sgd {
+        lr: 0.5,
+        momentum: 0.0,
+    };
+    let mut before: Option<Vec<f32>> = None;
+    for step in 0..3 {
+        folded.train_step(&pool, &x, &labels, &opt).unwrap();
+        plain.train_step(&pool, &x, &labels, &opt).unwrap();
+        let yf = folded
+            .forward(&pool, &x, Mode::Eval)
+            .unwrap()
+            .data()
+            .to_vec();
+        let yp = plain
+            .forward(&pool, &x, Mode::Eval)
+            .unwrap()
+            .data()
+            .to_vec();
+        let (diff, norm) = diff_and_norm(&yf, &yp);
+        assert!(
+            diff <= 3e-2 * norm,
+            "step {step}: |diff| {diff}, |y| {norm}"
+        );
+        // The steps move the outputs by more than that, so a fold of the
+        // last step's weights would fail above.
+        if let Some(b) = &before {
+            let (moved, _) = diff_and_norm(b, &yp);
+            assert!(
+                moved > 1e-1 * norm,
+                "step {step}: moved {moved}, |y| {norm}"
+            );
+        }
+        before = Some(yp);
+    }
+}
+
 /// A residual CNN block and an MLP head in bf16: batch norm hands its
 /// output (to a 1x1 convolution, which reads it in place) and its input
 /// gradient (to a 1x1 convolution's backward-data) over in bf16, and the
