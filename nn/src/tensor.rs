@@ -272,6 +272,23 @@ impl Tensor {
     pub(crate) fn blocked_as(&self, bc: usize) -> Option<&Arc<Tensor4>> {
         self.nchw().filter(|t| t.dims().4 == bc)
     }
+    /// Where the values exist in bf16 alone, puts them in the blocked
+    /// layout with channel block `bc` in `buf`: the tensor's own buffer
+    /// when it has that block, else a copy into `buf`'s, still in bf16 (a
+    /// convolution whose blocks differ from its writer's: ResNet-50's res5
+    /// 3x3 layers take blocks of 32 for their filters' sake, their
+    /// neighbours 64). False, and `buf` untouched, where they do not.
+    pub(crate) fn bf16_only_into(&self, pool: &Pool, bc: usize, buf: &mut BfBuf) -> Result<bool> {
+        let Layout::NchwBf16(src) = &self.layout else {
+            return Ok(false);
+        };
+        if src.dims().4 == bc {
+            buf.share(src);
+        } else {
+            reblock_as(pool, src, buf.get_mut(self.shape, bc)?, |v| v);
+        }
+        Ok(true)
+    }
     /// Puts the values, in the blocked layout with channel block `bc`, in
     /// `buf`: the tensor's own buffer when it has that layout, else a
     /// conversion into `buf`'s (reused when no one else holds it).
@@ -282,10 +299,11 @@ impl Tensor {
         }
         let dst = buf.get_mut(self.shape, bc)?;
         match &self.layout {
-            Layout::Nchw(src) => reblock(pool, src, dst),
+            Layout::Nchw(src) => reblock_as(pool, src, dst, |v| v),
             Layout::Rows(r) => brgemm_primitives::eltwise::unflatten(pool, r, dst)?,
             Layout::NchwBf16(src) if src.dims().4 == bc => widen(pool, src, dst),
-            Layout::NchwBf16(_) | Layout::Plain => from_nchw(pool, self.data(), dst),
+            Layout::NchwBf16(src) => reblock_as(pool, src, dst, bf16::to_f32),
+            Layout::Plain => from_nchw(pool, self.data(), dst),
         }
         Ok(())
     }
@@ -493,18 +511,24 @@ fn widen(pool: &Pool, src: &Tensor4<bf16>, dst: &mut Tensor4) {
     });
 }
 
-/// One blocked layout into another of the same logical shape.
-fn reblock(pool: &Pool, src: &Tensor4, dst: &mut Tensor4) {
+/// One blocked layout into another of the same logical shape, each value
+/// through `f` (a widening, or none).
+fn reblock_as<S: Copy + Sync, D: Copy + Send>(
+    pool: &Pool,
+    src: &Tensor4<S>,
+    dst: &mut Tensor4<D>,
+    f: impl Fn(S) -> D + Sync,
+) {
     let (_, c, h, w, bc) = src.dims();
     let bd = dst.dims().4;
     let (hw, si, len) = (h * w, src.image_len(), dst.image_len());
     let s = src.data();
-    par_images(pool, dst.data_mut(), len, |i, image| {
+    pool.for_slices_of(dst.data_mut(), len, |i, image| {
         let from = &s[i * si..][..si];
         for ci in 0..c {
             for p in 0..hw {
                 image[((ci / bd) * hw + p) * bd + ci % bd] =
-                    from[((ci / bc) * hw + p) * bc + ci % bc];
+                    f(from[((ci / bc) * hw + p) * bc + ci % bc]);
             }
         }
     });
@@ -597,6 +621,44 @@ mod tests {
         m.data_mut()[0] = 100.0;
         assert_eq!(m.block(), None);
         assert_eq!(m.data()[0], 100.0);
+    }
+
+    #[test]
+    fn values_in_bf16_alone_move_into_other_blocks() {
+        // 5 channels in blocks of 4 (three padding lanes) into blocks of 3
+        // and 2, in bf16 and widened: the same values, padding zero.
+        let s = Shape::new(2, 5, 3, 2);
+        let plain: Vec<f32> = (0..s.len()).map(|i| (i as f32 - 30.0) / 4.0).collect();
+        let pool = Pool::new(2).unwrap().always_parallel();
+        let mut b4 = Buf::default();
+        Tensor::from_vec(s, plain.clone())
+            .unwrap()
+            .blocked_into(&pool, 4, &mut b4)
+            .unwrap();
+        let t = Tensor::from_blocked_bf16(Arc::new(Tensor4::<bf16>::rounded(&pool, b4.get())));
+        // Quarters of small integers: exact in bf16.
+        for bc in [4, 3, 2] {
+            let mut h = BfBuf::default();
+            assert!(t.bf16_only_into(&pool, bc, &mut h).unwrap());
+            assert_eq!(h.get().dims().4, bc);
+            assert_eq!(h.get().to_nchw(), plain, "bf16, blocks of {bc}");
+            let pad = h.get().data().len() - plain.len();
+            let zeros = h.get().data().iter().filter(|v| v.to_f32() == 0.0).count();
+            assert!(zeros >= pad, "bf16, blocks of {bc}: padding");
+            let mut f = Buf::default();
+            t.blocked_into(&pool, bc, &mut f).unwrap();
+            assert_eq!(f.get().to_nchw(), plain, "widened, blocks of {bc}");
+        }
+        // The same block is shared, not copied; f32 values are not bf16 alone.
+        let mut h = BfBuf::default();
+        t.bf16_only_into(&pool, 4, &mut h).unwrap();
+        assert!(matches!(&t.layout, Layout::NchwBf16(a) if Arc::ptr_eq(a, h.0.as_ref().unwrap())));
+        let mut untouched = BfBuf::default();
+        assert!(!b4
+            .tensor()
+            .bf16_only_into(&pool, 4, &mut untouched)
+            .unwrap());
+        assert!(untouched.0.is_none());
     }
 
     #[test]

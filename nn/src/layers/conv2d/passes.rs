@@ -29,15 +29,14 @@ impl Conv2d {
         for (j, p) in ps.iter_mut().enumerate() {
             need_training(p.trained, "conv2d")?;
             let (bc, bk) = p.blocks();
-            // dZ = dY in bf16 alone (a batch norm's dx) where the bf16
-            // passes read it so; else f32.
-            let alone = dy
-                .bf16_only_as(bk)
-                .filter(|_| single && identity && p.bf.is_some());
+            // dZ = dY in bf16 alone (a batch norm's dx), in this layer's
+            // blocks, where the bf16 passes read it so; else f32.
+            let alone =
+                single && identity && p.bf.is_some() && dy.bf16_only_into(pool, bk, &mut p.dyb)?;
             match alone {
-                Some(t) => p.dyb.share(t),
-                None if single => dy.blocked_into(pool, bk, &mut p.dy)?,
-                None => {
+                true => {}
+                false if single => dy.blocked_into(pool, bk, &mut p.dy)?,
+                false => {
                     let t = p.dy.get_mut(p.output, bk)?;
                     channels_from_nchw(pool, dy.data(), k_all, j * p.output.c, t);
                 }
@@ -51,8 +50,8 @@ impl Conv2d {
             // dZ as the bf16 passes read it: in bf16 alone, or f32 with the
             // copy the layer that wrote it made.
             let dz_op = match alone {
-                Some(_) => Operand::Bf16(p.dyb.get()),
-                None => {
+                true => Operand::Bf16(p.dyb.get()),
+                false => {
                     let dzb = dy.bf16_blocked_as(bk).filter(|_| single && identity);
                     Operand::F32(dz.get(), dzb)
                 }
@@ -136,17 +135,14 @@ impl Conv2d {
                 Some(f) if mode == Mode::Eval => (&f.conv, &f.w, &f.bias[..], &mut f.bf),
                 _ => (&p.conv, &p.w, &p.bias[..], &mut p.bf),
             };
-            // X in bf16 alone (a batch norm's output) where the bf16 passes
-            // read it, here and in backward-weights; else f32.
-            let alone = x.bf16_only_as(bc).filter(|_| single && bf.is_some());
-            p.x_alone = alone.is_some();
-            match alone {
-                Some(t) => {
-                    p.xa.share(t);
-                    p.x.release();
-                }
-                None if single => x.blocked_into(pool, bc, &mut p.x)?,
-                None => {
+            // X in bf16 alone (a batch norm's output), in this layer's
+            // blocks, where the bf16 passes read it, here and in
+            // backward-weights; else f32.
+            p.x_alone = single && bf.is_some() && x.bf16_only_into(pool, bc, &mut p.xa)?;
+            match p.x_alone {
+                true => p.x.release(),
+                false if single => x.blocked_into(pool, bc, &mut p.x)?,
+                false => {
                     let t = p.x.get_mut(p.input, bc)?;
                     channels_from_nchw(pool, x.data(), c_all, j * p.input.c, t);
                 }
