@@ -456,6 +456,9 @@ impl Bf16Plan {
         bias: *const f32,
         next_b: *const bf16,
     ) {
+        // Only the AVX512-BF16 tiles walk the next call's B.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = next_b;
         let d = &self.desc;
         // The bias is read only where the epilogue has one (as the f32
         // kernels do): a chunk before the last of a split reduction passes

@@ -89,8 +89,9 @@ pub fn compile_cubin(source: &str, name: &str, arch: &str) -> Result<Vec<u8>> {
             Err(e) => {
                 let log = result::get_program_log(prog)
                     .map(|l| {
-                        String::from_utf8_lossy(&l.iter().map(|&c| c as u8).collect::<Vec<_>>())
-                            .into_owned()
+                        // c_char: i8 on x86-64, u8 on aarch64.
+                        let bytes: Vec<u8> = l.iter().map(|c| c.to_ne_bytes()[0]).collect();
+                        String::from_utf8_lossy(&bytes).into_owned()
                     })
                     .unwrap_or_default();
                 Err(fail(format!("{e:?}: {log}")))
