@@ -182,10 +182,11 @@ fn resnet50_fusion(
 /// forward, backward and inference milliseconds per step, and the layer's
 /// GFLOP/s where it has FLOPs. Each mode runs once untimed first: the
 /// first inference after a step folds the batch norms into the
-/// convolutions again (0.6 s of the bf16 graph's inference on Zen 4), and
-/// the first step after an inference meets fresh allocations again (the
-/// res5 stride-2 convolution's forward 46 ms against 13), which the table
-/// counted as the layers' own time.
+/// convolutions again, and the first run of a mode after the other meets
+/// fresh allocations (Zen 4, bf16 graph, before the folds kept their
+/// buffers: 0.6 s of the first inference, and the res5 stride-2
+/// convolution's forward 46 ms against 13 in the first step), which the
+/// table would count as the layers' own time.
 fn resnet50_layers(
     g: &mut brgemm_dl::nn::Graph,
     pool: &Pool,

@@ -447,11 +447,11 @@ pub(crate) fn same_layout(a: &Blocked, b: &Blocked) -> bool {
 
 /// Runs `f(image, values)` for every image of `data` (`len` values each),
 /// images split over the pool's threads.
-pub(crate) fn par_images(
+pub(crate) fn par_images<T: Send>(
     pool: &Pool,
-    data: &mut [f32],
+    data: &mut [T],
     len: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync,
+    f: impl Fn(usize, &mut [T]) + Sync,
 ) {
     pool.for_slices_of(data, len, f);
 }
@@ -523,7 +523,7 @@ fn reblock_as<S: Copy + Sync, D: Copy + Send>(
     let bd = dst.dims().4;
     let (hw, si, len) = (h * w, src.image_len(), dst.image_len());
     let s = src.data();
-    pool.for_slices_of(dst.data_mut(), len, |i, image| {
+    par_images(pool, dst.data_mut(), len, |i, image| {
         let from = &s[i * si..][..si];
         for ci in 0..c {
             for p in 0..hw {
@@ -624,45 +624,6 @@ mod tests {
     }
 
     #[test]
-    fn values_in_bf16_alone_move_into_other_blocks() {
-        // 5 channels in blocks of 4 (three padding lanes) into blocks of 3
-        // and 2, in bf16 and widened: the same values, padding zero.
-        let s = Shape::new(2, 5, 3, 2);
-        let plain: Vec<f32> = (0..s.len()).map(|i| (i as f32 - 30.0) / 4.0).collect();
-        let pool = Pool::new(2).unwrap().always_parallel();
-        let mut b4 = Buf::default();
-        Tensor::from_vec(s, plain.clone())
-            .unwrap()
-            .blocked_into(&pool, 4, &mut b4)
-            .unwrap();
-        let t = Tensor::from_blocked_bf16(Arc::new(Tensor4::<bf16>::rounded(&pool, b4.get())));
-        // Quarters of small integers: exact in bf16.
-        for bc in [4, 3, 2] {
-            let mut h = BfBuf::default();
-            assert!(t.bf16_only_into(&pool, bc, &mut h).unwrap());
-            assert_eq!(h.get().dims().4, bc);
-            assert_eq!(h.get().to_nchw(), plain, "bf16, blocks of {bc}");
-            let pad = h.get().data().len() - plain.len();
-            let zeros = h.get().data().iter().filter(|v| v.to_f32() == 0.0).count();
-            let real = plain.iter().filter(|v| **v == 0.0).count();
-            assert_eq!(zeros, pad + real, "bf16, blocks of {bc}: padding");
-            let mut f = Buf::default();
-            t.blocked_into(&pool, bc, &mut f).unwrap();
-            assert_eq!(f.get().to_nchw(), plain, "widened, blocks of {bc}");
-        }
-        // The same block is shared, not copied; f32 values are not bf16 alone.
-        let mut h = BfBuf::default();
-        t.bf16_only_into(&pool, 4, &mut h).unwrap();
-        assert!(matches!(&t.layout, Layout::NchwBf16(a) if Arc::ptr_eq(a, h.0.as_ref().unwrap())));
-        let mut untouched = BfBuf::default();
-        assert!(!b4
-            .tensor()
-            .bf16_only_into(&pool, 4, &mut untouched)
-            .unwrap());
-        assert!(untouched.0.is_none());
-    }
-
-    #[test]
     fn values_in_bf16_alone_are_widened_for_f32_readers() {
         let s = Shape::new(2, 5, 3, 2);
         let plain: Vec<f32> = (0..s.len()).map(|i| i as f32 * 0.37 - 7.5).collect();
@@ -682,12 +643,32 @@ mod tests {
         assert_eq!(t.data(), &want[..]);
         assert_eq!(t.bf16_blocked_as(4).map(<[bf16]>::len), Some(2 * 2 * 6 * 4));
         assert!(t.bf16_blocked_as(3).is_none());
-        // Widened into the same block, and into another.
-        for bc in [4, 3] {
+        // Widened into the same block, and into others.
+        for bc in [4, 3, 2] {
             let mut out = Buf::default();
             bb.tensor().blocked_into(&pool, bc, &mut out).unwrap();
             assert_eq!(out.get().to_nchw(), want, "block {bc}");
         }
+        // Kept in bf16 for bf16 readers: the same block shared, others
+        // copied, the padding lanes zero.
+        for bc in [4, 3, 2] {
+            let mut h = BfBuf::default();
+            assert!(t.bf16_only_into(&pool, bc, &mut h).unwrap());
+            assert_eq!(h.get().dims().4, bc);
+            assert_eq!(h.get().to_nchw(), want, "bf16, block {bc}");
+            let zeros = h.get().data().iter().filter(|v| v.to_f32() == 0.0).count();
+            let pad = h.get().data().len() - want.len();
+            assert_eq!(zeros, pad, "bf16, block {bc}: padding");
+            let shared = Arc::ptr_eq(h.0.as_ref().unwrap(), bb.0.as_ref().unwrap());
+            assert_eq!(shared, bc == 4, "bf16, block {bc}: shared");
+        }
+        // f32 values are not in bf16 alone: nothing is written.
+        let mut none = BfBuf::default();
+        assert!(!blocked
+            .tensor()
+            .bf16_only_into(&pool, 4, &mut none)
+            .unwrap());
+        assert!(none.0.is_none());
     }
 
     #[test]
