@@ -90,6 +90,38 @@ macro_rules! widest {
 }
 pub(crate) use widest;
 
+/// Runs `f` compiled for the ISA the kernels use, as [`widest!`] does for
+/// a named fn: `f` (a closure over `#[inline(always)]` loops) is inlined
+/// into a target-feature fn, so its loops vectorise for that ISA. For the
+/// generic loops `widest!` cannot name (batch norm's, generic over f32 and
+/// bf16 operands and their lane group).
+#[inline(always)]
+pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU has AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide512<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        /// # Safety
+        /// The CPU has AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn wide256<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        match brgemm::Isa::selected() {
+            // SAFETY: `selected` returns only ISAs this CPU supports.
+            Ok(brgemm::Isa::Avx512) => return unsafe { wide512(f) },
+            // SAFETY: as above.
+            Ok(brgemm::Isa::Avx2) => return unsafe { wide256(f) },
+            _ => {}
+        }
+    }
+    f()
+}
+
 widest! {
     /// `out += ` the sum of the rows of `src` (rows of `out.len()`, in
     /// order): a bias gradient's reduction over pixels or minibatch rows.

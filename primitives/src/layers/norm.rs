@@ -15,6 +15,7 @@
 
 use crate::eltwise::pass;
 use crate::engine::bf16::{round_slice, thread_scratch, Twin, Widen};
+use crate::engine::math::wide;
 use crate::error::{check_buf, shape, Result};
 use crate::tensor::Tensor4;
 use crate::threads::Pool;
@@ -252,15 +253,8 @@ impl BatchNorm {
             .collect();
         let sums = plane_sums(pool, x, |i, out| {
             let k = &shift[(i % x.c_blocks()) * bc..][..bc];
-            runs(
-                bc,
-                &x.data[plane(x, i / x.c_blocks(), i % x.c_blocks())..][..plane_len(x)],
-                out,
-                |j, v| {
-                    let d = v - k[j];
-                    (d, d * d)
-                },
-            );
+            let x = &x.data[plane(x, i / x.c_blocks(), i % x.c_blocks())..][..plane_len(x)];
+            by_group!(bc, G => wide(#[inline(always)] || shifted_sums::<G, X>(bc, x, k, out)));
         });
         let (mut scale, mut offset) = (vec![0f32; pc], vec![0f32; pc]);
         for ch in 0..self.c {
@@ -374,26 +368,8 @@ impl BatchNorm {
                 &offset[(i % cb) * bc..][..bc],
             );
             let src = &x.data[at..][..dst.len()];
-            match res {
-                Some((r, _)) => {
-                    let r = &r.data[at..][..dst.len()];
-                    let rows = dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc));
-                    for ((d, s), r) in rows.zip(r.chunks_exact(bc)) {
-                        for j in 0..bc {
-                            let v = s[j].f32() * k[j] + o[j] + r[j];
-                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
-                        }
-                    }
-                }
-                None => {
-                    for (d, s) in dst.chunks_exact_mut(bc).zip(src.chunks_exact(bc)) {
-                        for j in 0..bc {
-                            let v = s[j].f32() * k[j] + o[j];
-                            d[j] = if relu && v < 0.0 { 0.0 } else { v };
-                        }
-                    }
-                }
-            }
+            let r = res.map(|(r, _)| &r.data[at..][..dst.len()]);
+            by_group!(bc, G => wide(#[inline(always)] || affine::<G, X>(bc, src, r, (k, o), relu, dst)));
         });
     }
 
@@ -536,9 +512,15 @@ impl BatchNorm {
             let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
             let ops = ops(i, i * len, len);
             match mask {
-                NO_MASK => grad_sums::<NO_MASK, X, D>(bc, planes, ops, mean, inv, out),
-                Y_MASK => grad_sums::<Y_MASK, X, D>(bc, planes, ops, mean, inv, out),
-                _ => grad_sums::<X_MASK, X, D>(bc, planes, ops, mean, inv, out),
+                NO_MASK => by_group!(bc, G => wide(#[inline(always)] || {
+                    grad_sums::<NO_MASK, G, X, D>(bc, planes, ops, (mean, inv), out)
+                })),
+                Y_MASK => by_group!(bc, G => wide(#[inline(always)] || {
+                    grad_sums::<Y_MASK, G, X, D>(bc, planes, ops, (mean, inv), out)
+                })),
+                _ => by_group!(bc, G => wide(#[inline(always)] || {
+                    grad_sums::<X_MASK, G, X, D>(bc, planes, ops, (mean, inv), out)
+                })),
             }
         });
         dgamma.fill(0.0);
@@ -562,9 +544,15 @@ impl BatchNorm {
             let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
             let ops = ops(i, at, d.len());
             match mask {
-                NO_MASK => grad_apply::<NO_MASK, X, D>(bc, planes, ops, k, d),
-                Y_MASK => grad_apply::<Y_MASK, X, D>(bc, planes, ops, k, d),
-                _ => grad_apply::<X_MASK, X, D>(bc, planes, ops, k, d),
+                NO_MASK => by_group!(bc, G => wide(#[inline(always)] || {
+                    grad_apply::<NO_MASK, G, X, D>(bc, planes, ops, k, d)
+                })),
+                Y_MASK => by_group!(bc, G => wide(#[inline(always)] || {
+                    grad_apply::<Y_MASK, G, X, D>(bc, planes, ops, k, d)
+                })),
+                _ => by_group!(bc, G => wide(#[inline(always)] || {
+                    grad_apply::<X_MASK, G, X, D>(bc, planes, ops, k, d)
+                })),
             }
         };
         dx.fill(pool, len, bc, apply);
@@ -617,86 +605,189 @@ const NO_MASK: u8 = 0;
 const Y_MASK: u8 = 1;
 const X_MASK: u8 = 2;
 
-/// One pixel's mask operands, `bc` lanes each: `[y, scale, offset]` as
-/// the mask `M` needs them (`unread`, `bc` long, stands in for the
-/// others).
+/// Lanes per step of the per-lane loops below: 16, 8 or 1, the widest
+/// that divides `bc`. Each loop takes a group of `G` lanes as a
+/// fixed-size array (no bounds checks, one or a few vector registers) and
+/// walks the pixels with stride `bc`; indexing all `bc` lanes of a pixel
+/// through slices kept LLVM from vectorising at all, and the passes ran at
+/// about one value per 3 cycles, in bf16 as in f32.
+macro_rules! by_group {
+    ($bc:expr, $g:ident => $call:expr) => {
+        match $bc {
+            bc if bc % 64 == 0 => {
+                const $g: usize = 64;
+                $call
+            }
+            bc if bc % 32 == 0 => {
+                const $g: usize = 32;
+                $call
+            }
+            bc if bc % 16 == 0 => {
+                const $g: usize = 16;
+                $call
+            }
+            bc if bc % 8 == 0 => {
+                const $g: usize = 8;
+                $call
+            }
+            _ => {
+                const $g: usize = 1;
+                $call
+            }
+        }
+    };
+}
+use by_group;
+
+/// `G` values from `at`.
 #[inline(always)]
-fn lanes<'a, const M: u8>(
-    [y, sc, of]: [&'a [f32]; 3],
-    unread: &'a [f32],
-    p: usize,
-    bc: usize,
-) -> [&'a [f32]; 3] {
-    match M {
-        NO_MASK => [unread, unread, unread],
-        Y_MASK => [&y[p..p + bc], unread, unread],
-        _ => [unread, &sc[..bc], &of[..bc]],
+fn group<T, const G: usize>(v: &[T], at: usize) -> &[T; G] {
+    v[at..at + G].try_into().expect("G values")
+}
+
+/// The sums of `x - shift` and of its square over a plane, per lane, into
+/// `out[..bc]` and `out[bc..]`: in f32 over runs of 64 pixels, in f64
+/// across runs (each lane's additions in pixel order).
+#[inline(always)]
+fn shifted_sums<const G: usize, X: Widen>(bc: usize, x: &[X], shift: &[f32], out: &mut [f64]) {
+    // Runs outer, so that a run's lanes are read from L1.
+    for run in x.chunks(64 * bc) {
+        for j0 in (0..bc).step_by(G) {
+            let k = group::<_, G>(shift, j0);
+            let (mut a, mut b) = ([0f32; G], [0f32; G]);
+            for p in (j0..run.len()).step_by(bc) {
+                let v = group::<_, G>(run, p);
+                for j in 0..G {
+                    let d = v[j].f32() - k[j];
+                    a[j] += d;
+                    b[j] += d * d;
+                }
+            }
+            for j in 0..G {
+                out[j0 + j] += f64::from(a[j]);
+                out[bc + j0 + j] += f64::from(b[j]);
+            }
+        }
     }
 }
 
-/// dy where the ReLU passed it. `x * scale + offset` repeats the
-/// forward's arithmetic (Rust does not contract it into an FMA), so its
-/// sign is the one y had.
+/// `dst = x * scale + offset (+ r)` per lane, then the ReLU when `relu`
+/// (NaN stays NaN).
 #[inline(always)]
-fn masked<const M: u8>(g: f32, x: f32, y: f32, sc: f32, of: f32) -> f32 {
+fn affine<const G: usize, X: Widen>(
+    bc: usize,
+    x: &[X],
+    r: Option<&[f32]>,
+    (scale, offset): (&[f32], &[f32]),
+    relu: bool,
+    dst: &mut [f32],
+) {
+    for p in (0..dst.len()).step_by(bc) {
+        for j0 in (0..bc).step_by(G) {
+            let (k, o) = (group::<_, G>(scale, j0), group::<_, G>(offset, j0));
+            let s = group::<_, G>(x, p + j0);
+            let mut v = [0f32; G];
+            for j in 0..G {
+                v[j] = s[j].f32() * k[j] + o[j];
+            }
+            if let Some(r) = r {
+                let r = group::<_, G>(r, p + j0);
+                for j in 0..G {
+                    v[j] += r[j];
+                }
+            }
+            let d: &mut [f32; G] = (&mut dst[p + j0..p + j0 + G]).try_into().expect("G values");
+            for j in 0..G {
+                d[j] = if relu && v[j] < 0.0 { 0.0 } else { v[j] };
+            }
+        }
+    }
+}
+
+/// dy where the ReLU passed it (mask `M`) at the `G` lanes from `at`
+/// (within the plane's operands `[y, scale, offset]`, lane `j0`).
+/// `x * scale + offset` repeats the forward's arithmetic (Rust does not
+/// contract it into an FMA), so its sign is the one y had.
+#[inline(always)]
+fn masked<const M: u8, const G: usize>(
+    g: [f32; G],
+    x: [f32; G],
+    [y, sc, of]: [&[f32]; 3],
+    at: usize,
+    j0: usize,
+) -> [f32; G] {
     match M {
         NO_MASK => g,
-        Y_MASK => pass(g, y),
-        _ => pass(g, x * sc + of),
+        Y_MASK => {
+            let y = group::<_, G>(y, at);
+            std::array::from_fn(|j| pass(g[j], y[j]))
+        }
+        _ => {
+            let (sc, of) = (group::<_, G>(sc, j0), group::<_, G>(of, j0));
+            std::array::from_fn(|j| pass(g[j], x[j] * sc[j] + of[j]))
+        }
     }
+}
+
+/// `G` values of `v` from `at`, widened.
+#[inline(always)]
+fn widened<const G: usize, X: Widen>(v: &[X], at: usize) -> [f32; G] {
+    let v = group::<_, G>(v, at);
+    std::array::from_fn(|j| v[j].f32())
 }
 
 /// The sums of g and g * xhat over a plane, per lane, where g is dy where
 /// the fused ReLU passed it (mask `M`, its operands `ops`).
-fn grad_sums<const M: u8, X: Widen, D: Widen>(
+#[inline(always)]
+fn grad_sums<const M: u8, const G: usize, X: Widen, D: Widen>(
     bc: usize,
     (x, dy): (&[X], &[D]),
     ops: [&[f32]; 3],
-    mean: &[f32],
-    inv: &[f32],
+    (mean, inv): (&[f32], &[f32]),
     out: &mut [f64],
 ) {
-    let (mut a, mut b) = (vec![0f32; bc], vec![0f32; bc]);
-    let run = 64 * bc;
-    for start in (0..x.len()).step_by(run) {
-        let end = (start + run).min(x.len());
-        for p in (start..end).step_by(bc) {
-            let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
-            let [ys, sc, of] = lanes::<M>(ops, mean, p, bc);
-            for j in 0..bc {
-                let x = xs[j].f32();
-                let g = masked::<M>(gs[j].f32(), x, ys[j], sc[j], of[j]);
-                a[j] += g;
-                b[j] += g * (x - mean[j]) * inv[j];
+    for start in (0..x.len()).step_by(64 * bc) {
+        let end = (start + 64 * bc).min(x.len());
+        for j0 in (0..bc).step_by(G) {
+            let (mu, is) = (group::<_, G>(mean, j0), group::<_, G>(inv, j0));
+            let (mut a, mut b) = ([0f32; G], [0f32; G]);
+            for p in (start + j0..end).step_by(bc) {
+                let xs = widened::<G, X>(x, p);
+                let g = masked::<M, G>(widened::<G, D>(dy, p), xs, ops, p, j0);
+                for j in 0..G {
+                    a[j] += g[j];
+                    b[j] += g[j] * (xs[j] - mu[j]) * is[j];
+                }
+            }
+            for j in 0..G {
+                out[j0 + j] += f64::from(a[j]);
+                out[bc + j0 + j] += f64::from(b[j]);
             }
         }
-        for j in 0..bc {
-            out[j] += f64::from(a[j]);
-            out[bc + j] += f64::from(b[j]);
-        }
-        a.fill(0.0);
-        b.fill(0.0);
     }
 }
 
 /// dx of one piece; `k` is (gamma*inv, mean(g), mean(g*xhat), mean, inv)
-/// of the plane's lanes, `ops` the mask's operands ([`masked`]).
-fn grad_apply<const M: u8, X: Widen, D: Widen>(
+/// of the plane's lanes, `ops` the mask's operands ([`masked`]) from the
+/// piece's start.
+#[inline(always)]
+fn grad_apply<const M: u8, const G: usize, X: Widen, D: Widen>(
     bc: usize,
     (x, dy): (&[X], &[D]),
     ops: [&[f32]; 3],
     k: [&[f32]; 5],
     d: &mut [f32],
 ) {
-    let [k1, k2, k3, mean, inv] = k;
-    for (p, o) in (0..d.len()).step_by(bc).zip(d.chunks_exact_mut(bc)) {
-        let (xs, gs) = (&x[p..p + bc], &dy[p..p + bc]);
-        let [ys, sc, of] = lanes::<M>(ops, mean, p, bc);
-        for j in 0..bc {
-            let x = xs[j].f32();
-            let g = masked::<M>(gs[j].f32(), x, ys[j], sc[j], of[j]);
-            let xhat = (x - mean[j]) * inv[j];
-            o[j] = k1[j] * (g - k2[j] - xhat * k3[j]);
+    for p in (0..d.len()).step_by(bc) {
+        for j0 in (0..bc).step_by(G) {
+            let [k1, k2, k3, mu, is] = k.map(|k| group::<_, G>(k, j0));
+            let xs = widened::<G, X>(x, p + j0);
+            let g = masked::<M, G>(widened::<G, D>(dy, p + j0), xs, ops, p + j0, j0);
+            let o: &mut [f32; G] = (&mut d[p + j0..p + j0 + G]).try_into().expect("G values");
+            for j in 0..G {
+                let xhat = (xs[j] - mu[j]) * is[j];
+                o[j] = k1[j] * (g[j] - k2[j] - xhat * k3[j]);
+            }
         }
     }
 }
@@ -717,33 +808,6 @@ fn plane_sums<T>(pool: &Pool, x: &Tensor4<T>, f: impl Fn(usize, &mut [f64]) + Sy
     let mut out = vec![0f64; x.n * x.c_blocks() * 2 * x.bc];
     pool.for_slices_of(&mut out, 2 * x.bc, f);
     out
-}
-
-/// Sums `f(lane, value) = (a, b)` over the pixels of a plane, lane by lane,
-/// into `out[..bc]` (a) and `out[bc..]` (b): in f32 over runs of 64 pixels,
-/// in f64 across runs.
-fn runs<X: Widen>(
-    bc: usize,
-    plane: &[X],
-    out: &mut [f64],
-    mut f: impl FnMut(usize, f32) -> (f32, f32),
-) {
-    let (mut a, mut b) = (vec![0f32; bc], vec![0f32; bc]);
-    for run in plane.chunks(64 * bc) {
-        for px in run.chunks_exact(bc) {
-            for j in 0..bc {
-                let (u, v) = f(j, px[j].f32());
-                a[j] += u;
-                b[j] += v;
-            }
-        }
-        for j in 0..bc {
-            out[j] += f64::from(a[j]);
-            out[bc + j] += f64::from(b[j]);
-        }
-        a.fill(0.0);
-        b.fill(0.0);
-    }
 }
 
 /// The two sums of channel `ch` over every image.
@@ -804,5 +868,64 @@ mod tests {
         bn.relu = false;
         bn.forward_train_add(&pool, &x, &g, true, &mut r).unwrap();
         assert!(bn.saved_affine.0.is_empty());
+    }
+
+    /// Each lane sums its pixels in the same order whatever the channel
+    /// block, so every block width (lane groups of 64, 32, 16, 8 and 1,
+    /// [`by_group`]) gives the same bits: forward with the fused ReLU and
+    /// with a residual join, backward through each mask, the statistics.
+    #[test]
+    fn every_lane_group_gives_the_same_bits() {
+        let pool = Pool::new(2).unwrap().always_parallel();
+        // 135 pixels: runs of 64, 64 and 7.
+        let (n, c, h, w) = (2, 96, 9, 15);
+        let vals = |seed: usize| -> Vec<f32> {
+            (0..n * c * h * w)
+                .map(|i| (((i * 37 + seed) % 29) as f32 - 13.0) / 4.0)
+                .collect()
+        };
+        let (xs, gs, rs) = (vals(0), vals(5), vals(11));
+        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let run = |bc: usize| {
+            let t = |v: &[f32]| Tensor4::from_nchw(v, n, c, h, w, bc).unwrap();
+            let (x, g, r) = (t(&xs), t(&gs), t(&rs));
+            let mut bn = BatchNorm::new(c, bc).unwrap();
+            bn.relu = true;
+            for (i, gm) in bn.gamma_mut().iter_mut().take(c).enumerate() {
+                *gm = 0.5 + (i % 7) as f32 / 8.0;
+            }
+            let pc = bn.gamma().len();
+            let mut out = Vec::new();
+            let (mut y, mut dx) = (x.clone(), x.clone());
+            let (mut dg, mut db) = (vec![0.0; pc], vec![0.0; pc]);
+            // Fused ReLU: backward's mask from x.
+            bn.forward_train(&pool, &x, &mut y).unwrap();
+            out.push(bits(y.to_nchw()));
+            bn.backward_relu(&pool, &x, &y, &g, &mut dx, &mut dg, &mut db)
+                .unwrap();
+            out.extend([
+                bits(dx.to_nchw()),
+                bits(dg[..c].to_vec()),
+                bits(db[..c].to_vec()),
+            ]);
+            // Residual join with the ReLU after it: the mask from y.
+            bn.relu = false;
+            bn.forward_train_add(&pool, &x, &r, true, &mut y).unwrap();
+            out.push(bits(y.to_nchw()));
+            bn.backward_relu(&pool, &x, &y, &g, &mut dx, &mut dg, &mut db)
+                .unwrap();
+            out.extend([bits(dx.to_nchw()), bits(dg[..c].to_vec())]);
+            // No ReLU.
+            bn.forward_infer(&pool, &x, &mut y).unwrap();
+            out.push(bits(y.to_nchw()));
+            bn.backward(&pool, &x, &g, &mut dx, &mut dg, &mut db)
+                .unwrap();
+            out.extend([bits(dx.to_nchw()), bits(bn.running_var()[..c].to_vec())]);
+            out
+        };
+        let want = run(64);
+        for bc in [32, 48, 16, 24, 8, 12, 5] {
+            assert!(run(bc) == want, "bc {bc}");
+        }
     }
 }
