@@ -246,6 +246,11 @@ impl Tensor {
         self.blocked_as(bc)
             .and(self.bf16.as_deref().map(|v| &v[..]))
     }
+    /// The bf16 copy of [`Tensor::bf16_blocked_as`]'s second case, shared:
+    /// for a layer that reads it again in backward.
+    pub(crate) fn bf16_copy_as(&self, bc: usize) -> Option<Arc<AlignedVec<bf16>>> {
+        self.blocked_as(bc).and(self.bf16.clone())
+    }
     /// The bf16 copy of the values in the FC layout `like`.
     pub(crate) fn bf16_rows_like(&self, like: &Blocked) -> Option<&[bf16]> {
         let rows = self.rows().filter(|r| same_layout(r, like));

@@ -621,6 +621,17 @@ fn bf16_passes_match_the_reference_on_rounded_operands() {
             ConvParams::new(2, 64, 64, 64, 64, 3, 3).pad(1),
             Activation::Identity,
         ),
+        // Per image too, the larger operand's planes made in each work
+        // unit: dY's (three K blocks, one C block; the images split
+        // between the threads), and X's four phase planes at stride 2.
+        (
+            ConvParams::new(3, 32, 96, 64, 64, 1, 1),
+            Activation::Identity,
+        ),
+        (
+            ConvParams::new(3, 96, 32, 96, 96, 3, 3).stride(2).pad(1),
+            Activation::Relu,
+        ),
     ] {
         let mut t = ConvTuning::heuristic(&p);
         t.bc = 32;

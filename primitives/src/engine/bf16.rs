@@ -177,6 +177,23 @@ pub(crate) fn thread_scratch(len: usize) -> *mut f32 {
     })
 }
 
+thread_local! {
+    static SCRATCH_BF16: std::cell::RefCell<AlignedVec<bf16>> =
+        std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+}
+
+/// [`thread_scratch`] for bf16 values: where a pass relays out an operand
+/// plane into L2 just before the kernel calls that read it. The same
+/// contract: valid for `len` values on this thread until its next call.
+pub(crate) fn thread_scratch_bf16(len: usize) -> *mut bf16 {
+    SCRATCH_BF16.with_borrow_mut(|b| {
+        if b.len() < len {
+            b.resize(len, bf16::ZERO);
+        }
+        b.as_mut_ptr()
+    })
+}
+
 /// The bf16 copy of a pass's f32 output that the pass writes as it goes,
 /// element for element in the output's layout: the next layer's bf16
 /// operand without a rounding sweep of its own (mixed precision keeps

@@ -8,10 +8,12 @@ use super::{expect_values, Bf16Operands, State};
 use crate::error::{Error, Result};
 use crate::layer::{Affine, Layer, Mode, Param};
 use crate::tensor::{BfBuf, Buf, Shape, Tensor};
-use brgemm::Activation;
+use brgemm::bf16::bf16;
+use brgemm::{Activation, AlignedVec};
 use brgemm_primitives::conv::ConvBf16;
 use brgemm_primitives::init::{weights, Init, Rng};
 use brgemm_primitives::{Conv, ConvParams, Filter, Pool};
+use std::sync::Arc;
 
 /// A convolution layer's definition ([`Conv2d::geometry`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -126,6 +128,9 @@ struct Plan {
     /// The input when it came in bf16 alone (then `x` is not used).
     xa: BfBuf,
     x_alone: bool,
+    /// The bf16 copy of `x` its writer made, kept from a training forward
+    /// for backward-weights.
+    x_copy: Option<Arc<AlignedVec<bf16>>>,
     y: Buf,
     /// The output in bf16 alone, where the readers take it so.
     yb: BfBuf,
@@ -348,6 +353,7 @@ impl Layer for Conv2d {
                 x: Buf::default(),
                 xa: BfBuf::default(),
                 x_alone: false,
+                x_copy: None,
                 y: Buf::default(),
                 yb: BfBuf::default(),
                 dy: Buf::default(),

@@ -84,7 +84,7 @@ impl Conv2d {
                 Some(b) => {
                     let x = match p.x_alone {
                         true => Operand::Bf16(p.xa.get()),
-                        false => Operand::F32(p.x.get(), None),
+                        false => Operand::F32(p.x.get(), p.x_copy.as_deref().map(|v| &v[..])),
                     };
                     let (dw, db) = (&mut p.dw, &mut p.db);
                     b.conv.backward_weights(pool, &p.conv, dz_op, x, dw, db)?
@@ -96,6 +96,7 @@ impl Conv2d {
             // The input and the gradient were kept for this backward only.
             p.x.release();
             p.xa.release();
+            p.x_copy = None;
             p.dy.release();
             p.dyb.release();
             p.trained = false;
@@ -149,6 +150,10 @@ impl Conv2d {
             }
             // X already in bf16 where the layer that wrote it made a copy.
             let xb = x.bf16_blocked_as(bc).filter(|_| single);
+            p.x_copy = match mode == Mode::Train && single && !p.x_alone && bf.is_some() {
+                true => x.bf16_copy_as(bc),
+                false => None,
+            };
             match bf {
                 Some(b) => {
                     let o = &mut b.ops;

@@ -38,12 +38,17 @@
 //! Items (K block, C block) are the threads' work; each walks the images
 //! with every tap inside, accumulating (beta = 1 after the first image);
 //! with fewer than two items per thread the images are split into partial
-//! sums instead.
+//! sums instead. Where the calls take one image each, the larger operand's
+//! planes (X's or dY's) are made where they are read: a work unit takes
+//! one plane's items (a C block and every K block, or the reverse) and
+//! relays out each image's plane into its thread's scratch, read from L2,
+//! so they never go to memory and back. An f32 operand whose writer made
+//! a bf16 copy (a batch norm's residual join) is read from that copy.
 
 use super::gather::{Gather, Out, Residual};
 use super::phased::Phased;
 use super::{AddResidual, Conv, ConvParams};
-use crate::engine::bf16::{pack_vnni, round_slice, WeightGrid, Widen};
+use crate::engine::bf16::{pack_vnni, round_slice, thread_scratch_bf16, WeightGrid, Widen};
 use crate::error::{check_buf, shape, Result};
 use crate::layout::SyncPtr;
 use crate::math::add_rows;
@@ -128,6 +133,28 @@ impl<'a> From<&'a Tensor4> for Operand<'a> {
 impl<'a> From<&'a Tensor4<bf16>> for Operand<'a> {
     fn from(t: &'a Tensor4<bf16>) -> Self {
         Operand::Bf16(t)
+    }
+}
+
+/// An operand's values as a pass reads them: f32, or bf16 (its own, or
+/// the copy of an f32 operand).
+#[derive(Clone, Copy)]
+enum Values<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Values<'a> {
+    /// `t`'s bf16 copy where it has one (an error names a copy of another
+    /// length), else its f32 values.
+    fn of(t: &'a Tensor4, copy: Option<&'a [bf16]>) -> Result<Values<'a>> {
+        match copy {
+            None => Ok(Values::F32(&t.data)),
+            Some(c) => {
+                check_buf("bf16 copy", c.len(), t.data.len())?;
+                Ok(Values::Bf16(c))
+            }
+        }
     }
 }
 
@@ -601,29 +628,53 @@ impl ConvBf16 {
             let (dzw, xw) = (widened(dz), widened(x));
             return conv.backward_weights(pool, f32_of(dz, &dzw), f32_of(x, &xw), dw, db);
         }
+        // The values the pass reads: X's bf16 copy where the f32 operand
+        // has one (half the bytes to relay out), else the operand's own.
+        // An f32 dZ is read as f32 even with a copy: the bias gradient
+        // sums its f32 values, as the pass without the copy does.
+        let dz = match dz {
+            Operand::F32(t, _) => {
+                conv.check_y("dZ", t)?;
+                Values::F32(&t.data)
+            }
+            Operand::Bf16(t) => {
+                conv.check_y("dZ", t)?;
+                Values::Bf16(&t.data)
+            }
+        };
+        let x = match x {
+            Operand::F32(t, c) => {
+                conv.check_x("X", t)?;
+                Values::of(t, c)?
+            }
+            Operand::Bf16(t) => {
+                conv.check_x("X", t)?;
+                Values::Bf16(&t.data)
+            }
+        };
+        use Values::{Bf16 as B, F32 as F};
         match (dz, x) {
-            (Operand::F32(dz, _), Operand::F32(x, _)) => self.upd_bf16(pool, conv, dz, x, dw, db),
-            (Operand::F32(dz, _), Operand::Bf16(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
-            (Operand::Bf16(dz), Operand::F32(x, _)) => self.upd_bf16(pool, conv, dz, x, dw, db),
-            (Operand::Bf16(dz), Operand::Bf16(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (F(dz), F(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (F(dz), B(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (B(dz), F(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
+            (B(dz), B(x)) => self.upd_bf16(pool, conv, dz, x, dw, db),
         }
     }
 
-    /// The bf16 backward-weights on dZ and X of either type (pairs and
-    /// planes rounded from f32, or moved from bf16).
+    /// The bf16 backward-weights on the values of dZ and X (checked
+    /// against the layer), of either type (pairs and planes rounded from
+    /// f32, or moved from bf16).
     fn upd_bf16<D: Widen, X: Widen>(
         &self,
         pool: &Pool,
         conv: &Conv,
-        dz: &Tensor4<D>,
-        x: &Tensor4<X>,
+        dz: &[D],
+        x: &[X],
         dw: &mut Filter,
         db: &mut [f32],
     ) -> Result<()> {
         let pool = pool.for_work(self.params.flops());
         let u = &self.upd;
-        conv.check_y("dZ", dz)?;
-        conv.check_x("X", x)?;
         conv.check_f("dW", dw, false)?;
         check_buf("db", db.len(), conv.padded_k())?;
         let pr = &self.params;
@@ -634,21 +685,18 @@ impl ConvBf16 {
         let mut dyv = u.dyv.lock().unwrap_or_else(|e| e.into_inner());
         let mut xt = u.xt.lock().unwrap_or_else(|e| e.into_inner());
         // dY planes as VNNI pairs along the merged pixels (row p, column
-        // q at p * wpp + q), zero at columns q >= Q and past the last row.
+        // q at p * wpp + q), zero at columns q >= Q and past the last row;
+        // each with its bias-gradient sums, taken in the same read (a
+        // separate pass over dY cost more than the AMX work on 1x1 layers:
+        // 40% of res2's 64->256 backward-weights).
         let plane = kq * bk;
-        dyv.resize(pr.n * kb * plane, bf16::ZERO);
-        let dp = SyncPtr(dyv.as_mut_ptr());
         let zero = vec![D::ZERO; bk];
-        // Per dY plane, its bias-gradient sums, taken in the same read
-        // (a separate pass over dY cost more than the AMX work on 1x1
-        // layers: 40% of res2's 64->256 backward-weights).
         let mut db_parts = vec![0.0f32; pr.n * kb * bk];
         let sp = SyncPtr(db_parts.as_mut_ptr());
-        pool.for_each(pr.n * kb, |i| {
-            // SAFETY: plane i and its sums belong to this iteration alone.
-            let out = unsafe { std::slice::from_raw_parts_mut(dp.get().add(i * plane), plane) };
+        let dy_plane = |i: usize, out: &mut [bf16]| {
+            // SAFETY: plane i's sums belong to the one caller of plane i.
             let sums = unsafe { std::slice::from_raw_parts_mut(sp.get().add(i * bk), bk) };
-            let src = &dz.data[i * p * q * bk..][..p * q * bk];
+            let src = &dz[i * p * q * bk..][..p * q * bk];
             let px = |m: usize| {
                 let (row, col) = (m / wpp, m % wpp);
                 match row < p && col < q {
@@ -661,18 +709,14 @@ impl ConvBf16 {
                 // channel.
                 D::interleave(pair, px(2 * mp), px(2 * mp + 1), sums);
             }
-        });
+        };
         // X channel-major per phase plane of the padded image, zero in the
         // padding and beyond; only the phases that some tap reads.
         let (sh, sw) = (pr.stride_h, pr.stride_w);
         let xplane = u.phases.len() * bc * wt;
-        xt.resize(pr.n * cb * xplane, bf16::ZERO);
-        let xp = SyncPtr(xt.as_mut_ptr());
-        pool.for_each(pr.n * cb, |i| {
-            // SAFETY: the planes of item i belong to this iteration alone.
-            let out = unsafe { std::slice::from_raw_parts_mut(xp.get().add(i * xplane), xplane) };
+        let x_plane = |i: usize, out: &mut [bf16]| {
             out.fill(bf16::ZERO);
-            let src = &x.data[i * pr.h * pr.w * bc..][..pr.h * pr.w * bc];
+            let src = &x[i * pr.h * pr.w * bc..][..pr.h * pr.w * bc];
             // Each image row's pixels of a phase into that plane's channel
             // rows (runs of pixels, every sw-th of the row).
             for y in 0..pr.h {
@@ -700,17 +744,54 @@ impl ConvBf16 {
                     X::transpose(d, wt, s, bc, (pr.w - x0).div_ceil(sw), sw);
                 }
             }
-        });
+        };
+        // With one image per call, the larger operand's planes are made
+        // where they are used: each work unit relays out an image's plane
+        // into its thread's scratch (L2) and runs every item of that plane
+        // on it, so that operand never goes to memory and back (`fuse`:
+        // X's planes, else dY's). With the images batched per call, every
+        // plane of both is made first.
+        let fuse = match u.batch_images {
+            true => None,
+            false => Some(cb * xplane >= kb * plane),
+        };
+        if fuse != Some(false) {
+            dyv.resize(pr.n * kb * plane, bf16::ZERO);
+            let dp = SyncPtr(dyv.as_mut_ptr());
+            pool.for_each(pr.n * kb, |i| {
+                // SAFETY: plane i belongs to this iteration alone.
+                dy_plane(i, unsafe {
+                    std::slice::from_raw_parts_mut(dp.get().add(i * plane), plane)
+                });
+            });
+        }
+        if fuse != Some(true) {
+            xt.resize(pr.n * cb * xplane, bf16::ZERO);
+            let xp = SyncPtr(xt.as_mut_ptr());
+            pool.for_each(pr.n * cb, |i| {
+                // SAFETY: the planes of item i belong to this iteration alone.
+                x_plane(i, unsafe {
+                    std::slice::from_raw_parts_mut(xp.get().add(i * xplane), xplane)
+                });
+            });
+        }
         let (dyp, xtp) = (dyv.as_ptr() as usize, xt.as_ptr() as usize);
         let rs = pr.r * pr.s;
         let blk = bc * bk;
-        // Work: (K block, C block) items, each walking the images with
-        // every tap inside (an image's dY and X planes are read from memory
-        // once and reused from L2 for the R x S taps). With fewer items
-        // than two per thread, the images are split between the threads
-        // instead, into partial sums added at the end.
-        let (items, threads) = (kb * cb, pool.threads());
-        let split = if items >= 2 * threads {
+        // Work: units of (K block, C block) items, each walking the images
+        // with every tap inside (an image's dY and X planes are read from
+        // memory once and reused from L2 for the R x S taps); where a
+        // plane is made in place, a unit is that plane's items: (C block,
+        // all K blocks) for X's, (K block, all C blocks) for dY's. With
+        // fewer units than two per thread, the images are split between
+        // the threads instead, into partial sums added at the end.
+        let (units, inner) = match fuse {
+            None => (kb * cb, 1),
+            Some(true) => (cb, kb),
+            Some(false) => (kb, cb),
+        };
+        let threads = pool.threads();
+        let split = if units >= 2 * threads {
             1
         } else {
             threads.min(pr.n)
@@ -722,13 +803,23 @@ impl ConvBf16 {
             SyncPtr(dw.data.as_mut_ptr()),
             SyncPtr(partials.as_mut_ptr()),
         );
-        pool.for_each(items * split, |w| {
-            let (item, part) = (w / split, w % split);
-            let (ki, ci) = (item / cb, item % cb);
+        let scratch_len = match fuse {
+            Some(true) => xplane,
+            Some(false) => plane,
+            None => 0,
+        };
+        pool.for_each(units * split, |w| {
+            let (unit, part) = (w / split, w % split);
             let (lo, hi) = (pr.n * part / split, pr.n * (part + 1) / split);
-            // SAFETY: the dW blocks of item (ki, ci) in part `part` (the
-            // layer's dW or that part's partials) belong to this work unit;
-            // the offsets stay inside the two buffers made above.
+            let scratch = match fuse {
+                Some(_) => thread_scratch_bf16(scratch_len),
+                None => std::ptr::null_mut(),
+            };
+            // SAFETY: the dW blocks of this unit's items in part `part`
+            // (the layer's dW or that part's partials) belong to this work
+            // unit, as do the planes it makes (one image's, into its
+            // thread's scratch, which nothing else on the thread takes
+            // meanwhile); the offsets stay inside the buffers made above.
             unsafe {
                 let out = match part {
                     0 => dwp.get(),
@@ -737,16 +828,40 @@ impl ConvBf16 {
                 // Images per call: this part's all, or one ([`Upd::batch_images`]).
                 let count = if u.batch_images { hi - lo } else { 1 };
                 for n0 in (lo..hi).step_by(count.max(1)) {
-                    let a = (dyp as *const bf16).add((n0 * kb + ki) * plane);
-                    for (tap, t) in u.taps.iter().enumerate() {
-                        // Merged pixel `start` of dY's VNNI pairs (start
-                        // even) and of the tap's run of the phase plane.
-                        let a = a.add(t.start * bk);
-                        let b = (xtp as *const bf16)
-                            .add((n0 * cb + ci) * xplane + t.plane * bc * wt + t.off + t.start);
-                        let batch = RawBatch::Stride { a, b, count };
-                        let k = u.kernels[t.kernel].1.pick(n0 == lo, false);
-                        k.execute_raw(batch, out.add((item * rs + tap) * blk), std::ptr::null());
+                    let made = || std::slice::from_raw_parts_mut(scratch, scratch_len);
+                    match fuse {
+                        Some(true) => x_plane(n0 * cb + unit, made()),
+                        Some(false) => dy_plane(n0 * kb + unit, made()),
+                        None => {}
+                    }
+                    for j in 0..inner {
+                        let (ki, ci) = match fuse {
+                            None => (unit / cb, unit % cb),
+                            Some(true) => (j, unit),
+                            Some(false) => (unit, j),
+                        };
+                        let a = match fuse {
+                            Some(false) => scratch as *const bf16,
+                            _ => (dyp as *const bf16).add((n0 * kb + ki) * plane),
+                        };
+                        let b = match fuse {
+                            Some(true) => scratch as *const bf16,
+                            _ => (xtp as *const bf16).add((n0 * cb + ci) * xplane),
+                        };
+                        let item = ki * cb + ci;
+                        for (tap, t) in u.taps.iter().enumerate() {
+                            // Merged pixel `start` of dY's VNNI pairs (start
+                            // even) and of the tap's run of the phase plane.
+                            let a = a.add(t.start * bk);
+                            let b = b.add(t.plane * bc * wt + t.off + t.start);
+                            let batch = RawBatch::Stride { a, b, count };
+                            let k = u.kernels[t.kernel].1.pick(n0 == lo, false);
+                            k.execute_raw(
+                                batch,
+                                out.add((item * rs + tap) * blk),
+                                std::ptr::null(),
+                            );
+                        }
                     }
                 }
             }
