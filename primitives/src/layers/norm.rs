@@ -511,17 +511,12 @@ impl BatchNorm {
             let (mean, inv) = stats(i);
             let planes = (&x.data[i * len..][..len], &dy.data[i * len..][..len]);
             let ops = ops(i, i * len, len);
-            match mask {
-                NO_MASK => by_group!(bc, G => wide(#[inline(always)] || {
-                    grad_sums::<NO_MASK, G, X, D>(bc, planes, ops, (mean, inv), out)
-                })),
-                Y_MASK => by_group!(bc, G => wide(#[inline(always)] || {
-                    grad_sums::<Y_MASK, G, X, D>(bc, planes, ops, (mean, inv), out)
-                })),
-                _ => by_group!(bc, G => wide(#[inline(always)] || {
-                    grad_sums::<X_MASK, G, X, D>(bc, planes, ops, (mean, inv), out)
-                })),
-            }
+            let stats = (mean, inv);
+            by_group!(bc, G => wide(#[inline(always)] || match mask {
+                NO_MASK => grad_sums::<NO_MASK, G, X, D>(bc, planes, ops, stats, out),
+                Y_MASK => grad_sums::<Y_MASK, G, X, D>(bc, planes, ops, stats, out),
+                _ => grad_sums::<X_MASK, G, X, D>(bc, planes, ops, stats, out),
+            }));
         });
         dgamma.fill(0.0);
         dbeta.fill(0.0);
@@ -543,17 +538,11 @@ impl BatchNorm {
             let k = [&k1[r.clone()], &k2[r.clone()], &k3[r], mean, inv];
             let planes = (&x.data[at..][..d.len()], &dy.data[at..][..d.len()]);
             let ops = ops(i, at, d.len());
-            match mask {
-                NO_MASK => by_group!(bc, G => wide(#[inline(always)] || {
-                    grad_apply::<NO_MASK, G, X, D>(bc, planes, ops, k, d)
-                })),
-                Y_MASK => by_group!(bc, G => wide(#[inline(always)] || {
-                    grad_apply::<Y_MASK, G, X, D>(bc, planes, ops, k, d)
-                })),
-                _ => by_group!(bc, G => wide(#[inline(always)] || {
-                    grad_apply::<X_MASK, G, X, D>(bc, planes, ops, k, d)
-                })),
-            }
+            by_group!(bc, G => wide(#[inline(always)] || match mask {
+                NO_MASK => grad_apply::<NO_MASK, G, X, D>(bc, planes, ops, k, d),
+                Y_MASK => grad_apply::<Y_MASK, G, X, D>(bc, planes, ops, k, d),
+                _ => grad_apply::<X_MASK, G, X, D>(bc, planes, ops, k, d),
+            }));
         };
         dx.fill(pool, len, bc, apply);
         Ok(())
@@ -605,8 +594,8 @@ const NO_MASK: u8 = 0;
 const Y_MASK: u8 = 1;
 const X_MASK: u8 = 2;
 
-/// Lanes per step of the per-lane loops below: 16, 8 or 1, the widest
-/// that divides `bc`. Each loop takes a group of `G` lanes as a
+/// Lanes per step of the per-lane loops below: 64, 32, 16, 8 or 1, the
+/// widest that divides `bc`. Each loop takes a group of `G` lanes as a
 /// fixed-size array (no bounds checks, one or a few vector registers) and
 /// walks the pixels with stride `bc`; indexing all `bc` lanes of a pixel
 /// through slices kept LLVM from vectorising at all, and the passes ran at
