@@ -353,8 +353,31 @@ macro_rules! transpose_round_x86 {
         ) {
             use std::arch::x86_64::*;
             let lanes = |k: usize| if k >= 16 { 0xFFFFu16 } else { (1u16 << k) - 1 };
+            // The next 16 pixels' lines are prefetched while this block is
+            // transposed: a block of 16 pixels of 64 f32 channels is one
+            // 4 KiB page, which the hardware's stream prefetch does not
+            // cross, so every block would start with a miss per line
+            // (Sapphire Rapids, bf16 1x1 256->64 backward-weights from f32
+            // X: 10.2-10.6 -> 7.3-7.8 ms on 2 threads, 19.9-20.7 -> 14.0-15.9
+            // on one). Only for blocks of a page up to 16 KiB (L1 holds the
+            // next one beside this one): with half-page blocks (64 bf16
+            // channels) it measured level on 2 threads and 5-11% slower on
+            // one.
+            let size = src.wrapping_add(1) as usize - src as usize;
+            let line = 64 / size;
+            let ahead = if (256..=1024).contains(&(c * size)) {
+                32
+            } else {
+                16
+            };
             for p0 in (0..n).step_by(16) {
                 let w = (n - p0).min(16);
+                for i in p0 + 16..(p0 + ahead).min(n) {
+                    let at = src.wrapping_add(i * step * c);
+                    for l in (0..c).step_by(line) {
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(l) as *const i8);
+                    }
+                }
                 for j0 in (0..c).step_by(16) {
                     let cw = (c - j0).min(16);
                     let mut r = [_mm512_setzero_ps(); 16];
