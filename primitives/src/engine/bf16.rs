@@ -157,9 +157,21 @@ crate::math::widest! {
     }
 }
 
+type Scratch<T> = std::cell::RefCell<AlignedVec<T>>;
+
 thread_local! {
-    static SCRATCH: std::cell::RefCell<AlignedVec<f32>> =
-        std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
+    static SCRATCH: Scratch<f32> = Scratch::new(AlignedVec::new(brgemm::buffer::ALIGN));
+    static SCRATCH_BF16: Scratch<bf16> = Scratch::new(AlignedVec::new(brgemm::buffer::ALIGN));
+}
+
+/// The thread's buffer `key` grown to at least `len` values.
+fn grown<T: Copy>(key: &'static std::thread::LocalKey<Scratch<T>>, len: usize, zero: T) -> *mut T {
+    key.with_borrow_mut(|b| {
+        if b.len() < len {
+            b.resize(len, zero);
+        }
+        b.as_mut_ptr()
+    })
 }
 
 /// A thread's f32 scratch of at least `len` values (64-byte aligned, grown
@@ -169,29 +181,15 @@ thread_local! {
 /// for reads and writes of `len` values on this thread until the thread
 /// calls this again, which a pass must not do while it uses the block.
 pub(crate) fn thread_scratch(len: usize) -> *mut f32 {
-    SCRATCH.with_borrow_mut(|b| {
-        if b.len() < len {
-            b.resize(len, 0.0);
-        }
-        b.as_mut_ptr()
-    })
+    grown(&SCRATCH, len, 0.0)
 }
 
-thread_local! {
-    static SCRATCH_BF16: std::cell::RefCell<AlignedVec<bf16>> =
-        std::cell::RefCell::new(AlignedVec::new(brgemm::buffer::ALIGN));
-}
-
-/// [`thread_scratch`] for bf16 values: where a pass relays out an operand
-/// plane into L2 just before the kernel calls that read it. The same
-/// contract: valid for `len` values on this thread until its next call.
+/// [`thread_scratch`] for bf16 values, a buffer of its own: where a pass
+/// relays out an operand plane into L2 just before the kernel calls that
+/// read it. The same contract: valid for `len` values on this thread until
+/// its next call.
 pub(crate) fn thread_scratch_bf16(len: usize) -> *mut bf16 {
-    SCRATCH_BF16.with_borrow_mut(|b| {
-        if b.len() < len {
-            b.resize(len, bf16::ZERO);
-        }
-        b.as_mut_ptr()
-    })
+    grown(&SCRATCH_BF16, len, bf16::ZERO)
 }
 
 /// The bf16 copy of a pass's f32 output that the pass writes as it goes,

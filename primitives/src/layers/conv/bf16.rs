@@ -136,6 +136,17 @@ impl<'a> From<&'a Tensor4<bf16>> for Operand<'a> {
     }
 }
 
+/// Where the bf16 update makes its operands' planes: all before the
+/// kernel calls (the images batched per call), or, with one image per
+/// call, X's (or dY's) in each work unit's scratch, image by image, just
+/// before the calls that read them, the other operand's before.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Made {
+    Before,
+    X,
+    Dy,
+}
+
 /// An operand's values as a pass reads them: f32, or bf16 (its own, or
 /// the copy of an f32 operand).
 #[derive(Clone, Copy)]
@@ -748,32 +759,21 @@ impl ConvBf16 {
         // With one image per call, the larger operand's planes are made
         // where they are used: each work unit relays out an image's plane
         // into its thread's scratch (L2) and runs every item of that plane
-        // on it, so that operand never goes to memory and back (`fuse`:
-        // X's planes, else dY's). With the images batched per call, every
-        // plane of both is made first.
-        let fuse = match u.batch_images {
-            true => None,
-            false => Some(cb * xplane >= kb * plane),
+        // on it, so that operand never goes to memory and back ([`Made`]).
+        // With the images batched per call, every plane of both is made
+        // first.
+        let made = match u.batch_images {
+            true => Made::Before,
+            false if cb * xplane >= kb * plane => Made::X,
+            false => Made::Dy,
         };
-        if fuse != Some(false) {
+        if made != Made::Dy {
             dyv.resize(pr.n * kb * plane, bf16::ZERO);
-            let dp = SyncPtr(dyv.as_mut_ptr());
-            pool.for_each(pr.n * kb, |i| {
-                // SAFETY: plane i belongs to this iteration alone.
-                dy_plane(i, unsafe {
-                    std::slice::from_raw_parts_mut(dp.get().add(i * plane), plane)
-                });
-            });
+            pool.for_slices_of(&mut dyv, plane, dy_plane);
         }
-        if fuse != Some(true) {
+        if made != Made::X {
             xt.resize(pr.n * cb * xplane, bf16::ZERO);
-            let xp = SyncPtr(xt.as_mut_ptr());
-            pool.for_each(pr.n * cb, |i| {
-                // SAFETY: the planes of item i belong to this iteration alone.
-                x_plane(i, unsafe {
-                    std::slice::from_raw_parts_mut(xp.get().add(i * xplane), xplane)
-                });
-            });
+            pool.for_slices_of(&mut xt, xplane, x_plane);
         }
         let (dyp, xtp) = (dyv.as_ptr() as usize, xt.as_ptr() as usize);
         let rs = pr.r * pr.s;
@@ -785,10 +785,10 @@ impl ConvBf16 {
         // all K blocks) for X's, (K block, all C blocks) for dY's. With
         // fewer units than two per thread, the images are split between
         // the threads instead, into partial sums added at the end.
-        let (units, inner) = match fuse {
-            None => (kb * cb, 1),
-            Some(true) => (cb, kb),
-            Some(false) => (kb, cb),
+        let (units, inner) = match made {
+            Made::Before => (kb * cb, 1),
+            Made::X => (cb, kb),
+            Made::Dy => (kb, cb),
         };
         let threads = pool.threads();
         let split = if units >= 2 * threads {
@@ -803,17 +803,17 @@ impl ConvBf16 {
             SyncPtr(dw.data.as_mut_ptr()),
             SyncPtr(partials.as_mut_ptr()),
         );
-        let scratch_len = match fuse {
-            Some(true) => xplane,
-            Some(false) => plane,
-            None => 0,
+        let scratch_len = match made {
+            Made::X => xplane,
+            Made::Dy => plane,
+            Made::Before => 0,
         };
         pool.for_each(units * split, |w| {
             let (unit, part) = (w / split, w % split);
             let (lo, hi) = (pr.n * part / split, pr.n * (part + 1) / split);
-            let scratch = match fuse {
-                Some(_) => thread_scratch_bf16(scratch_len),
-                None => std::ptr::null_mut(),
+            let scratch = match made {
+                Made::Before => std::ptr::null_mut(),
+                _ => thread_scratch_bf16(scratch_len),
             };
             // SAFETY: the dW blocks of this unit's items in part `part`
             // (the layer's dW or that part's partials) belong to this work
@@ -828,24 +828,24 @@ impl ConvBf16 {
                 // Images per call: this part's all, or one ([`Upd::batch_images`]).
                 let count = if u.batch_images { hi - lo } else { 1 };
                 for n0 in (lo..hi).step_by(count.max(1)) {
-                    let made = || std::slice::from_raw_parts_mut(scratch, scratch_len);
-                    match fuse {
-                        Some(true) => x_plane(n0 * cb + unit, made()),
-                        Some(false) => dy_plane(n0 * kb + unit, made()),
-                        None => {}
+                    let here = || std::slice::from_raw_parts_mut(scratch, scratch_len);
+                    match made {
+                        Made::X => x_plane(n0 * cb + unit, here()),
+                        Made::Dy => dy_plane(n0 * kb + unit, here()),
+                        Made::Before => {}
                     }
                     for j in 0..inner {
-                        let (ki, ci) = match fuse {
-                            None => (unit / cb, unit % cb),
-                            Some(true) => (j, unit),
-                            Some(false) => (unit, j),
+                        let (ki, ci) = match made {
+                            Made::Before => (unit / cb, unit % cb),
+                            Made::X => (j, unit),
+                            Made::Dy => (unit, j),
                         };
-                        let a = match fuse {
-                            Some(false) => scratch as *const bf16,
+                        let a = match made {
+                            Made::Dy => scratch as *const bf16,
                             _ => (dyp as *const bf16).add((n0 * kb + ki) * plane),
                         };
-                        let b = match fuse {
-                            Some(true) => scratch as *const bf16,
+                        let b = match made {
+                            Made::X => scratch as *const bf16,
                             _ => (xtp as *const bf16).add((n0 * cb + ci) * xplane),
                         };
                         let item = ki * cb + ci;
